@@ -1,0 +1,12 @@
+"""fpsim: a bit-exact NumPy reference simulator of reduced-precision training.
+
+Layers, lowest first: ``formats`` (what a number type is), ``rounding`` (values to a format),
+``encoding`` (values to bit patterns and back), ``describe`` (a value taken apart, for
+teaching).
+"""
+from . import formats
+from ._version import __version__
+from .formats import Format, custom
+from .rounding import MODES, round_to
+
+__all__ = ["__version__", "formats", "Format", "custom", "round_to", "MODES"]

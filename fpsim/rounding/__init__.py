@@ -1,0 +1,187 @@
+"""Values to a format: ``round_to``, every rounding mode, one rounding, exact.
+
+Where the rounding happens, and how:
+
+- Input is a float32 or float64 container (array or scalar). Its values are rounded once,
+  directly to the target format; a float64 input is never rounded through float32 first.
+- Output has the input's container dtype and holds values exactly representable in the
+  format (or inf/NaN), so ``round_to(round_to(x, f), f)`` is ``round_to(x, f)``.
+- Round to nearest, ties to even, on float32 input is the hot path of every simulation; it runs
+  the branch-free kernel in ``_kernels`` (or ml_dtypes' exact bfloat16 cast for plain bf16),
+  chunk by chunk in cache, on up to two threads. Every other case takes the float64 kernel
+  that handles every mode. Both give the same bits; the tests check them against each other,
+  against MPFR, Berkeley TestFloat, numpy.float16 and ml_dtypes.
+
+Overflow follows IEEE 754: nearest modes go to infinity, directed modes go to infinity only in
+their own direction and to the largest finite value otherwise. Formats without infinity
+(``fn``, ``fnuz``) give NaN where IEEE would give infinity, as ml_dtypes and PyTorch casts do.
+Saturation (the format's, or the ``saturate`` argument) clamps every overflow, infinite
+inputs included, to the largest finite value; NaN stays NaN.
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from numbers import Real
+
+import numpy as np
+
+from ..formats import BF16, Format, get
+from ._kernels import Rules, Scratch, magic_applies, round_any_mode, round_nearest_even_magic
+
+__all__ = ["round_to", "MODES"]
+
+MODES = ("nearest_even", "nearest_away", "toward_zero", "up", "down", "stochastic")
+
+_CHUNK = 1 << 14          # elements per chunk: the working set stays in L1/L2
+_PARALLEL_MIN = 1 << 18   # below this, threads cost more than they give
+_THREADS = max(1, min(2, os.cpu_count() or 1))
+_pool: ThreadPoolExecutor | None = None
+
+
+def round_to(x, fmt: "Format | str", mode: str = "nearest_even", *, rng=None,
+             subnormals: bool | None = None, saturate: bool | None = None,
+             daz: bool = False):
+    """Round ``x`` to the format ``fmt``; return the same kind of container with exact values.
+
+    Parameters
+    ----------
+    x : float32 or float64 ndarray, NumPy float32/float64 scalar, or Python float/int
+    fmt : a ``Format`` or a name (``"fp16"``, ``"bf16"``, ``"e4m3"``, ``"e5m10"``, ...)
+    mode : one of ``MODES``:
+        ``"nearest_even"`` (IEEE default), ``"nearest_away"`` (ties away from zero),
+        ``"toward_zero"``, ``"up"`` (toward +inf), ``"down"`` (toward -inf), ``"stochastic"``
+        (to the upper neighbour in magnitude with probability equal to the distance from the
+        lower one, in units of the gap; never anything but one of the two neighbours).
+    rng : ``numpy.random.Generator``, required by ``"stochastic"`` and refused otherwise. It
+        draws exactly ``x.size`` float64 values with ``rng.random`` in C order, so the same
+        seed gives the same bits; probabilities are resolved to 2**-53.
+    subnormals : False flushes subnormal results to zero of the same sign (after rounding);
+        None uses the format's own setting.
+    saturate : True sends overflow (and infinite inputs) to the largest finite value of the same
+        sign; None uses the format's own setting.
+    daz : "denormals are zero": inputs below the format's smallest normal, in magnitude, are
+        read as zero of the same sign before rounding.
+
+    Algorithm (both kernels)::
+
+        e = floor(log2(|x|));  q = 2 ** (max(e, emin) - man_bits)   # the quantum near x
+        r = round_mode(|x| / q) * q                                  # exact scalings
+        r = overflow_rule(r);  r = flush(r);  return copysign(r, x)
+
+    >>> round_to(0.1, "fp16")
+    0.0999755859375
+    >>> round_to(2.0 ** -25, "fp16"), round_to(2.0 ** -25 * 1.0001, "fp16") == 2.0 ** -24
+    (0.0, True)
+    >>> round_to(70000.0, "fp16"), round_to(70000.0, "fp16", "toward_zero")
+    (inf, 65504.0)
+    """
+    fmt = get(fmt)
+    if mode not in MODES:
+        raise ValueError(f"unknown rounding mode {mode!r}; accepted: {', '.join(MODES)}")
+    if mode == "stochastic":
+        if not isinstance(rng, np.random.Generator):
+            raise ValueError("mode='stochastic' needs rng=numpy.random.Generator "
+                             "(e.g. numpy.random.default_rng(seed)), so that runs repeat")
+    elif rng is not None:
+        raise ValueError(f"rng is only used by mode='stochastic', not by mode={mode!r}")
+    rules = Rules.of(fmt, subnormals=fmt.subnormals if subnormals is None else bool(subnormals),
+                     saturate=fmt.saturate if saturate is None else bool(saturate),
+                     daz=bool(daz))
+
+    array, wrap = _as_container(x)
+    out = np.empty_like(array, order="C")
+    flat_in = np.ascontiguousarray(array).reshape(-1)
+    flat_out = out.reshape(-1)
+    if mode == "nearest_even" and _is_plain_bf16(fmt, rules, array.dtype):
+        _run_parallel(_bf16_via_ml_dtypes, flat_in, flat_out)
+    elif mode == "nearest_even" and magic_applies(rules, array.dtype):
+        _run_parallel(lambda src, dst: _magic_chunks(src, dst, rules), flat_in, flat_out)
+    elif mode == "nearest_even" and magic_applies(rules, np.float64):
+        # 8-exponent-bit formats (tf32, fp32...) in float32: widen each chunk (exact).
+        _run_parallel(lambda src, dst: _magic_chunks(src, dst, rules, widen=True),
+                      flat_in, flat_out)
+    else:
+        _any_mode_chunks(flat_in, flat_out, rules, mode, rng)
+    return wrap(out)
+
+
+def _as_container(x):
+    """Turn the input into a float32/float64 ndarray and a function giving the output back in
+    the input's own kind (Python float, NumPy scalar or array)."""
+    if isinstance(x, np.ndarray):
+        if x.dtype not in (np.float32, np.float64):
+            raise TypeError(_dtype_message(x.dtype))
+        return x, lambda out: out
+    if isinstance(x, (np.float32, np.float64)):
+        return np.asarray(x), lambda out: out[()]
+    if isinstance(x, np.generic):
+        raise TypeError(_dtype_message(x.dtype))
+    if isinstance(x, Real) and not isinstance(x, bool):
+        return np.asarray(float(x), np.float64), lambda out: float(out[()])
+    raise TypeError(f"round_to takes float32/float64 arrays or real scalars, "
+                    f"got {type(x).__name__}")
+
+
+def _dtype_message(dtype) -> str:
+    return (f"round_to takes float32 or float64 data, got {np.dtype(dtype).name}; convert first "
+            f"(float16/bfloat16/float8 to float32 is exact)")
+
+
+def _is_plain_bf16(fmt: Format, rules: Rules, dtype) -> bool:
+    # ml_dtypes' float32 -> bfloat16 cast is exact round-to-nearest-even with subnormals,
+    # overflow to inf and NaN kept: the same bits as ours (tests check it), and faster.
+    return (dtype == np.float32 and rules.subnormals and not rules.saturate and not rules.daz
+            and fmt.replace(subnormals=True, saturate=False) == BF16)
+
+
+def _chunks(n: int):
+    for start in range(0, n, _CHUNK):
+        yield start, min(start + _CHUNK, n)
+
+
+def _magic_chunks(src: np.ndarray, dst: np.ndarray, rules: Rules, widen: bool = False) -> None:
+    scratch = Scratch(_CHUNK)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for lo, hi in _chunks(src.size):
+            if widen:
+                wide_out = scratch.get(3, np.float64, hi - lo)
+                round_nearest_even_magic(src[lo:hi].astype(np.float64), wide_out, rules,
+                                         scratch)
+                dst[lo:hi] = wide_out
+            else:
+                round_nearest_even_magic(src[lo:hi], dst[lo:hi], rules, scratch)
+
+
+def _bf16_via_ml_dtypes(src: np.ndarray, dst: np.ndarray) -> None:
+    import ml_dtypes
+
+    staging = np.empty(max(1, min(_CHUNK * 4, src.size)), ml_dtypes.bfloat16)
+    with np.errstate(over="ignore", invalid="ignore"):  # per thread: NaN and inf are expected
+        for start in range(0, src.size, staging.size):
+            stop = min(start + staging.size, src.size)
+            part = staging[: stop - start]
+            np.copyto(part, src[start:stop], casting="unsafe")
+            np.copyto(dst[start:stop], part, casting="unsafe")
+
+
+def _any_mode_chunks(src, dst, rules: Rules, mode: str, rng) -> None:
+    with np.errstate(over="ignore", invalid="ignore"):
+        for lo, hi in _chunks(src.size):
+            uniforms = rng.random(hi - lo) if mode == "stochastic" else None
+            round_any_mode(src[lo:hi].astype(np.float64), dst[lo:hi], rules, mode, uniforms)
+
+
+def _run_parallel(kernel, src: np.ndarray, dst: np.ndarray) -> None:
+    """Split an elementwise kernel over threads; the bits do not depend on the split."""
+    global _pool
+    if _THREADS == 1 or src.size < _PARALLEL_MIN:
+        kernel(src, dst)
+        return
+    if _pool is None:
+        _pool = ThreadPoolExecutor(_THREADS, thread_name_prefix="fpsim-round")
+    bounds = [src.size * i // _THREADS for i in range(_THREADS + 1)]
+    futures = [_pool.submit(kernel, src[lo:hi], dst[lo:hi])
+               for lo, hi in zip(bounds[:-1], bounds[1:])]
+    for future in futures:
+        future.result()

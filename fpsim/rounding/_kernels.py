@@ -1,0 +1,190 @@
+"""Rounding kernels. Each works on one contiguous chunk and writes into a caller's buffer.
+
+Two kernels, both exact:
+
+``round_any_mode`` (float64, every mode)
+    For |x| with binade exponent e, the format's quantum is q = 2**(max(e, emin) - man_bits).
+    y = |x| / q is exact (a power-of-two scaling), and rounding y to an integer is rounding x
+    to the format; r = round(y) * q is exact again. float32 input is widened to float64 first
+    (exact), so this is one rounding from the input value straight to the format.
+
+``round_nearest_even_magic`` (float32 or float64, round-to-nearest-even only)
+    For the same q, C = q * 2**t (t = the container's mantissa bits) has ulp(C) == q, so the
+    hardware's own round-to-nearest-even addition |x| + C rounds |x| to a multiple of q, and
+    subtracting C back is exact (Sterbenz). C comes from the exponent bits of |x| with two
+    integer ops, so normals and subnormals take the same branch-free path. Inputs are first
+    clamped to 2**(emax+1) (``np.minimum`` keeps NaN), so anything that overflows rounds to
+    exactly 2**(emax+1); scaling by 2**(container_emax - emax) then turns that value, and
+    only it, into inf.
+
+Both rely on IEEE arithmetic without flush-to-zero, which is NumPy's default on CPU.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ..formats import Format
+
+
+class Rules(NamedTuple):
+    """What a rounding call needs to know, resolved once from the format and the options."""
+
+    man_bits: int
+    emin: int
+    emax: int
+    max_finite: float
+    min_normal: float
+    has_inf: bool
+    unsigned_zero: bool
+    subnormals: bool
+    saturate: bool
+    daz: bool
+
+    @classmethod
+    def of(cls, fmt: Format, *, subnormals: bool, saturate: bool, daz: bool) -> "Rules":
+        return cls(fmt.man_bits, fmt.emin, fmt.emax, fmt.max_finite, fmt.min_normal,
+                   fmt.has_inf, not fmt.has_negative_zero, subnormals, saturate, daz)
+
+
+class _Container(NamedTuple):
+    uint: type
+    mant_bits: int
+    bias: int
+    sign_mask: int
+    exp_mask: int
+
+
+_CONTAINERS = {
+    np.dtype(np.float32): _Container(np.uint32, 23, 127, 1 << 31, 0xFF << 23),
+    np.dtype(np.float64): _Container(np.uint64, 52, 1023, 1 << 63, 0x7FF << 52),
+}
+
+
+def magic_applies(rules: Rules, dtype: np.dtype) -> bool:
+    """Whether ``round_nearest_even_magic`` is exact for these rules in this container:
+    C must stay finite for inputs up to 2**(emax+1), and ulp(C) must be q (man_bits < t)."""
+    box = _CONTAINERS[np.dtype(dtype)]
+    biggest_c_field = rules.emax + 1 + box.bias + box.mant_bits - rules.man_bits
+    return (not rules.daz and rules.man_bits < box.mant_bits
+            and biggest_c_field <= 2 * box.bias)
+
+
+class Scratch:
+    """Reusable per-thread work buffers, so chunks allocate nothing."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._buffers: dict[tuple, np.ndarray] = {}
+
+    def get(self, slot: int, dtype, n: int) -> np.ndarray:
+        key = (slot, np.dtype(dtype))
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = np.empty(self.size, dtype)
+        return buf[:n]
+
+
+def round_nearest_even_magic(x: np.ndarray, out: np.ndarray, rules: Rules,
+                             scratch: Scratch) -> None:
+    box = _CONTAINERS[x.dtype]
+    uint, n = box.uint, x.size
+    sign_mask, abs_mask = uint(box.sign_mask), uint(box.sign_mask - 1)
+    bits = x.view(uint)
+
+    mag = scratch.get(0, uint, n)
+    np.bitwise_and(bits, abs_mask, out=mag)
+    mag_f = mag.view(x.dtype)
+    clamp = rules.max_finite if rules.saturate else 2.0 ** (rules.emax + 1)
+    np.minimum(mag_f, x.dtype.type(clamp), out=mag_f)
+
+    magic = scratch.get(1, uint, n)
+    np.bitwise_and(mag, uint(box.exp_mask), out=magic)
+    np.maximum(magic, uint((rules.emin + box.bias) << box.mant_bits), out=magic)
+    np.add(magic, uint((box.mant_bits - rules.man_bits) << box.mant_bits), out=magic)
+    magic_f = magic.view(x.dtype)
+
+    result = out.view(x.dtype)
+    np.add(mag_f, magic_f, out=result)
+    np.subtract(result, magic_f, out=result)
+
+    if not rules.saturate:
+        shift = box.bias - rules.emax  # the container's emax equals its bias
+        if rules.has_inf and shift <= box.bias:
+            up = x.dtype.type(2.0 ** shift)
+            down = x.dtype.type(2.0 ** -shift)
+            np.multiply(result, up, out=result)  # 2**(emax+1) -> inf, nothing else
+            np.multiply(result, down, out=result)
+        else:
+            np.putmask(result, result > rules.max_finite,
+                       np.inf if rules.has_inf else np.nan)
+    if not rules.subnormals:
+        np.putmask(result, result < rules.min_normal, 0.0)
+
+    sign = scratch.get(2, uint, n)
+    np.bitwise_and(bits, sign_mask, out=sign)
+    np.bitwise_or(result.view(uint), sign, out=result.view(uint))
+    if rules.unsigned_zero:
+        np.add(result, 0.0, out=result)  # -0 + 0 == +0 under round-to-nearest
+
+
+def round_any_mode(x: np.ndarray, out: np.ndarray, rules: Rules, mode: str,
+                   uniforms: np.ndarray | None) -> None:
+    """Round a float64 chunk ``x`` into ``out`` (float64 or float32) in any mode.
+
+    ``uniforms``: for mode "stochastic", one float64 in [0, 1) per element; x rounds away from
+    zero when its uniform is below the fractional distance past the lower neighbour.
+    """
+    mag = np.abs(x)
+    if rules.daz:
+        mag[mag < rules.min_normal] = 0.0
+    exponent_field = mag.view(np.uint64) >> np.uint64(52)
+    quantum_field = np.maximum(exponent_field, np.uint64(rules.emin + 1023))
+    quantum_field -= np.uint64(rules.man_bits)
+    quantum = (quantum_field << np.uint64(52)).view(np.float64)
+    scaled = mag / quantum
+
+    negative = np.signbit(x)
+    if mode == "nearest_even":
+        rounded = np.rint(scaled)
+    elif mode == "toward_zero":
+        rounded = np.floor(scaled)
+    else:
+        rounded = np.floor(scaled)
+        fraction = scaled - rounded  # exact; NaN for inf input, which then never rounds up
+        if mode == "nearest_away":
+            away = fraction >= 0.5
+        elif mode == "up":
+            away = (fraction > 0) & ~negative
+        elif mode == "down":
+            away = (fraction > 0) & negative
+        elif mode == "stochastic":
+            away = uniforms < fraction
+        else:  # pragma: no cover - the caller validates modes
+            raise AssertionError(mode)
+        rounded += away
+    rounded *= quantum
+
+    too_big = rounded > rules.max_finite  # overflowed finite values and inf inputs
+    if too_big.any():
+        inf_or_nan = np.inf if rules.has_inf else np.nan
+        if rules.saturate:
+            rounded[too_big] = rules.max_finite
+        elif mode in ("toward_zero", "up", "down"):
+            # IEEE 754 7.4: directed roundings overflow to inf only in their own direction;
+            # infinite inputs stay infinite (NaN where the format has no inf).
+            to_inf = np.isinf(mag)
+            if mode == "up":
+                to_inf |= ~negative
+            elif mode == "down":
+                to_inf |= negative
+            rounded[too_big] = np.where(to_inf, inf_or_nan, rules.max_finite)[too_big]
+        else:
+            rounded[too_big] = inf_or_nan
+    if not rules.subnormals:
+        rounded[rounded < rules.min_normal] = 0.0
+    np.copysign(rounded, x, out=rounded)
+    if rules.unsigned_zero:
+        rounded += 0.0
+    out[...] = rounded
