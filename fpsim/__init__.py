@@ -6,7 +6,10 @@ teaching).
 """
 from . import formats
 from ._version import __version__
+from .describe import Description, describe
+from .encoding import decode, encode
 from .formats import Format, custom
 from .rounding import MODES, round_to
 
-__all__ = ["__version__", "formats", "Format", "custom", "round_to", "MODES"]
+__all__ = ["__version__", "formats", "Format", "custom", "round_to", "MODES", "encode",
+           "decode", "describe", "Description"]

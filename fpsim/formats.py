@@ -159,7 +159,7 @@ def custom(exp_bits: int, man_bits: int, *, bias: int | None = None, subnormals:
     >>> custom(5, 10) == FP16
     True
     >>> custom(3, 2, encoding="fn").max_finite
-    28.0
+    24.0
     """
     for label, value in (("exp_bits", exp_bits), ("man_bits", man_bits)):
         if isinstance(value, bool) or not isinstance(value, int):

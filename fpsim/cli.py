@@ -1,0 +1,115 @@
+"""The ``fpsim`` command line.
+
+    fpsim --version
+    fpsim formats                 the built-in formats and their exact constants
+    fpsim describe VALUE -f FMT   a value rounded into a format and taken apart
+    fpsim demo                    a short tour of what reduced precision does to numbers
+
+Bad input (an unknown format, a value that is not a number) prints what was wrong and what is
+accepted, and exits with status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from . import formats
+from ._version import __version__
+from .describe import describe
+from .rounding import MODES, round_to
+
+__all__ = ["main"]
+
+
+class UsageError(Exception):
+    """Bad input from the command line: reported in one line, exit status 2."""
+
+
+def _format_table() -> str:
+    header = ("name", "bits", "exp", "man", "bias", "encoding", "max finite", "min normal",
+              "min subnormal", "epsilon")
+    rows = [header]
+    for f in formats.builtins():
+        rows.append((f.name, str(f.bits), str(f.exp_bits), str(f.man_bits), str(f.bias),
+                     f.encoding, f"{f.max_finite:.6g}", f"2^{f.emin}",
+                     f"2^{f.emin - f.man_bits}", f"2^-{f.man_bits}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append("")
+    lines.append("Names accepted: " + ", ".join(formats.names()) + ", and any 'eXmY'.")
+    return "\n".join(lines)
+
+
+def _demo() -> str:
+    shown = ("fp32", "tf32", "bf16", "fp16", "e4m3fn", "e5m2")
+    values = [0.1, 1 / 3, 1000.7, 65519.0, 2.0 ** -25 * 1.5, 1e-9]
+    out = ["1. One value, six formats (round to nearest, ties to even):", ""]
+    out.append("   " + "value".ljust(14) + "".join(name.rjust(16) for name in shown))
+    for v in values:
+        cells = [f"{round_to(v, name):.9g}".rjust(16) for name in shown]
+        out.append("   " + f"{v:.9g}".ljust(14) + "".join(cells))
+
+    rng = np.random.default_rng(0)
+    grads = (rng.standard_normal(1_000_000) * 2.0 ** -20).astype(np.float32)
+    out += ["", "2. Gradient underflow: 1,000,000 values N(0,1) * 2^-20 (float32) cast to fp16:"]
+    for scale in (1, 8, 128, 32768):
+        zeros = np.count_nonzero(round_to(grads * np.float32(scale), "fp16") == 0)
+        out.append(f"   loss scale {scale:>6}: {zeros / grads.size:8.4%} become zero")
+    bf_zeros = np.count_nonzero(round_to(grads, "bf16") == 0)
+    out.append(f"   (bf16, no scaling: {bf_zeros / grads.size:.4%} become zero)")
+
+    out += ["", "3. Update swamping: w + lr*g with w = 1.0 stored in fp16:"]
+    for update in (2.0 ** -10, 2.0 ** -11, 2.0 ** -11 * 1.0001, 2.0 ** -12):
+        new = round_to(1.0 + update, "fp16")
+        out.append(f"   update {update:.6g}: weight becomes {new!r}"
+                   + ("   (update lost)" if new == 1.0 else ""))
+    out += ["", "Try: fpsim formats; fpsim describe 0.1 --format fp16"]
+    return "\n".join(out)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fpsim", description="Bit-exact reduced-precision "
+                                     "number formats and training simulation.")
+    parser.add_argument("--version", action="version", version=f"fpsim {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.add_parser("formats", help="list the built-in number formats")
+    commands.add_parser("demo", help="a short tour of reduced-precision effects")
+    desc = commands.add_parser("describe", help="round a value into a format and show its bits")
+    desc.add_argument("value", help="a number, e.g. 0.1, 1e-8, -inf, 0x1p-24")
+    desc.add_argument("-f", "--format", default="fp16", help="format name (default fp16)")
+    desc.add_argument("-m", "--mode", default="nearest_even",
+                      help=f"rounding mode: {', '.join(m for m in MODES if m != 'stochastic')}")
+    return parser
+
+
+def _parse_number(text: str) -> float:
+    try:
+        return float.fromhex(text) if "0x" in text.lower() else float(text)
+    except ValueError:
+        raise UsageError(f"{text!r} is not a number; give a decimal (0.1, 1e-8, inf) or a "
+                         f"hexadecimal float (0x1p-24)") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "formats":
+            print(_format_table())
+        elif args.command == "demo":
+            print(_demo())
+        elif args.command == "describe":
+            print(describe(_parse_number(args.value), args.format, args.mode))
+        else:
+            parser.print_help()
+        return 0
+    except (UsageError, ValueError, TypeError) as err:
+        print(f"fpsim: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
