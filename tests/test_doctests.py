@@ -4,7 +4,8 @@ import importlib
 
 import pytest
 
-MODULES = ["fpsim.formats", "fpsim.rounding", "fpsim.encoding", "fpsim.describe"]
+MODULES = ["fpsim.formats", "fpsim.rounding", "fpsim.encoding", "fpsim.describe",
+           "fpsim.train.trace"]
 
 
 @pytest.mark.parametrize("name", MODULES)
