@@ -5,7 +5,7 @@ import importlib
 import pytest
 
 MODULES = ["fpsim.formats", "fpsim.rounding", "fpsim.encoding", "fpsim.describe",
-           "fpsim.train.trace"]
+           "fpsim.train.trace", "fpsim.train.checkpoint"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -1,4 +1,6 @@
 """Training: the loop, per-step traces, checkpoints."""
+from .checkpoint import CHECKPOINT_VERSION, CheckpointError, load_checkpoint, save_checkpoint
 from .trace import TRACE_VERSION, StepRecord, TraceError, TraceWriter, read_trace
 
-__all__ = ["StepRecord", "TraceWriter", "read_trace", "TraceError", "TRACE_VERSION"]
+__all__ = ["StepRecord", "TraceWriter", "read_trace", "TraceError", "TRACE_VERSION",
+           "save_checkpoint", "load_checkpoint", "CheckpointError", "CHECKPOINT_VERSION"]
