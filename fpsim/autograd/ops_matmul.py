@@ -1,0 +1,165 @@
+"""Matrix products: ``matmul`` (2-D and batched) and ``linear`` (x @ W.T + b, one fused op).
+
+Both are in the policy's ``matmul`` category (autocast's float16 list): inputs are cast to the
+category format, every dot product is formed by the accumulation model
+(``fpsim.autograd.accumulation``; default: the policy's) into an fp32 accumulator and rounded
+once to the output format. ``linear`` adds the bias to the fp32 accumulator before that last
+rounding, as a cuBLAS(Lt) GEMM epilogue does::
+
+    y = round_out( round_fp32( round_fp32(x @ W.T) + b ) )       # one rounding to out fmt
+
+Backward (autocast's rule: gradients of fp16 operands are fp16)::
+
+    dx = acc(g @ W)   -> x.grad_fmt        dW = acc(g.T @ x) -> W.grad_fmt
+    db = acc(sum(g, batch axes)) -> b.grad_fmt
+
+In the float64 reference mode products are plain float64 ``numpy.matmul``.
+
+>>> from fpsim.autograd import Tensor, use_policy
+>>> with use_policy("16-mixed"):
+...     y = Tensor([[1.0, 2.0]]) @ Tensor([[0.1], [0.2]])
+>>> y.fmt.name, y.data          # 0.1, 0.2 cast to fp16 first, product rounded to fp16
+('fp16', array([[0.5]], dtype=float32))
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .accumulation import get_accumulation
+from .accumulation import matmul as _acc_matmul
+from .accumulation import reduce_sum as _acc_sum
+from .context import current_policy
+from .numerics import FP64, round_array
+from .ops_shape import operands
+from .tensor import Tensor, record
+
+__all__ = ["matmul", "linear", "acc_matmul", "acc_sum"]
+
+_FP32 = None
+
+
+def _fp32():
+    global _FP32
+    if _FP32 is None:
+        from ..formats import FP32
+        _FP32 = FP32
+    return _FP32
+
+
+def acc_matmul(a, b, fmt, model):
+    """a @ b with ``model`` accumulation, rounded to ``fmt`` (float64 in the reference mode)."""
+    if fmt is FP64 or a.dtype == np.float64 or b.dtype == np.float64:
+        return round_array(np.matmul(a.astype(np.float64, copy=False),
+                                     b.astype(np.float64, copy=False)), fmt)
+    return _acc_matmul(a, b, out_fmt=fmt, model=model)
+
+
+def acc_sum(x, axis, keepdims, fmt, model):
+    """sum(x, axis) with ``model`` accumulation, rounded to ``fmt``."""
+    if fmt is FP64 or x.dtype == np.float64:
+        return round_array(np.asarray(np.sum(x, axis=axis, keepdims=keepdims,
+                                             dtype=np.float64)), fmt)
+    return np.asarray(_acc_sum(x, axis=axis, keepdims=keepdims, out_fmt=fmt, model=model))
+
+
+def _model(accumulation):
+    return (current_policy().accumulation if accumulation is None
+            else get_accumulation(accumulation))
+
+
+def _check_matmul_shapes(a_shape, b_shape, op):
+    if len(a_shape) < 1 or len(b_shape) < 1:
+        raise ValueError(f"{op}: scalars have no matrix product (shapes {a_shape} and {b_shape})")
+    inner_a = a_shape[-1]
+    inner_b = b_shape[-2] if len(b_shape) >= 2 else b_shape[0]
+    if inner_a != inner_b:
+        raise ValueError(f"{op}: shapes {a_shape} and {b_shape}: inner dimensions "
+                         f"{inner_a} and {inner_b} differ")
+    try:
+        np.broadcast_shapes(a_shape[:-2], b_shape[:-2])
+    except ValueError:
+        raise ValueError(f"{op}: batch dimensions of shapes {a_shape} and {b_shape} do not "
+                         f"broadcast") from None
+
+
+def _sum_to(g, shape, fmt, model):
+    """Sum a batched gradient over the broadcast batch axes down to ``shape``."""
+    if g.shape == shape:
+        return g
+    lead = g.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(i + lead for i, n in enumerate(shape)
+                                      if n == 1 and g.shape[i + lead] != 1)
+    return acc_sum(g, axes, True, fmt, model).reshape(shape)
+
+
+def matmul(a, b, *, accumulation=None) -> Tensor:
+    """``a @ b`` for 2-D or batched (..., M, K) @ (..., K, N) tensors (1-D operands are
+    promoted to matrices and the added axis removed again, as in NumPy)."""
+    fmt, (a, b) = operands("matmul", a, b)
+    _check_matmul_shapes(a.shape, b.shape, "matmul")
+    model = _model(accumulation)
+    a2 = a.data[None, :] if a.ndim == 1 else a.data
+    b2 = b.data[:, None] if b.ndim == 1 else b.data
+    out = acc_matmul(a2, b2, fmt, model)
+    if a.ndim == 1:
+        out = out[..., 0, :]
+    if b.ndim == 1:
+        out = out[..., 0]
+
+    def backward(g, g_fmt):
+        g2 = g
+        if a.ndim == 1:
+            g2 = g2[..., None, :]
+        if b.ndim == 1:
+            g2 = g2[..., None]
+        da = db = None
+        if a.requires_grad:
+            da = acc_matmul(g2, np.swapaxes(b2, -1, -2), a.grad_fmt, model)
+            da = _sum_to(da, a2.shape, a.grad_fmt, model).reshape(a.shape)
+        if b.requires_grad:
+            db = acc_matmul(np.swapaxes(a2, -1, -2), g2, b.grad_fmt, model)
+            db = _sum_to(db, b2.shape, b.grad_fmt, model).reshape(b.shape)
+        return da, db
+
+    return record(out, fmt, (a, b), backward, "matmul")
+
+
+def linear(x, weight, bias=None, *, accumulation=None) -> Tensor:
+    """``x @ weight.T + bias`` with ``weight`` of shape (out, in) as in PyTorch; ``x`` is
+    (..., in). The bias joins the fp32 accumulator before the one rounding to the output
+    format (module doc)."""
+    parts = (x, weight) if bias is None else (x, weight, bias)
+    fmt, tensors = operands("matmul", *parts)
+    x, weight = tensors[:2]
+    bias = tensors[2] if bias is not None else None
+    if weight.ndim != 2:
+        raise ValueError(f"linear: weight must be 2-D (out, in), got shape {weight.shape}")
+    if x.ndim < 1 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"linear: input shape {x.shape} and weight shape {weight.shape}: "
+                         f"input features {x.shape[-1] if x.ndim else None} != "
+                         f"weight in-features {weight.shape[1]}")
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"linear: bias shape {bias.shape} != ({weight.shape[0]},) for weight "
+                         f"shape {weight.shape}")
+    model = _model(accumulation)
+    if bias is None:
+        out = acc_matmul(x.data, weight.data.T, fmt, model)
+    elif fmt is FP64:
+        out = np.matmul(x.data, weight.data.T) + bias.data
+    else:
+        acc = acc_matmul(x.data, weight.data.T, _fp32(), model)
+        acc += bias.data  # float32 addition: the epilogue's fp32 rounding
+        out = round_array(acc, fmt)
+
+    def backward(g, g_fmt):
+        dx = dw = db = None
+        if x.requires_grad:
+            dx = acc_matmul(g, weight.data, x.grad_fmt, model)
+        if weight.requires_grad:
+            g2 = g.reshape(-1, g.shape[-1])
+            dw = acc_matmul(g2.T, x.data.reshape(-1, x.shape[-1]), weight.grad_fmt, model)
+        if bias is not None and bias.requires_grad:
+            db = acc_sum(g.reshape(-1, g.shape[-1]), 0, False, bias.grad_fmt, model)
+        return (dx, dw) if bias is None else (dx, dw, db)
+
+    return record(out, fmt, tensors, backward, "linear")

@@ -1,0 +1,160 @@
+"""Reductions (sum, mean, max) and softmax / log_softmax, each beside its backward.
+
+Where each rounds:
+
+- ``sum`` (autocast float32 list, policy ``wide``): the accumulation model sums the exact
+  values into an fp32 accumulator and rounds once to the output format.
+  Backward: the gradient, broadcast back, converted to the input's gradient format.
+- ``mean`` (on neither autocast list, policy ``elementwise``: promote): sum as above into fp32,
+  one float32 division by the count, one rounding to the output format (PyTorch's half mean:
+  accumulate in float, divide, cast). Backward: g / count in float32, rounded to ``grad_fmt``.
+- ``max`` (``elementwise``): no rounding (the result is an input value). Backward: the
+  gradient goes to the first maximal element along the axis, like ``torch.max(x, dim)``.
+- ``softmax`` / ``log_softmax`` (policy ``wide``): computed in float64 with the max subtracted
+  (NumPy's float64 sum, its fixed pairwise order) and rounded once. Backward from the rounded
+  output y, in float64, rounded once: softmax ``y * (g - sum(g * y))``, log_softmax
+  ``g - exp(y) * sum(g)``.
+
+>>> from fpsim.autograd import Tensor
+>>> x = Tensor([[1.0, 2.0, 3.0]], "fp16", requires_grad=True)
+>>> x.softmax(-1).data
+array([[0.09003057, 0.24472848, 0.66524094]], dtype=float32)
+>>> x.mean().fmt.name, x.sum().fmt.name        # "32-true": everything fp32 except x itself
+('fp16', 'fp32')
+"""
+from __future__ import annotations
+
+import builtins
+
+import numpy as np
+
+from ..formats import FP32
+from .numerics import FP64, round_array
+from .ops_matmul import _model, acc_sum
+from .ops_shape import convert, operands
+from .tensor import Tensor, record
+
+__all__ = ["sum", "mean", "max", "softmax", "log_softmax"]
+
+_builtin_max = builtins.max  # this module defines its own max and sum
+
+
+def _axes(x: Tensor, axis, op: str):
+    """Normalised tuple of axes (all for None), with a clear error for bad ones."""
+    if axis is None:
+        return tuple(range(x.ndim))
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    out = []
+    for a in axes:
+        if not -x.ndim <= a < _builtin_max(x.ndim, 1):
+            raise ValueError(f"{op}: axis {a} is out of range for shape {x.shape}")
+        out.append(int(a) % _builtin_max(x.ndim, 1))
+    if len(set(out)) != len(out):
+        raise ValueError(f"{op}: repeated axis in {axis}")
+    return tuple(out)
+
+
+def _expand(g, x_shape, axes, keepdims):
+    """The gradient of a reduction, with the reduced axes put back and broadcast to x."""
+    if not keepdims:
+        for a in sorted(axes):
+            g = np.expand_dims(g, a)
+    return np.broadcast_to(g, x_shape)
+
+
+def sum(x, axis=None, keepdims: bool = False, *, accumulation=None) -> Tensor:  # noqa: A001
+    fmt, (x,) = operands("wide", x)
+    axes = _axes(x, axis, "sum")
+    model = _model(accumulation)
+    out = acc_sum(x.data, axes, keepdims, fmt, model)
+
+    def backward(g, g_fmt):
+        return (convert(np.ascontiguousarray(_expand(g, x.shape, axes, keepdims)), g_fmt,
+                        x.grad_fmt),)
+
+    return record(out, fmt, (x,), backward, "sum")
+
+
+def mean(x, axis=None, keepdims: bool = False, *, accumulation=None) -> Tensor:
+    fmt, (x,) = operands("elementwise", x)
+    axes = _axes(x, axis, "mean")
+    count = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+    if count == 0:
+        raise ValueError(f"mean over an empty axis of shape {x.shape}")
+    acc_fmt = FP64 if fmt is FP64 else FP32
+    total = acc_sum(x.data, axes, keepdims, acc_fmt, _model(accumulation))
+    with np.errstate(over="ignore", under="ignore"):
+        out = round_array(np.asarray(total / total.dtype.type(count)), fmt)
+
+    def backward(g, g_fmt):
+        with np.errstate(under="ignore"):
+            share = round_array(np.asarray(g / g.dtype.type(count)), x.grad_fmt)
+        return (np.ascontiguousarray(_expand(share, x.shape, axes, keepdims)),)
+
+    return record(out, fmt, (x,), backward, "mean")
+
+
+def max(x, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """Largest element (``axis=None``) or largest along one int ``axis``."""
+    fmt, (x,) = operands("elementwise", x)
+    if axis is not None and not isinstance(axis, (int, np.integer)):
+        raise ValueError(f"max takes axis=None or one int axis, got {axis!r}")
+    if x.size == 0:
+        raise ValueError(f"max of an empty tensor of shape {x.shape}")
+    flat = x.data.reshape(-1) if axis is None else x.data
+    ax = 0 if axis is None else _axes(x, axis, "max")[0]
+    index = np.expand_dims(np.argmax(flat, axis=ax), ax)
+    out = np.take_along_axis(flat, index, ax)
+    if axis is None:
+        out = out.reshape((1,) * x.ndim if keepdims else ())
+    elif not keepdims:
+        out = np.squeeze(out, ax)
+    out = convert(np.ascontiguousarray(out), x.fmt, fmt)
+
+    def backward(g, g_fmt):
+        full = np.zeros(flat.shape, g.dtype)
+        np.put_along_axis(full, index, g.reshape(index.shape), ax)
+        return (convert(full.reshape(x.shape), g_fmt, x.grad_fmt),)
+
+    return record(out, fmt, (x,), backward, "max")
+
+
+def _check_axis(x, axis, op):
+    return _axes(x, axis, op)[0]
+
+
+def softmax(x, axis: int = -1) -> Tensor:
+    fmt, (x,) = operands("wide", x)
+    ax = _check_axis(x, axis, "softmax")
+    d = x.data.astype(np.float64)
+    with np.errstate(invalid="ignore", under="ignore"):
+        e = np.exp(d - d.max(axis=ax, keepdims=True))
+        out = round_array(e / e.sum(axis=ax, keepdims=True), fmt)
+
+    def backward(g, g_fmt):
+        y, g64 = out.astype(np.float64), g.astype(np.float64)
+        with np.errstate(invalid="ignore", under="ignore"):
+            return (round_array(y * (g64 - (g64 * y).sum(axis=ax, keepdims=True)),
+                                x.grad_fmt),)
+
+    return record(out, fmt, (x,), backward, "softmax")
+
+
+def _log_softmax64(d, ax):
+    shifted = d - d.max(axis=ax, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=ax, keepdims=True))
+
+
+def log_softmax(x, axis: int = -1) -> Tensor:
+    fmt, (x,) = operands("wide", x)
+    ax = _check_axis(x, axis, "log_softmax")
+    with np.errstate(invalid="ignore", under="ignore"):
+        out = round_array(_log_softmax64(x.data.astype(np.float64), ax), fmt)
+
+    def backward(g, g_fmt):
+        g64 = g.astype(np.float64)
+        with np.errstate(invalid="ignore", under="ignore"):
+            return (round_array(g64 - np.exp(out.astype(np.float64))
+                                * g64.sum(axis=ax, keepdims=True), x.grad_fmt),)
+
+    return record(out, fmt, (x,), backward, "log_softmax")

@@ -1,0 +1,277 @@
+"""``Tensor``: values in a format, a gradient in a format, and the graph for reverse-mode autodiff.
+
+A tensor holds ``data`` (a backend array: float32 container for every fpsim ``Format``, float64
+in the reference mode), its ``fmt``, and ``grad_fmt``, the format its gradient is stored in
+(the policy's ``grad`` when set, else ``fmt``: a gradient flowing into an fp16 activation is an
+fp16 value and underflows where a real fp16 backward pass would).
+
+Every op goes through one dispatch point, ``record(data, fmt, parents, backward, op)``: it wraps
+the op's (already rounded) output and, when grad mode is on and a parent requires grad, keeps
+the parents and the op's ``backward(g, g_fmt)`` closure, which returns one gradient per parent
+(``None`` for parents that need none), each already rounded to that parent's ``grad_fmt``.
+
+``Tensor.backward`` walks the graph in reverse topological order::
+
+    grads = {root: seed rounded to root.grad_fmt}
+    for node in reversed(topological_order(root)):
+        g = grads.pop(node)
+        if node is a leaf:                node.grad = round(node.grad + g, node.grad_fmt)
+        else: for parent, gp in zip(node.parents, node.backward(g, node.grad_fmt)):
+                  grads[parent] = gp  if parent not in grads  else round(grads[parent] + gp)
+
+Contributions to one tensor are added pairwise in float32 (float64 in the reference mode) and
+rounded to its gradient format, as the framework's gradient accumulation does in the tensor's
+dtype. By default the graph is freed as it is walked (``retain_graph=True`` keeps it).
+
+>>> from fpsim.autograd import Tensor
+>>> x = Tensor([1.0, 2.0, 3.0], "fp16", requires_grad=True)
+>>> (x * x).sum().backward()
+>>> x.grad.data
+array([2., 4., 6.], dtype=float32)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import backend
+from .context import _state, current_policy
+from .numerics import container_of, resolve, round_array
+
+__all__ = ["Tensor", "record", "as_tensor"]
+
+
+class Tensor:
+    """An array of values in one format, optionally tracked for gradients.
+
+    ``Tensor(data, fmt=None, requires_grad=False)`` rounds ``data`` once into ``fmt`` (default:
+    the current policy's ``input`` format). ``.grad`` is ``None`` or a ``Tensor`` in
+    ``grad_fmt`` holding the gradients summed over every ``backward`` call since the last
+    ``zero_grad``.
+    """
+
+    __slots__ = ("data", "fmt", "grad_fmt", "requires_grad", "grad", "name",
+                 "_parents", "_backward", "_op", "_retain")
+    __array_priority__ = 1000  # ndarray (op) Tensor defers to Tensor's reflected operators
+
+    def __init__(self, data, fmt=None, requires_grad: bool = False, *, name: str | None = None):
+        policy = current_policy()
+        fmt = policy.input if fmt is None else resolve(fmt)
+        if isinstance(data, Tensor):
+            data = data.data
+        array = np.asarray(data)
+        if array.dtype.kind not in "fiub":
+            raise TypeError(f"Tensor data must be real numbers, got dtype {array.dtype}")
+        if array.dtype not in (np.float32, np.float64):
+            array = array.astype(np.float64)
+        rounded = round_array(array, fmt)
+        if rounded is array or np.shares_memory(rounded, array):
+            rounded = rounded.copy()
+        self._init(backend.asarray(rounded, container_of(fmt)), fmt,
+                   policy.grad or fmt, bool(requires_grad))
+        self.name = name
+
+    def _init(self, data, fmt, grad_fmt, requires_grad):
+        self.data = data
+        self.fmt = fmt
+        self.grad_fmt = grad_fmt
+        self.requires_grad = requires_grad
+        self.grad = None
+        self.name = None
+        self._parents = ()
+        self._backward = None
+        self._op = None
+        self._retain = False
+
+    @classmethod
+    def _wrap(cls, data, fmt, grad_fmt=None, requires_grad=False) -> "Tensor":
+        """A tensor around ``data`` that is already in ``fmt`` (no rounding, no copy)."""
+        out = cls.__new__(cls)
+        out._init(data, fmt, grad_fmt if grad_fmt is not None else fmt, requires_grad)
+        return out
+
+    # --- properties -------------------------------------------------------------------------
+    shape = property(lambda self: self.data.shape)
+    ndim = property(lambda self: self.data.ndim)
+    size = property(lambda self: self.data.size)
+    is_leaf = property(lambda self: self._op is None)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def numpy(self) -> np.ndarray:
+        """The values as a NumPy array (a copy)."""
+        return np.array(backend.to_numpy(self.data))
+
+    def item(self) -> float:
+        if self.data.size != 1:
+            raise ValueError(f"item() needs a tensor with one element, got shape {self.shape}")
+        return float(self.data.reshape(-1)[0])
+
+    def __repr__(self) -> str:
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        op = f", op={self._op}" if self._op else ""
+        return f"Tensor({np.array2string(self.data, threshold=8)}, fmt={self.fmt}{grad}{op})"
+
+    # --- autograd ---------------------------------------------------------------------------
+    def detach(self) -> "Tensor":
+        """The same values (shared, not copied), outside every graph."""
+        return Tensor._wrap(self.data, self.fmt, self.grad_fmt)
+
+    def requires_grad_(self, flag: bool = True) -> "Tensor":
+        if not self.is_leaf:
+            raise ValueError("requires_grad_ can only change leaf tensors; use detach() first")
+        self.requires_grad = bool(flag)
+        return self
+
+    def retain_grad(self) -> "Tensor":
+        """Keep this non-leaf tensor's gradient in ``.grad`` during backward (to watch
+        activation gradients underflow)."""
+        self._retain = True
+        return self
+
+    def zero_grad(self) -> None:
+        """Forget the accumulated gradient (``.grad`` becomes ``None``)."""
+        self.grad = None
+
+    def backward(self, grad=None, *, retain_graph: bool = False) -> None:
+        """Accumulate d(self)/d(leaf) into ``.grad`` of every leaf that requires grad.
+
+        ``grad`` (the seed) is required unless the tensor has exactly one element; it is
+        rounded to ``self.grad_fmt``.
+        """
+        if not self.requires_grad:
+            raise ValueError("backward() on a tensor that does not require grad: no leaf it "
+                             "depends on has requires_grad=True (or it was made under no_grad)")
+        if grad is None:
+            if self.data.size != 1:
+                raise ValueError(
+                    f"backward() on a non-scalar tensor of shape {self.shape} needs a seed "
+                    f"gradient of that shape, e.g. t.backward(numpy.ones({self.shape})); or "
+                    f"reduce to a scalar first (t.sum())")
+            seed = np.ones(self.shape, container_of(self.grad_fmt))
+        else:
+            seed = grad.data if isinstance(grad, Tensor) else np.asarray(grad)
+            if seed.shape != self.shape:
+                raise ValueError(f"seed gradient shape {seed.shape} does not match the tensor's "
+                                 f"shape {self.shape}")
+            if seed.dtype not in (np.float32, np.float64):
+                seed = seed.astype(np.float64)
+            seed = round_array(seed, self.grad_fmt)
+        _run_backward(self, seed, retain_graph)
+
+    # --- operators (the ops live in ops_*.py) ------------------------------------------------
+    def __add__(self, other): return _ew.add(self, other)
+    def __radd__(self, other): return _ew.add(other, self)
+    def __sub__(self, other): return _ew.sub(self, other)
+    def __rsub__(self, other): return _ew.sub(other, self)
+    def __mul__(self, other): return _ew.mul(self, other)
+    def __rmul__(self, other): return _ew.mul(other, self)
+    def __truediv__(self, other): return _ew.div(self, other)
+    def __rtruediv__(self, other): return _ew.div(other, self)
+    def __neg__(self): return _ew.neg(self)
+    def __pow__(self, exponent): return _ew.pow(self, exponent)
+    def __matmul__(self, other): return _mm.matmul(self, other)
+    def __rmatmul__(self, other): return _mm.matmul(other, self)
+    def __getitem__(self, index): return _sh.getitem(self, index)
+
+    def exp(self): return _ew.exp(self)
+    def log(self): return _ew.log(self)
+    def sqrt(self): return _ew.sqrt(self)
+    def tanh(self): return _ew.tanh(self)
+    def sigmoid(self): return _ew.sigmoid(self)
+    def relu(self): return _ew.relu(self)
+    def gelu(self): return _ew.gelu(self)
+    def sum(self, axis=None, keepdims=False, *, accumulation=None):
+        return _rd.sum(self, axis, keepdims, accumulation=accumulation)
+    def mean(self, axis=None, keepdims=False, *, accumulation=None):
+        return _rd.mean(self, axis, keepdims, accumulation=accumulation)
+    def max(self, axis=None, keepdims=False): return _rd.max(self, axis, keepdims)
+    def softmax(self, axis=-1): return _rd.softmax(self, axis)
+    def log_softmax(self, axis=-1): return _rd.log_softmax(self, axis)
+    def reshape(self, *shape): return _sh.reshape(self, *shape)
+    def transpose(self, *axes): return _sh.transpose(self, *axes)
+    def cast(self, fmt): return _sh.cast(self, fmt)
+
+    @property
+    def T(self): return _sh.transpose(self)
+
+
+def as_tensor(value, fmt=None) -> Tensor:
+    """``value`` itself when it is a Tensor, else a constant Tensor rounded into ``fmt``
+    (default: the policy's ``input`` format)."""
+    return value if isinstance(value, Tensor) else Tensor(value, fmt)
+
+
+def record(data, fmt, parents, backward, op: str) -> Tensor:
+    """The dispatch point of every op: wrap the output and, if needed, the graph edge."""
+    grad_fmt = current_policy().grad or fmt
+    out = Tensor._wrap(data, fmt, grad_fmt)
+    if _state.grad_enabled:
+        for parent in parents:
+            if parent.requires_grad:
+                out.requires_grad = True
+                out._parents = parents
+                out._backward = backward
+                out._op = op
+                break
+    return out
+
+
+def _topological_order(root: Tensor) -> list:
+    order, seen, stack = [], {id(root)}, [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        stack.append((node, True))
+        for parent in node._parents:
+            if parent.requires_grad and id(parent) not in seen:
+                seen.add(id(parent))
+                stack.append((parent, False))
+    return order
+
+
+def _add_grads(a, b, fmt):
+    return round_array(a + b, fmt)
+
+
+def _run_backward(root: Tensor, seed, retain_graph: bool) -> None:
+    order = _topological_order(root)
+    grads = {id(root): seed}
+    for node in reversed(order):
+        g = grads.pop(id(node), None)
+        if g is None:
+            continue
+        if node._backward is None:
+            if node._op is not None:
+                raise RuntimeError(
+                    f"backward through the graph of '{node._op}' a second time: its saved "
+                    f"values were freed; pass retain_graph=True to the first backward()")
+            _accumulate_leaf(node, g)
+            continue
+        if node._retain:
+            _accumulate_leaf(node, g)
+        parent_grads = node._backward(g, node.grad_fmt)
+        for parent, gp in zip(node._parents, parent_grads):
+            if gp is None or not parent.requires_grad:
+                continue
+            key = id(parent)
+            grads[key] = gp if key not in grads else _add_grads(grads[key], gp, parent.grad_fmt)
+        if not retain_graph:
+            node._backward = None
+            node._parents = ()
+
+
+def _accumulate_leaf(node: Tensor, g) -> None:
+    if node.grad is None:
+        node.grad = Tensor._wrap(g.copy(), node.grad_fmt)
+    else:
+        node.grad.data = _add_grads(node.grad.data, g, node.grad_fmt)
+
+
+from . import ops_elementwise as _ew  # noqa: E402  (the ops need Tensor and record first)
+from . import ops_matmul as _mm  # noqa: E402
+from . import ops_reduce as _rd  # noqa: E402
+from . import ops_shape as _sh  # noqa: E402
+

@@ -1,0 +1,141 @@
+"""Every op's backward against central finite differences.
+
+The engine runs in the float64 reference mode ("64-true": no rounding), so the check is on the
+calculus, to ~1e-7; a second pass under "32-true" checks the same formulas through the fp32
+rounding points with a tolerance that fp32 allows.
+"""
+import numpy as np
+import pytest
+
+import fpsim.autograd as ag
+from fpsim.autograd import Tensor, use_policy
+
+RNG = np.random.default_rng(1234)
+
+
+def _rand(*shape, low=-2.0, high=2.0):
+    return RNG.uniform(low, high, shape)
+
+
+def _pos(*shape):
+    return RNG.uniform(0.5, 2.0, shape)
+
+
+def _away_from_zero(*shape):
+    x = RNG.uniform(0.2, 2.0, shape)
+    return x * RNG.choice([-1.0, 1.0], shape)
+
+
+# name -> (function of tensors, list of input arrays)
+CASES = {
+    "add_broadcast": (lambda a, b: a + b, [_rand(3, 4), _rand(4)]),
+    "add_broadcast_keepdim": (lambda a, b: a + b, [_rand(3, 1), _rand(1, 4)]),
+    "sub": (lambda a, b: a - b, [_rand(2, 3), _rand(2, 3)]),
+    "mul_broadcast": (lambda a, b: a * b, [_rand(2, 3, 4), _rand(3, 1)]),
+    "div": (lambda a, b: a / b, [_rand(3, 4), _away_from_zero(3, 4)]),
+    "div_broadcast": (lambda a, b: a / b, [_rand(3, 4), _away_from_zero(4)]),
+    "neg": (lambda a: -a, [_rand(5)]),
+    "scalar_ops": (lambda a: (2.5 - a) * 3.0 + a / 4.0 - 1.0 / (a * a + 1.0), [_rand(6)]),
+    "pow_2": (lambda a: a ** 2, [_rand(5)]),
+    "pow_half": (lambda a: a ** 0.5, [_pos(5)]),
+    "pow_neg": (lambda a: a ** -1.5, [_pos(5)]),
+    "matmul_2d": (lambda a, b: a @ b, [_rand(3, 4), _rand(4, 5)]),
+    "matmul_batched": (lambda a, b: a @ b, [_rand(2, 3, 4), _rand(2, 4, 5)]),
+    "matmul_broadcast_batch": (lambda a, b: a @ b, [_rand(2, 1, 3, 4), _rand(3, 4, 2)]),
+    "matmul_vector": (lambda a, b: a @ b, [_rand(4), _rand(4, 3)]),
+    "linear": (lambda x, w, b: ag.linear(x, w, b), [_rand(2, 3, 4), _rand(5, 4), _rand(5)]),
+    "linear_nobias": (lambda x, w: ag.linear(x, w), [_rand(3, 4), _rand(2, 4)]),
+    "sum_all": (lambda a: a.sum(), [_rand(3, 4)]),
+    "sum_axis_keepdims": (lambda a: a.sum(axis=1, keepdims=True), [_rand(3, 4, 2)]),
+    "sum_axes": (lambda a: a.sum(axis=(0, 2)), [_rand(3, 4, 2)]),
+    "mean_axis": (lambda a: a.mean(axis=0), [_rand(3, 4)]),
+    "mean_all": (lambda a: a.mean(), [_rand(3, 4)]),
+    "max_axis": (lambda a: a.max(axis=1), [_rand(3, 5)]),
+    "max_all": (lambda a: a.max(), [_rand(3, 5)]),
+    "exp": (lambda a: a.exp(), [_rand(5)]),
+    "log": (lambda a: a.log(), [_pos(5)]),
+    "sqrt": (lambda a: a.sqrt(), [_pos(5)]),
+    "tanh": (lambda a: a.tanh(), [_rand(5)]),
+    "sigmoid": (lambda a: a.sigmoid(), [_rand(5) * 4]),
+    "relu": (lambda a: a.relu(), [_away_from_zero(6)]),
+    "gelu": (lambda a: a.gelu(), [_rand(6)]),
+    "softmax": (lambda a: a.softmax(axis=-1), [_rand(3, 5)]),
+    "softmax_axis0": (lambda a: a.softmax(axis=0), [_rand(3, 5)]),
+    "log_softmax": (lambda a: a.log_softmax(axis=1), [_rand(3, 5)]),
+    "reshape": (lambda a, b: a.reshape(4, 3) * b, [_rand(3, 4), _rand(4, 3)]),
+    "transpose": (lambda a: a.transpose(2, 0, 1), [_rand(2, 3, 4)]),
+    "T": (lambda a: a.T @ a, [_rand(3, 2)]),
+    "getitem_slice": (lambda a: a[1:, ::2], [_rand(3, 5)]),
+    "getitem_repeated_index": (lambda a: a[np.array([0, 2, 0, 0])], [_rand(3, 4)]),
+    "concatenate": (lambda a, b: ag.concatenate([a, b, a], axis=1), [_rand(2, 3), _rand(2, 1)]),
+    "stack": (lambda a, b: ag.stack([a, b], axis=1), [_rand(2, 3), _rand(2, 3)]),
+    "cross_entropy": (lambda a: ag.cross_entropy(a, [1, 0, 3]), [_rand(3, 4)]),
+    "cross_entropy_sum": (lambda a: ag.cross_entropy(a, [1, 0, 3], reduction="sum"),
+                          [_rand(3, 4)]),
+    "mse_loss": (lambda a, b: ag.mse_loss(a, b), [_rand(3, 4), _rand(3, 4)]),
+    "mlp": (lambda x, w, b: ag.cross_entropy(ag.linear(x, w, b).tanh(), [0, 2]),
+            [_rand(2, 4), _rand(3, 4), _rand(3)]),
+}
+
+
+def _numeric_grads(fn, arrays, weights, h):
+    def value(arrs):
+        with ag.no_grad():
+            out = fn(*[Tensor(a) for a in arrs])
+            return float(np.sum(out.data * weights))
+
+    grads = []
+    for i, base in enumerate(arrays):
+        g = np.zeros_like(base)
+        for idx in np.ndindex(base.shape):
+            plus = [a.copy() for a in arrays]
+            minus = [a.copy() for a in arrays]
+            plus[i][idx] += h
+            minus[i][idx] -= h
+            g[idx] = (value(plus) - value(minus)) / (2 * h)
+        grads.append(g)
+    return grads
+
+
+def _analytic_grads(fn, arrays, weights):
+    tensors = [Tensor(a, requires_grad=True) for a in arrays]
+    out = fn(*tensors)
+    (out * Tensor(weights)).sum().backward()
+    return out, [t.grad.data for t in tensors]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_gradient_float64_reference(name):
+    fn, arrays = CASES[name]
+    with use_policy("64-true"):
+        with ag.no_grad():
+            shape = fn(*[Tensor(a) for a in arrays]).shape
+        weights = RNG.uniform(0.5, 1.5, shape)
+        out, analytic = _analytic_grads(fn, arrays, weights)
+        assert out.data.dtype == np.float64
+        numeric = _numeric_grads(fn, arrays, weights, 1e-6)
+    for a, n in zip(analytic, numeric):
+        assert a.dtype == np.float64
+        np.testing.assert_allclose(a, n, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+FP32_CASES = ["add_broadcast", "mul_broadcast", "div", "matmul_batched", "linear", "sum_axes",
+              "mean_axis", "exp", "log", "tanh", "sigmoid", "gelu", "softmax", "log_softmax",
+              "getitem_repeated_index", "cross_entropy", "mse_loss", "mlp"]
+
+
+@pytest.mark.parametrize("name", FP32_CASES)
+def test_gradient_fp32_policy(name):
+    """The same formulas through fp32 rounding: analytic (fp32) vs float64 differences."""
+    fn, arrays = CASES[name]
+    with use_policy("64-true"):
+        with ag.no_grad():
+            shape = fn(*[Tensor(a) for a in arrays]).shape
+        weights = RNG.uniform(0.5, 1.5, shape)
+        numeric = _numeric_grads(fn, arrays, weights, 1e-6)
+    with use_policy("32-true"):
+        out, analytic = _analytic_grads(fn, arrays, weights.astype(np.float32))
+    assert out.fmt.name == "fp32" and out.data.dtype == np.float32
+    for a, n in zip(analytic, numeric):
+        assert a.dtype == np.float32
+        np.testing.assert_allclose(a, n, rtol=2e-4, atol=2e-5, err_msg=name)
