@@ -1,0 +1,129 @@
+"""The ``blocked`` model: multi-term fused additions, as in NVIDIA tensor cores.
+
+One block (``block_step``) computes d = c + p_1 + ... + p_k, the p_i exact products and c the
+running accumulator (a value of ``fmt``), then rounds d once to ``fmt``. With
+``alignment_bits=None`` the sum is exact. With ``alignment_bits=F`` the block follows the
+model of Fasi, Higham, Mikaitis & Pranesh, "Numerical behavior of NVIDIA tensor cores",
+PeerJ Computer Science 7:e330 (2021), sections on the V100, T4 and A100 tensor cores, in the
+parameterised form of the authors' MATLAB models (north-numerical-computing/MATLAB-tensor-core:
+models/tools/Generic_BFMA_TC.m and V100TC.m / A100TC.m / H100TC.m)::
+
+    e(x) = max(floor(log2|x|), emin of x's format)     # subnormals read at the minimum exponent
+    exponent of a product a*b: e(a) + e(b)              # significand in [0, 4): 2 carry bits
+    exponent of c: e(c) in fmt
+    E = max exponent over the nonzero terms of the block
+    each term t -> sign(t) * floor(|t| / 2**(E - F)) * 2**(E - F)   # align, truncate bits
+    d = round(sum of the truncated terms, fmt, rounding)            # the sum itself is exact
+
+Presets: V100 k=4, F=23 (no extra bits: FHMP's "no guard digits"), A100 k=8, F=24,
+H100 k=16, F=25 (the MATLAB models' neab = 0, 1, 2 extra alignment bits over fp32's 23);
+final rounding toward zero into fp32 (FHMP: round-down of positive, round-up of negative
+results) and to nearest even into fp16.
+
+Modelled: exact products, alignment to the largest exponent with truncation, the extra
+alignment bits, carry bits (the sum of the truncated terms is exact, so no carry is ever
+lost), the block size, inputs' subnormals read at their format's minimum exponent, the final
+rounding mode, blocks in index order with recursive accumulation between blocks (as the
+MATLAB GEMM does). Not modelled: the order inside the hardware's k x k tiles beyond "blocks
+of consecutive k", H100/B200 fp8 paths (interleaving, negative extra bits), the exponent
+limits of the later MATLAB models (min_exp_limit), flush-to-zero modes, and overflow: a
+block sum past ``fmt``'s range follows round_to's IEEE rule for the rounding mode (toward
+zero gives the largest finite value), which the hardware may not do. Zero sums are +0 unless
+every truncated term is -0 (IEEE addition of the terms).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..formats import FP32
+from ..rounding import round_to
+from ._exact_sum import round_to_odd_sum
+
+_NO_EXPONENT = -np.inf
+
+
+def exponents(x: np.ndarray, emin: int) -> np.ndarray:
+    """max(floor(log2|x|), emin) as float64; -inf for zeros and non-finite values."""
+    with np.errstate(invalid="ignore"):
+        e = np.frexp(x)[1].astype(np.float64) - 1
+        e = np.maximum(e, emin)
+        e[(x == 0) | ~np.isfinite(x)] = _NO_EXPONENT
+    return e
+
+
+def block_step(acc: np.ndarray, terms: list, term_exps: list, model) -> np.ndarray:
+    """One block on float64 arrays of one shape: acc (values of fmt), k terms with their
+    alignment exponents. Returns the new accumulator (float64 values of fmt)."""
+    fmt = model.fmt
+    with np.errstate(invalid="ignore", over="ignore"):
+        special = np.where(np.isfinite(acc), 0.0, acc)
+        for t in terms:
+            special = special + np.where(np.isfinite(t), 0.0, t)  # IEEE: NaN, +-inf, +inf-inf
+        acc_f = np.where(np.isfinite(acc), acc, 0.0)
+        finite_terms = [np.where(np.isfinite(t), t, 0.0) for t in terms]
+    if model.alignment_bits is None:
+        stacked = np.stack([acc_f] + finite_terms, axis=-1).reshape(-1, len(terms) + 1)
+        total = round_to_odd_sum(stacked).reshape(acc.shape)
+    else:
+        largest = exponents(acc_f, fmt.emin)
+        for e in term_exps:
+            largest = np.maximum(largest, e)
+        largest[largest == _NO_EXPONENT] = 0.0                    # an all-zero block
+        quantum = np.ldexp(1.0, (largest - model.alignment_bits).astype(np.int64))
+        total = np.trunc(acc_f / quantum) * quantum
+        for t in finite_terms:
+            total = total + np.trunc(t / quantum) * quantum        # exact: integers < 2**53
+    with np.errstate(over="ignore", invalid="ignore"):
+        rounded = round_to(total, fmt, model.rounding)
+    return np.where(np.isfinite(special), rounded, special)
+
+
+def _input_emin(model) -> int:
+    return (model.input_format or FP32).emin
+
+
+def blocked_matmul(a64: np.ndarray, b64: np.ndarray, model) -> np.ndarray:
+    """(nb, M, K) @ (nb, K, N) float64 (float32 values) under a ``blocked`` model."""
+    nb, m, k = a64.shape
+    n = b64.shape[2]
+    emin = _input_emin(model)
+    ea, eb = exponents(a64, emin), exponents(b64, emin)
+    acc = np.zeros((nb, m, n), np.float64)
+    with np.errstate(invalid="ignore"):
+        for start in range(0, k, model.k):
+            idx = range(start, min(start + model.k, k))
+            terms = [a64[:, :, i, None] * b64[:, None, i, :] for i in idx]
+            exps = [ea[:, :, i, None] + eb[:, None, i, :] for i in idx]
+            acc = block_step(acc, terms, exps, model)
+    return acc
+
+
+def blocked_rows(x64: np.ndarray, model) -> np.ndarray:
+    """Row sums of a (n, K) float64 array (float32 values) under a ``blocked`` model."""
+    rows, k = x64.shape
+    ex = exponents(x64, _input_emin(model))
+    acc = np.zeros(rows, np.float64)
+    for start in range(0, k, model.k):
+        idx = range(start, min(start + model.k, k))
+        acc = block_step(acc, [x64[:, i] for i in idx], [ex[:, i] for i in idx], model)
+    return acc
+
+
+def block_fma(c: np.ndarray, a: np.ndarray, b: np.ndarray, model) -> np.ndarray:
+    """d = c + sum(a * b, axis=-1) for one block; float32 in (c in fmt), float32 out."""
+    for name, x in (("c", c), ("a", a), ("b", b)):
+        if x.dtype != np.float32:
+            raise TypeError(f"block_fma: {name} must be float32, got {x.dtype}")
+    a, b = np.broadcast_arrays(a, b)
+    if a.ndim == 0 or a.shape[-1] > model.k:
+        raise ValueError(f"block_fma: the last axis holds the block's products and must have "
+                         f"1..{model.k} entries, got shape {a.shape}")
+    shape = np.broadcast_shapes(c.shape, a.shape[:-1])
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    emin = _input_emin(model)
+    ea, eb = exponents(a64, emin), exponents(b64, emin)
+    with np.errstate(invalid="ignore"):
+        terms = [np.broadcast_to(a64[..., i] * b64[..., i], shape) for i in range(a.shape[-1])]
+    exps = [np.broadcast_to(ea[..., i] + eb[..., i], shape) for i in range(a.shape[-1])]
+    acc = np.broadcast_to(c.astype(np.float64), shape)
+    return block_step(acc, terms, exps, model).astype(np.float32)

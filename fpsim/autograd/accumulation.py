@@ -1,0 +1,385 @@
+"""How dot products and sums accumulate: the ``exact``, ``sequential`` and ``blocked`` models.
+
+``matmul`` and ``reduce_sum`` take float32 containers holding values of any fpsim format and
+return float32 containers holding values of ``out_fmt``. Products of two float32 values are
+exact in float64 (24 + 24 significand bits, exponents >= 2**-298), so every model starts from
+exact products; the models differ only in where the sum is rounded.
+
+``exact(acc="fp32")`` (the default)
+    Each dot product (or sum) is computed exactly, rounded once to ``acc`` (round to nearest,
+    ties to even), then once to ``out_fmt``. Fast path: a float64 BLAS product plus a rigorous
+    error bound that certifies, element by element, that the float64 result rounds to the same
+    bits as the exact value; the rare element it cannot certify is summed exactly with integer
+    limbs (``_exact_sum``). The bits do not depend on the BLAS, its order or its threads.
+``sequential(fmt="fp32", fused=True)``
+    ``acc = +0; for k in 0..K-1: acc = round_fmt(acc + a[k] * b[k])`` in index order, one
+    rounding per step (fused multiply-add: the product is exact). ``fused=False`` rounds the
+    product to ``fmt`` first (two roundings per step). Slow (a Python loop over K), but it is
+    how an fp16 accumulator stalls: summing 4096 ones in fp16 stops at 2048.
+``blocked(k, fmt="fp32", alignment_bits=None, rounding="nearest_even")``
+    A tensor-core-like multi-term fused add: ``acc = round_fmt(acc + sum of k exact
+    products)`` per block of k consecutive products. ``alignment_bits=F`` adds the truncation
+    of NVIDIA's adders (see ``_block_fma`` and the presets ``blocked.v100()``, ``a100()``,
+    ``h100()``, after Fasi, Higham, Mikaitis & Pranesh, PeerJ CS 7:e330, 2021).
+
+Non-finite inputs follow IEEE arithmetic on the exact products: inf * 0 is NaN, a NaN
+product or +inf and -inf together give NaN, otherwise an infinite product gives that infinity.
+A finite sum beyond the accumulator's range overflows as ``round_to`` does (to inf).
+
+>>> import numpy as np
+>>> a = np.ones((1, 4096), np.float32); b = np.ones((4096, 1), np.float32)
+>>> float(matmul(a, b, out_fmt="fp32")[0, 0]), float(matmul(a, b, out_fmt="fp32",
+...       model=sequential("fp16"))[0, 0])
+(4096.0, 2048.0)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..formats import FP16, FP32, Format, get
+from ..rounding import MODES, round_to
+from . import _block_fma
+from ._exact_sum import exact_matmul, exact_rows_sum
+
+__all__ = ["Accumulation", "exact", "sequential", "blocked", "tensor_core", "get_accumulation",
+           "matmul", "reduce_sum"]
+
+
+class Accumulation:
+    """Base class of the accumulation models (frozen dataclasses)."""
+
+    __slots__ = ()
+
+
+def _format_field(obj, name: str) -> None:
+    object.__setattr__(obj, name, get(getattr(obj, name)))
+
+
+@dataclass(frozen=True)
+class exact(Accumulation):  # noqa: N801 - lower case: read as a function, like jmp policies
+    """The exact dot product, rounded once to ``acc`` (nearest even), then to the output.
+
+    Fast path proof sketch (``_exact_sum.exact_matmul``): with C = fl64(A @ B) and
+    T = fl64(|A| @ |B|), any float64 summation order gives |C - AB| <= g * T with
+    g = K * 2**-52 (Higham's gamma_{K-1} bound, inflated to cover T's own error and the
+    rounding of g * T). The exact value is inside [C - gT, C + gT], widened outward by one
+    ulp; round-to-nearest-even is monotonic, so if both ends round to the same ``acc`` bits,
+    the exact value does too. Second certificate: when T < 2**(q + 53), q the lowest set-bit
+    exponent of any product (bounded by row/column minima), every partial sum is an exact
+    float64, so C is exact (this certifies exact ties, which no error bound can). Everything
+    else is summed exactly (integer limbs, round-to-odd, then rounded: ``_exact_sum``).
+    """
+
+    acc: Format | str = FP32
+
+    def __post_init__(self) -> None:
+        _format_field(self, "acc")
+
+    def __str__(self) -> str:
+        return "exact" if self.acc == FP32 else f"exact:{self.acc.name}"
+
+
+@dataclass(frozen=True)
+class sequential(Accumulation):  # noqa: N801
+    """Recursive summation in ``fmt``, k = 0..K-1 in index order, acc starting at +0.
+
+    ``fused=True``: ``acc = round_fmt(acc + a_k*b_k)``, the product exact, ONE rounding per
+    step (a fused multiply-add). ``fused=False``: ``acc = round_fmt(acc + round_fmt(a_k*b_k))``.
+    In float64 the sum acc + p may itself round, so each step computes it with TwoSum
+    (s + e == acc + p exactly), rounds s to odd using the sign of e, then rounds to ``fmt``:
+    one correct rounding, no double rounding.
+    """
+
+    fmt: Format | str = FP32
+    fused: bool = True
+
+    def __post_init__(self) -> None:
+        _format_field(self, "fmt")
+        if not isinstance(self.fused, bool):
+            raise TypeError(f"fused must be a bool, got {self.fused!r}")
+
+    def __str__(self) -> str:
+        return f"sequential:{self.fmt.name}" + ("" if self.fused else ":unfused")
+
+
+@dataclass(frozen=True)
+class blocked(Accumulation):  # noqa: N801
+    """Blocks of ``k`` exact products added to the running accumulator, rounded once per block.
+
+    ``alignment_bits=None``: each block sum (acc + k products) is exact, then rounded to
+    ``fmt`` with ``rounding``. ``alignment_bits=F``: as in NVIDIA tensor cores, every term is
+    first aligned to the block's largest exponent and truncated (toward zero) to F fraction
+    bits below it; the sum of the truncated terms is exact and rounded with ``rounding``.
+    ``input_format``: the inputs' format, used only to read subnormal inputs with that
+    format's minimum exponent, as hardware does (None: float32's). See ``_block_fma``.
+
+    Presets (``fmt`` fp32: round toward zero; fp16: nearest even):
+    ``blocked.v100()`` k=4, F=23; ``blocked.a100()`` k=8, F=24; ``blocked.h100()`` k=16,
+    F=25 (tf32 inputs: k=4 on A100, 8 on H100).
+    """
+
+    k: int
+    fmt: Format | str = FP32
+    alignment_bits: int | None = None
+    rounding: str = "nearest_even"
+    input_format: Format | str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.k, bool) or not isinstance(self.k, (int, np.integer)) or self.k < 1:
+            raise ValueError(f"blocked: k must be a positive int (products per block), "
+                             f"got {self.k!r}")
+        object.__setattr__(self, "k", int(self.k))
+        _format_field(self, "fmt")
+        if self.input_format is not None:
+            _format_field(self, "input_format")
+        if self.alignment_bits is not None and (
+                isinstance(self.alignment_bits, bool)
+                or not isinstance(self.alignment_bits, (int, np.integer))
+                or not 0 <= self.alignment_bits <= 40):
+            raise ValueError(f"blocked: alignment_bits must be None or an int in 0..40, "
+                             f"got {self.alignment_bits!r}")
+        if self.rounding not in MODES or self.rounding == "stochastic":
+            raise ValueError(f"blocked: rounding must be one of "
+                             f"{', '.join(m for m in MODES if m != 'stochastic')}, "
+                             f"got {self.rounding!r}")
+
+    def __str__(self) -> str:
+        return f"blocked:{self.k}:{self.fmt.name}"
+
+    def block_fma(self, c, a, b) -> np.ndarray:
+        """One block: d = c + sum(a * b) over the last axis (length <= k), as this model
+        computes it. c: float32 values in ``fmt``; a, b: float32, broadcast together."""
+        return _block_fma.block_fma(np.asarray(c), np.asarray(a), np.asarray(b), self)
+
+    @classmethod
+    def v100(cls, fmt="fp32") -> "blocked":
+        """NVIDIA V100 (Volta) tensor core, fp16 inputs: 4 products, no extra bits."""
+        return cls._preset(4, 23, FP16, fmt)
+
+    @classmethod
+    def a100(cls, input_format="fp16", fmt="fp32") -> "blocked":
+        """NVIDIA A100 (Ampere): 8 products (4 for tf32 inputs), one extra alignment bit."""
+        return cls._preset(4 if get(input_format).name == "tf32" else 8, 24, input_format, fmt)
+
+    @classmethod
+    def h100(cls, input_format="fp16", fmt="fp32") -> "blocked":
+        """NVIDIA H100 (Hopper): 16 products (8 for tf32 inputs), two extra alignment bits."""
+        return cls._preset(8 if get(input_format).name == "tf32" else 16, 25, input_format,
+                           fmt)
+
+    @classmethod
+    def _preset(cls, k, bits, input_format, fmt) -> "blocked":
+        input_format, fmt = get(input_format), get(fmt)
+        if input_format.name not in ("fp16", "bf16", "tf32"):
+            raise ValueError(f"tensor-core presets model fp16, bf16 and tf32 inputs, "
+                             f"not {input_format.name}")
+        if fmt not in (FP32, FP16):
+            raise ValueError(f"tensor-core presets accumulate in fp32 or fp16, not {fmt.name}")
+        rounding = "toward_zero" if fmt == FP32 else "nearest_even"
+        return cls(k, fmt, bits, rounding, input_format)
+
+
+def tensor_core(gpu: str, input_format="fp16", fmt="fp32") -> blocked:
+    """The ``blocked`` preset of a GPU: ``"v100"``, ``"a100"`` or ``"h100"``."""
+    key = str(gpu).strip().lower()
+    if key == "v100":
+        return blocked.v100(fmt)
+    if key in ("a100", "h100"):
+        return getattr(blocked, key)(input_format, fmt)
+    raise ValueError(f"unknown tensor-core model {gpu!r}; accepted: v100, a100, h100")
+
+
+_SPEC_HELP = ("accepted: 'exact', 'exact:FMT', 'sequential', 'sequential:FMT', "
+              "'sequential:FMT:unfused', 'blocked:K', 'blocked:K:FMT', 'v100', 'a100', 'h100', "
+              "or an Accumulation")
+
+
+def get_accumulation(spec) -> Accumulation:
+    """An accumulation model from a spec string (or an ``Accumulation``, returned as is).
+
+    >>> get_accumulation("sequential:fp16"), get_accumulation("blocked:4:fp32").k
+    (sequential(fmt=..., fused=True), 4)
+    """
+    if isinstance(spec, Accumulation):
+        return spec
+    if not isinstance(spec, str):
+        raise TypeError(f"an accumulation model is an Accumulation or a string, "
+                        f"got {type(spec).__name__}; {_SPEC_HELP}")
+    parts = [p.strip() for p in spec.strip().lower().split(":")]
+    try:
+        kind, args = parts[0], parts[1:]
+        if kind == "exact" and len(args) <= 1:
+            return exact(*args)
+        if kind == "sequential" and len(args) <= 2:
+            if len(args) == 2 and args[1] not in ("fused", "unfused"):
+                raise ValueError(f"the third field must be 'fused' or 'unfused', got {args[1]!r}")
+            return sequential(*args[:1], fused=not (len(args) == 2 and args[1] == "unfused"))
+        if kind == "blocked" and 1 <= len(args) <= 2:
+            if not args[0].isdigit():
+                raise ValueError(f"block size must be a positive integer, got {args[0]!r}")
+            return blocked(int(args[0]), *args[1:])
+        if kind in ("v100", "a100", "h100") and not args:
+            return tensor_core(kind)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"bad accumulation spec {spec!r}: {err}") from None
+    raise ValueError(f"unknown accumulation spec {spec!r}; {_SPEC_HELP}")
+
+
+# --- operand checks ----------------------------------------------------------------------
+
+def _operand(x, name: str) -> np.ndarray:
+    array = np.asarray(x)
+    if array.dtype == np.float16:
+        array = array.astype(np.float32)
+    if array.dtype != np.float32:
+        raise TypeError(f"{name} must be a float32 array holding format values (float16 is "
+                        f"widened exactly), got dtype {array.dtype}; round with round_to and "
+                        f"convert first")
+    return array
+
+
+# --- matmul ------------------------------------------------------------------------------
+
+def matmul(a, b, *, out_fmt, model: Accumulation | str = exact()) -> np.ndarray:
+    """``a @ b`` under an accumulation model; float32 in, float32 holding ``out_fmt`` values out.
+
+    Shapes follow ``numpy.matmul``: a (..., M, K), b (..., K, N), batch dimensions broadcast;
+    a 1-D ``a`` is a row (K,), a 1-D ``b`` a column (K,), and that dimension is dropped from
+    the result. Each output element is the model's accumulation of its K exact products,
+    then one rounding (nearest even) to ``out_fmt``.
+    """
+    model = get_accumulation(model)
+    out_fmt = get(out_fmt)
+    a, b = _operand(a, "matmul: a"), _operand(b, "matmul: b")
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError(f"matmul needs arrays of at least 1 dimension, got shapes "
+                         f"{a.shape} and {b.shape}")
+    a2 = a[None, :] if a.ndim == 1 else a
+    b2 = b[:, None] if b.ndim == 1 else b
+    if a2.shape[-1] != b2.shape[-2]:
+        raise ValueError(f"matmul: inner dimensions differ: a has shape {a.shape} "
+                         f"(K={a2.shape[-1]}), b has shape {b.shape} (K={b2.shape[-2]})")
+    try:
+        batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    except ValueError:
+        raise ValueError(f"matmul: batch dimensions of a {a.shape} and b {b.shape} do not "
+                         f"broadcast") from None
+    m, k, n = a2.shape[-2], a2.shape[-1], b2.shape[-1]
+    a3 = np.broadcast_to(a2, batch + (m, k)).reshape(-1, m, k)
+    b3 = np.broadcast_to(b2, batch + (k, n)).reshape(-1, k, n)
+    acc = _accumulate_matmul(a3, b3, model)
+    out = _to_output(acc, out_fmt).reshape(batch + (m, n))
+    if a.ndim == 1:
+        out = out[..., 0, :]
+    if b.ndim == 1:
+        out = out[..., 0]
+    return out
+
+
+def _accumulate_matmul(a3: np.ndarray, b3: np.ndarray, model: Accumulation) -> np.ndarray:
+    """(nb, M, K) @ (nb, K, N) -> float64 (nb, M, N) holding accumulator-format values."""
+    if isinstance(model, exact):
+        return exact_matmul(a3, b3, model.acc)[0]
+    a64, b64 = a3.astype(np.float64), b3.astype(np.float64)
+    shape = (a3.shape[0], a3.shape[1], b3.shape[2])
+    if isinstance(model, sequential):
+        return _sequential(lambda k: a64[:, :, k, None] * b64[:, None, k, :], a3.shape[2],
+                           shape, model)
+    if isinstance(model, blocked):
+        return _block_fma.blocked_matmul(a64, b64, model)
+    raise TypeError(f"unknown accumulation model {model!r}")
+
+
+def _to_output(acc: np.ndarray, out_fmt: Format) -> np.ndarray:
+    # Accumulator values fit float32 exactly; the second rounding runs round_to's fast kernel.
+    with np.errstate(over="ignore", invalid="ignore"):
+        return round_to(acc.astype(np.float32), out_fmt)
+
+
+# --- reduce_sum --------------------------------------------------------------------------
+
+def reduce_sum(x, axis=None, keepdims: bool = False, *, out_fmt,
+               model: Accumulation | str = exact()) -> np.ndarray:
+    """Sum over ``axis`` (None: all; int or tuple) under an accumulation model.
+
+    The reduced elements of each output are taken in C (index) order of the reduced axes:
+    the order ``sequential`` adds them in and ``blocked`` cuts them into blocks of k. Terms
+    are the values themselves (exact), so the models read as for ``matmul`` with b = 1.
+    """
+    model = get_accumulation(model)
+    out_fmt = get(out_fmt)
+    x = _operand(x, "reduce_sum: x")
+    axes = _normalise_axes(axis, x.ndim)
+    kept = [d for d in range(x.ndim) if d not in axes]
+    moved = np.transpose(x, kept + sorted(axes))
+    kept_shape = tuple(x.shape[d] for d in kept)
+    width = int(np.prod([x.shape[d] for d in axes], dtype=np.int64))
+    rows = np.ascontiguousarray(moved).reshape(-1, width)
+    acc = _accumulate_rows(rows, model)
+    out = _to_output(acc, out_fmt).reshape(kept_shape)
+    if keepdims:
+        out = out.reshape(tuple(1 if d in axes else x.shape[d] for d in range(x.ndim)))
+    return out
+
+
+def _normalise_axes(axis, ndim: int) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(ndim))
+    items = axis if isinstance(axis, tuple) else (axis,)
+    out = []
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (int, np.integer)):
+            raise TypeError(f"reduce_sum: axis must be None, an int or a tuple of ints, "
+                            f"got {axis!r}")
+        if not -ndim <= item < ndim:
+            raise ValueError(f"reduce_sum: axis {item} is out of range for an array of "
+                             f"{ndim} dimensions")
+        out.append(int(item) % ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"reduce_sum: repeated axis in {axis!r}")
+    return tuple(out)
+
+
+def _accumulate_rows(rows: np.ndarray, model: Accumulation) -> np.ndarray:
+    if isinstance(model, exact):
+        return exact_rows_sum(rows, model.acc)[0]
+    x64 = rows.astype(np.float64)
+    if isinstance(model, sequential):
+        return _sequential(lambda k: x64[:, k], rows.shape[1], (rows.shape[0],), model)
+    if isinstance(model, blocked):
+        return _block_fma.blocked_rows(x64, model)
+    raise TypeError(f"unknown accumulation model {model!r}")
+
+
+# --- the sequential model ----------------------------------------------------------------
+
+def _sequential(term, count: int, shape: tuple, model: sequential) -> np.ndarray:
+    fmt = model.fmt
+    acc = np.zeros(shape, np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for k in range(count):
+            p = term(k)
+            if not model.fused:
+                p = round_to(p, fmt)
+            acc = round_to(add_round_to_odd(acc, p), fmt)
+    return acc
+
+
+def add_round_to_odd(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """x + y rounded to odd in float64 (exact sum: TwoSum; inexact: the odd neighbour).
+
+    Non-finite sums are returned as IEEE addition gives them.
+    """
+    s = x + y
+    y_virtual = s - x
+    error = (x - (s - y_virtual)) + (y - y_virtual)   # Knuth's TwoSum: s + error == x + y
+    bits = s.view(np.uint64)
+    inexact = np.isfinite(s) & (error != 0) & ((bits & np.uint64(1)) == 0)
+    if inexact.any():
+        away = np.signbit(error) == np.signbit(s)       # the exact value is farther from 0
+        step = np.where(away, np.uint64(1), np.uint64(2 ** 64 - 1))   # +1 or -1, wrapping
+        bits = np.where(inexact, bits + step, bits)
+        s = bits.view(np.float64)
+    return s
