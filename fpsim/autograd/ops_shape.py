@@ -100,9 +100,10 @@ def transpose(x: Tensor, *axes) -> Tensor:
 def getitem(x: Tensor, index) -> Tensor:
     """NumPy indexing: ints, slices, ``None``, ``...``, integer or boolean arrays.
 
-    Backward scatters the gradient into zeros; where an integer index repeats (an embedding
-    lookup), the repeated gradients are added in float64 in index order (``numpy.add.at``) and
-    the total is rounded once to ``x.grad_fmt``.
+    Backward scatters the gradient into zeros (no rounding: each element receives at most one
+    value) except where integer-array indices may repeat (an embedding lookup): there the
+    repeated gradients are added in float64 in index order (``numpy.add.at``) and each total is
+    rounded once to ``x.grad_fmt``.
     """
     if isinstance(index, Tensor):
         index = index.data.astype(np.int64)
@@ -110,11 +111,17 @@ def getitem(x: Tensor, index) -> Tensor:
         data = x.data[index]
     except IndexError as err:
         raise IndexError(f"index into shape {x.shape}: {err}") from None
+    parts = index if isinstance(index, tuple) else (index,)
+    advanced = any(isinstance(p, (np.ndarray, list)) for p in parts)
 
     def backward(g, g_fmt):
-        full = np.zeros(x.shape, np.float64)
-        np.add.at(full, index, g)
-        return (round_array(full, x.grad_fmt),)
+        if advanced:
+            full = np.zeros(x.shape, np.float64)
+            np.add.at(full, index, g)
+            return (round_array(full, x.grad_fmt),)
+        full = np.zeros(x.shape, g.dtype)
+        full[index] = g
+        return (convert(full, g_fmt, x.grad_fmt),)
 
     return record(np.ascontiguousarray(data), x.fmt, (x,), backward, "getitem")
 

@@ -1,0 +1,16 @@
+"""Layers on the autograd engine: ``Module`` (named parameters, state dicts), ``Linear``,
+``Embedding``, ``LSTM``, ``Sequential``, activations, the ``MLP`` builder and seeded
+initialisers (``fpsim.nn.init``).
+
+>>> from fpsim import nn
+>>> model = nn.MLP([2, 3, 1], activation="tanh", rng=7)
+>>> sorted(model.state_dict())
+['0.bias', '0.weight', '2.bias', '2.weight']
+"""
+from . import init
+from .layers import ACTIVATIONS, GELU, MLP, Embedding, Linear, ReLU, Sequential, Sigmoid, Tanh
+from .lstm import LSTM
+from .module import Module, parameter
+
+__all__ = ["Module", "parameter", "Linear", "Embedding", "LSTM", "Sequential", "ReLU", "Tanh",
+           "Sigmoid", "GELU", "MLP", "ACTIVATIONS", "init"]

@@ -1,0 +1,141 @@
+"""Layers: ``Linear``, ``Embedding``, ``Sequential``, activations and the ``MLP`` builder.
+
+Parameters are created in the current policy's ``param`` format (build the model inside
+``use_policy("16-true")`` for fp16 parameters); forward passes round as the policy in force
+when they run says (``fpsim.autograd.policy``).
+
+>>> from fpsim.autograd import Tensor, use_policy
+>>> model = MLP([4, 8, 3], rng=0)
+>>> [name for name, _ in model.named_parameters()]
+['0.weight', '0.bias', '2.weight', '2.bias']
+>>> with use_policy("16-mixed"):
+...     y = model(Tensor(np.ones((2, 4))))
+>>> y.fmt.name, y.shape
+('fp16', (2, 3))
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import autograd as ag
+from . import init
+from .module import Module, parameter
+
+__all__ = ["Linear", "Embedding", "Sequential", "ReLU", "Tanh", "Sigmoid", "GELU", "MLP",
+           "ACTIVATIONS"]
+
+
+class Linear(Module):
+    """y = x @ weight.T + bias, weight (out, in) initialised U(+-1/sqrt(in)) like PyTorch;
+    one fused op (``autograd.linear``: bias added in the fp32 accumulator)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, rng=None,
+                 accumulation=None):
+        super().__init__()
+        rng = init.as_rng(rng)
+        self.in_features, self.out_features = in_features, out_features
+        self.accumulation = accumulation
+        self.weight = parameter(init.fan_in_uniform(rng, (out_features, in_features),
+                                                    in_features))
+        self.bias = (parameter(init.fan_in_uniform(rng, (out_features,), in_features))
+                     if bias else None)
+
+    def forward(self, x):
+        return ag.linear(x, self.weight, self.bias, accumulation=self.accumulation)
+
+    def __repr__(self) -> str:
+        return (f"Linear({self.in_features}, {self.out_features}, "
+                f"bias={self.bias is not None}, fmt={self.weight.fmt})")
+
+
+class Embedding(Module):
+    """Rows of ``weight`` (num_embeddings, dim), initialised N(0, 1) like PyTorch. The
+    gradient of repeated indices is summed in float64 and rounded once (``getitem``)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, *, rng=None):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.weight = parameter(init.normal(rng, (num_embeddings, embedding_dim)))
+
+    def forward(self, indices):
+        idx = np.asarray(indices.data if isinstance(indices, ag.Tensor) else indices)
+        if idx.dtype.kind not in "iu":
+            raise TypeError(f"Embedding takes integer indices, got dtype {idx.dtype}")
+        if idx.size and (idx.min() < 0 or idx.max() >= self.num_embeddings):
+            raise ValueError(f"Embedding indices must lie in [0, {self.num_embeddings}), got "
+                             f"values from {idx.min()} to {idx.max()}")
+        return ag.getitem(self.weight, idx.astype(np.intp))
+
+
+class Sequential(Module):
+    """Modules applied in order; registered as "0", "1", ... like ``torch.nn.Sequential``."""
+
+    def __init__(self, *modules: Module):
+        super().__init__()
+        for i, module in enumerate(modules):
+            if not isinstance(module, Module):
+                raise TypeError(f"Sequential takes Modules, got {type(module).__name__} at {i}")
+            setattr(self, str(i), module)
+
+    def __iter__(self):
+        return iter(self._children.values())
+
+    def __len__(self) -> int:
+        return len(self._children)
+
+    def __getitem__(self, i: int) -> Module:
+        return list(self._children.values())[i]
+
+    def forward(self, x):
+        for module in self._children.values():
+            x = module(x)
+        return x
+
+
+class _Activation(Module):
+    fn = None
+
+    def forward(self, x):
+        return type(self).fn(x)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class ReLU(_Activation):
+    fn = staticmethod(ag.relu)
+
+
+class Tanh(_Activation):
+    fn = staticmethod(ag.tanh)
+
+
+class Sigmoid(_Activation):
+    fn = staticmethod(ag.sigmoid)
+
+
+class GELU(_Activation):
+    fn = staticmethod(ag.gelu)
+
+
+ACTIVATIONS = {"relu": ReLU, "tanh": Tanh, "sigmoid": Sigmoid, "gelu": GELU}
+
+
+def MLP(sizes, activation: str = "relu", *, rng=None, bias: bool = True,
+        accumulation=None) -> Sequential:
+    """Linear layers ``sizes[0] -> sizes[1] -> ... -> sizes[-1]`` with ``activation`` between
+    them (none after the last). One Generator (``rng``: seed or Generator) draws every layer's
+    weights in order, so a seed fixes the whole model."""
+    sizes = [int(s) for s in sizes]
+    if len(sizes) < 2 or min(sizes) < 1:
+        raise ValueError(f"MLP needs at least two positive sizes, got {sizes}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; accepted: "
+                         f"{', '.join(ACTIVATIONS)}")
+    rng = init.as_rng(rng)
+    layers = []
+    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers.append(Linear(n_in, n_out, bias, rng=rng, accumulation=accumulation))
+        if i < len(sizes) - 2:
+            layers.append(ACTIVATIONS[activation]())
+    return Sequential(*layers)

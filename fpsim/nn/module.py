@@ -1,0 +1,126 @@
+"""``Module``: named parameters, sub-modules and state dicts, the API optimizers build on.
+
+A parameter is a leaf ``Tensor`` with ``requires_grad=True`` assigned as a module attribute;
+a sub-module is a ``Module`` attribute. Both are registered in assignment order, which fixes
+the order of ``named_parameters()`` and of ``state_dict()`` keys (dotted paths, as PyTorch:
+``"0.weight"``, ``"lstm.weight_ih"``).
+
+For optimizers (master weights, loss scaling) the contract is:
+
+- ``parameters()`` / ``named_parameters()``: the parameter tensors themselves (not copies).
+  Each has ``fmt`` (its storage format, the policy's ``param`` format when it was created) and
+  after ``backward`` a ``.grad`` tensor in ``grad_fmt``. An optimizer updates a parameter by
+  assigning ``p.data = <new float32 array already rounded to p.fmt>``.
+- ``zero_grad()`` sets every ``.grad`` to ``None``.
+- ``state_dict()`` returns ``{name: copy of p.data}`` (NumPy arrays), ``load_state_dict(d)``
+  rounds each array into the parameter's format; unknown or missing names and wrong shapes are
+  errors (``strict=False`` allows missing and unknown names).
+
+>>> from fpsim.nn import Linear
+>>> layer = Linear(3, 2, rng=0)
+>>> [name for name, _ in layer.named_parameters()]
+['weight', 'bias']
+>>> layer.weight.fmt.name, layer.weight.shape, layer.num_parameters()
+('fp32', (2, 3), 8)
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from ..autograd import Tensor
+from ..autograd.numerics import container_of, round_array
+
+__all__ = ["Module", "parameter"]
+
+
+def parameter(values, fmt=None, *, name: str | None = None) -> Tensor:
+    """A trainable leaf tensor: ``values`` (float64, exact draws) rounded once into ``fmt``
+    (default: the current policy's ``param`` format)."""
+    from ..autograd import current_policy
+
+    fmt = current_policy().param if fmt is None else fmt
+    return Tensor(np.asarray(values, np.float64), fmt, requires_grad=True, name=name)
+
+
+class Module:
+    """Base class: subclasses set parameters and sub-modules as attributes in ``__init__``
+    and define ``forward``; calling the module calls ``forward``."""
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_params", {})
+        object.__setattr__(self, "_children", {})
+
+    def __setattr__(self, name, value):
+        if "_params" not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__}.__init__ must call super().__init__() "
+                                 f"before setting attributes")
+        self._params.pop(name, None)
+        self._children.pop(name, None)
+        if isinstance(value, Tensor) and value.requires_grad and value.is_leaf:
+            self._params[name] = value
+        elif isinstance(value, Module):
+            self._children[name] = value
+        object.__setattr__(self, name, value)
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} defines no forward()")
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    # --- traversal --------------------------------------------------------------------------
+    def named_children(self) -> Iterator[tuple[str, "Module"]]:
+        return iter(self._children.items())
+
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
+        yield prefix, self
+        for name, child in self._children.items():
+            yield from child.named_modules(f"{prefix}.{name}" if prefix else name)
+
+    def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, Tensor]]:
+        """(dotted name, parameter) pairs, own parameters first, then each child's, in
+        assignment order; a tensor shared by two modules is listed once."""
+        seen = set()
+        for module_name, module in self.named_modules(prefix):
+            for name, param in module._params.items():
+                if id(param) not in seen:
+                    seen.add(id(param))
+                    yield (f"{module_name}.{name}" if module_name else name), param
+
+    def parameters(self) -> list[Tensor]:
+        return [p for _, p in self.named_parameters()]
+
+    def num_parameters(self) -> int:
+        return int(sum(p.size for p in self.parameters()))
+
+    def zero_grad(self) -> None:
+        for p in self.parameters():
+            p.grad = None
+
+    # --- state ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {name: p.numpy() for name, p in self.named_parameters()}
+
+    def load_state_dict(self, state: dict, strict: bool = True) -> None:
+        own = dict(self.named_parameters())
+        missing = [k for k in own if k not in state]
+        unexpected = [k for k in state if k not in own]
+        if strict and (missing or unexpected):
+            raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys "
+                           f"{unexpected}")
+        for name, param in own.items():
+            if name not in state:
+                continue
+            values = np.asarray(state[name])
+            if values.shape != param.shape:
+                raise ValueError(f"load_state_dict: {name!r} has shape {values.shape}, the "
+                                 f"parameter has shape {param.shape}")
+            if values.dtype not in (np.float32, np.float64):
+                values = values.astype(np.float64)
+            param.data = np.array(round_array(values, param.fmt), container_of(param.fmt))
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{n}={type(c).__name__}" for n, c in self._children.items())
+        return f"{type(self).__name__}({inner})"
