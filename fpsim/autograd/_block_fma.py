@@ -45,10 +45,8 @@ _NO_EXPONENT = -np.inf
 def exponents(x: np.ndarray, emin: int) -> np.ndarray:
     """max(floor(log2|x|), emin) as float64; -inf for zeros and non-finite values."""
     with np.errstate(invalid="ignore"):
-        e = np.frexp(x)[1].astype(np.float64) - 1
-        e = np.maximum(e, emin)
-        e[(x == 0) | ~np.isfinite(x)] = _NO_EXPONENT
-    return e
+        e = np.maximum(np.frexp(x)[1].astype(np.float64) - 1, emin)
+        return np.where((x == 0) | ~np.isfinite(x), _NO_EXPONENT, e)
 
 
 def block_step(acc: np.ndarray, terms: list, term_exps: list, model) -> np.ndarray:
@@ -68,7 +66,7 @@ def block_step(acc: np.ndarray, terms: list, term_exps: list, model) -> np.ndarr
         largest = exponents(acc_f, fmt.emin)
         for e in term_exps:
             largest = np.maximum(largest, e)
-        largest[largest == _NO_EXPONENT] = 0.0                    # an all-zero block
+        largest = np.where(largest == _NO_EXPONENT, 0.0, largest)  # an all-zero block
         quantum = np.ldexp(1.0, (largest - model.alignment_bits).astype(np.int64))
         total = np.trunc(acc_f / quantum) * quantum
         for t in finite_terms:

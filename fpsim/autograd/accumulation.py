@@ -267,8 +267,9 @@ def matmul(a, b, *, out_fmt, model: Accumulation | str = exact()) -> np.ndarray:
         raise ValueError(f"matmul: batch dimensions of a {a.shape} and b {b.shape} do not "
                          f"broadcast") from None
     m, k, n = a2.shape[-2], a2.shape[-1], b2.shape[-1]
-    a3 = np.broadcast_to(a2, batch + (m, k)).reshape(-1, m, k)
-    b3 = np.broadcast_to(b2, batch + (k, n)).reshape(-1, k, n)
+    count = int(np.prod(batch, dtype=np.int64))
+    a3 = np.broadcast_to(a2, batch + (m, k)).reshape(count, m, k)
+    b3 = np.broadcast_to(b2, batch + (k, n)).reshape(count, k, n)
     acc = _accumulate_matmul(a3, b3, model)
     out = _to_output(acc, out_fmt).reshape(batch + (m, n))
     if a.ndim == 1:
@@ -316,7 +317,7 @@ def reduce_sum(x, axis=None, keepdims: bool = False, *, out_fmt,
     moved = np.transpose(x, kept + sorted(axes))
     kept_shape = tuple(x.shape[d] for d in kept)
     width = int(np.prod([x.shape[d] for d in axes], dtype=np.int64))
-    rows = np.ascontiguousarray(moved).reshape(-1, width)
+    rows = np.ascontiguousarray(moved).reshape(int(np.prod(kept_shape, dtype=np.int64)), width)
     acc = _accumulate_rows(rows, model)
     out = _to_output(acc, out_fmt).reshape(kept_shape)
     if keepdims:
