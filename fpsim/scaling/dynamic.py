@@ -313,8 +313,9 @@ def _validate(cfg: DynamicScaler) -> None:
         value = getattr(cfg, name)
         if value is not None:
             real(name, value, "a positive scale, or None for no bound")
-            if not value > 0 or not cfg.stored(value) > 0:
-                raise ValueError(f"{name} must be > 0 (None for no bound), got {value!r}")
+            if not value > 0 or not 0 < cfg.stored(value) < math.inf:
+                raise ValueError(f"{name} must be > 0 and finite in {cfg.precision} storage "
+                                 f"(None for no bound), got {value!r}")
     if cfg.min_scale is not None and cfg.max_scale is not None and cfg.min_scale > cfg.max_scale:
         raise ValueError(f"min_scale={cfg.min_scale!r} is above max_scale={cfg.max_scale!r}")
     if cfg.raise_at_min and cfg.min_scale is None:
