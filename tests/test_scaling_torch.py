@@ -104,11 +104,11 @@ class CountingSGD(torch.optim.SGD):
         return super().step(closure)
 
 
-@pytest.mark.parametrize("name,flags,interval", ALL_PATTERNS[:8] + ALL_PATTERNS[9:],
-                         ids=[p[0] for p in ALL_PATTERNS[:8] + ALL_PATTERNS[9:]])
+@pytest.mark.parametrize("name,flags,interval", ALL_PATTERNS, ids=[p[0] for p in ALL_PATTERNS])
 def test_gradscaler_end_to_end(name, flags, interval):
     """GradScaler("cpu") driven through scale/step/update: skip decisions, scale bits, and the
-    unscaled gradient GradScaler leaves in p.grad, every step."""
+    unscaled gradient GradScaler leaves in p.grad, every step. In the collapse pattern the
+    scale reaches 0: clean steps then unscale finite gradients to inf/NaN and still step."""
     rng = np.random.default_rng(len(flags) + interval)
     param = torch.nn.Parameter(torch.zeros(4))
     optimizer = CountingSGD([param])
@@ -128,8 +128,7 @@ def test_gradscaler_end_to_end(name, flags, interval):
         scaler.step(optimizer)
         scaler.update()
         if not flag:
-            np.testing.assert_array_equal(param.grad.numpy().view(np.uint32),
-                                          expected_grad.view(np.uint32), err_msg=f"{name} {step}")
+            assert_same_bits(expected_grad, param.grad.numpy(), f"{name} {step}")
         state = state.update(bool(flag))
         assert (optimizer.calls == calls) == state.skipped, (name, step)
         assert f32_bits(scaler.get_scale()) == f32_bits(state.scale), (name, step)
