@@ -105,7 +105,7 @@ class Decision:
         elif self.growth_blocked == "nonfinite":
             what = f"growth due but the grown scale is not finite: scale stays {before!r}"
         elif self.growth_blocked == "max_scale":
-            what = f"growth due but already at max_scale: scale stays {before!r}"
+            what = f"growth due but capped at max_scale: scale {before!r} -> {after!r}"
         else:
             what = (f"tracker {self.growth_tracker_before} -> {self.growth_tracker_after}: "
                     f"scale stays {before!r}")
