@@ -1,0 +1,113 @@
+"""Training-step speed of the engine: an MLP step (forward, cross-entropy, backward, plain SGD
+update) under "32-true" and "16-mixed", beside PyTorch's CPU float32 eager step when torch is
+installed, all measured in one run and printed as ratios.
+
+Targets (issue 3): "16-mixed" costs at most 2x the engine's own "32-true" step; on the small
+model, the engine's "16-mixed" step is no slower than PyTorch's float32 step.
+
+Run: python benchmarks/bench_train_step.py [--repeat N] [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+import fpsim.autograd as ag
+from fpsim import nn
+from fpsim.autograd import Tensor, use_policy
+from fpsim.autograd.numerics import round_array
+
+MODELS = [("64-256-256-10", [64, 256, 256, 10], 128), ("784-1024-1024-10", [784, 1024, 1024, 10], 256)]
+LR = 0.01
+
+
+def _timed(step, repeat: int, budget_s: float) -> float:
+    """Median seconds per step over ``repeat`` rounds (each round: steps until ~budget/repeat)."""
+    step()
+    step()
+    start = time.perf_counter()
+    step()
+    once = max(time.perf_counter() - start, 1e-6)
+    per_round = max(1, int(budget_s / repeat / once))
+    rounds = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(per_round):
+            step()
+        rounds.append((time.perf_counter() - start) / per_round)
+    return float(np.median(rounds))
+
+
+def engine_step(sizes, batch, policy):
+    rng = np.random.default_rng(0)
+    with use_policy(policy):
+        model = nn.MLP(sizes, rng=1)
+    x = rng.standard_normal((batch, sizes[0])).astype(np.float32)
+    labels = rng.integers(0, sizes[-1], batch)
+    params = model.parameters()
+
+    def step():
+        model.zero_grad()
+        with use_policy(policy):
+            loss = ag.cross_entropy(model(Tensor(x)), labels)
+            loss.backward()
+        for p in params:
+            p.data = round_array(p.data - np.float32(LR) * p.grad.data, p.fmt)
+
+    return step
+
+
+def torch_step(sizes, batch):
+    import torch
+
+    torch.manual_seed(0)
+    layers = []
+    for i in range(len(sizes) - 1):
+        layers.append(torch.nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2:
+            layers.append(torch.nn.ReLU())
+    model = torch.nn.Sequential(*layers)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    x = torch.randn(batch, sizes[0])
+    labels = torch.randint(0, sizes[-1], (batch,))
+
+    def step():
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), labels).backward()
+        opt.step()
+
+    return step
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--budget", type=float, default=3.0, help="seconds per measurement")
+    parser.add_argument("--quick", action="store_true", help="small model only")
+    args = parser.parse_args(argv)
+    try:
+        import torch
+        torch_version = torch.__version__
+    except ImportError:
+        torch_version = None
+    print(f"numpy {np.__version__}, torch {torch_version or 'not installed'}"
+          + (f" ({torch.get_num_threads()} threads)" if torch_version else ""))
+    header = (f"{'model':>18} {'batch':>5} | {'32-true ms':>10} {'16-mixed ms':>11} "
+              f"{'torch fp32 ms':>13} | {'mixed/32':>8} {'mixed/torch':>11}")
+    print(header)
+    print("-" * len(header))
+    for label, sizes, batch in MODELS[:1] if args.quick else MODELS:
+        t32 = _timed(engine_step(sizes, batch, "32-true"), args.repeat, args.budget)
+        t16 = _timed(engine_step(sizes, batch, "16-mixed"), args.repeat, args.budget)
+        tt = _timed(torch_step(sizes, batch), args.repeat, args.budget) if torch_version else None
+        ratio_t = f"{t16 / tt:11.2f}" if tt else f"{'-':>11}"
+        tt_ms = f"{tt * 1e3:13.3f}" if tt else f"{'-':>13}"
+        print(f"{label:>18} {batch:>5} | {t32 * 1e3:10.3f} {t16 * 1e3:11.3f} {tt_ms} | "
+              f"{t16 / t32:8.2f} {ratio_t}")
+    print("targets: mixed/32 <= 2.0 on both models; mixed/torch <= 1.0 on the small model")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,236 @@
+"""Engine semantics: where values and gradients are rounded, graph bookkeeping, errors."""
+import numpy as np
+import pytest
+
+import fpsim.autograd as ag
+from fpsim import round_to
+from fpsim.autograd import FP64, Policy, Tensor, no_grad, use_policy
+from fpsim.autograd.numerics import contains, round_array, widest
+from fpsim.formats import BF16, E4M3FN, E5M2, FP16, FP32, TF32
+
+
+def _in_format(array, fmt) -> bool:
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.array_equal(round_to(array, fmt).view(np.uint32), array.view(np.uint32))
+
+
+# --- rounding helpers ---------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", [FP16, BF16, E4M3FN, TF32, FP32])
+@pytest.mark.parametrize("n", [7, 1 << 15])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_round_array_fast_paths_match_round_to(fmt, n, dtype):
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(n) * 2.0 ** rng.integers(-30, 20, n)).astype(dtype)
+    x[:4] = [np.inf, -np.inf, 1e6, -0.0]
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = round_to(x, fmt).astype(np.float32)
+        got = round_array(x, fmt)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
+
+
+def test_contains_and_widest():
+    assert contains(FP32, FP16) and contains(FP32, BF16) and contains(FP16, E4M3FN)
+    assert not contains(FP16, BF16) and not contains(BF16, FP16) and not contains(FP16, FP32)
+    assert contains(FP64, FP32) and not contains(FP32, FP64)
+    assert widest(FP16, BF16) == FP32 and widest(E5M2, FP16) == FP16
+    assert widest(FP16, FP16.replace(subnormals=False)) == FP16
+
+
+# --- the phenomenon: gradients stored in the low format -----------------------------------------
+def test_activation_gradient_underflows_in_fp16_but_not_in_fp32():
+    def grad_of_x(policy):
+        with use_policy(policy):
+            x = Tensor([1.0], requires_grad=True)
+            y = x * 2.0 ** -14
+            (y * 2.0 ** -14).sum().backward()
+            return x.grad
+
+    g32, g16 = grad_of_x("32-true"), grad_of_x("16-true")
+    assert g32.data[0] == 2.0 ** -28 and g32.fmt == FP32
+    assert g16.data[0] == 0.0 and g16.fmt == FP16      # below fp16's 2**-24: underflow
+
+
+def test_16_mixed_linear_sends_fp16_gradients_to_fp32_weights():
+    rng = np.random.default_rng(0)
+    with use_policy("16-mixed"):
+        w = Tensor(rng.standard_normal((4, 3)) * 1e-3, requires_grad=True)
+        x = Tensor(rng.standard_normal((5, 3)), requires_grad=True)
+        y = ag.linear(x, w)
+        assert y.fmt == FP16 and w.fmt == FP32 and x.fmt == FP32
+        (y * 1e-6).sum().backward()
+    assert w.grad.fmt == FP32 and x.grad.fmt == FP32
+    assert _in_format(w.grad.data, FP16) and _in_format(x.grad.data, FP16)
+    # x's gradient: sum_j 1e-6 (fp16) * w (fp16, ~1e-3) ~ 1e-9 < 2**-24 / 2: flushes to zero
+    assert np.count_nonzero(x.grad.data) == 0
+    with use_policy("32-true"):
+        x32 = Tensor(x.data, requires_grad=True)
+        (ag.linear(x32, Tensor(w.data)) * 1e-6).sum().backward()
+    assert np.count_nonzero(x32.grad.data) == x32.size
+
+
+def test_policy_grad_format_override_stores_every_gradient_in_it():
+    with use_policy(ag.get_policy("32-true").replace(grad="e5m2")):
+        x = Tensor([0.3, 1.7], requires_grad=True)
+        y = x.exp()
+        assert y.grad_fmt == E5M2 and x.grad_fmt == E5M2
+        y.sum().backward()
+    assert x.grad.fmt == E5M2 and _in_format(x.grad.data, E5M2)
+
+
+def test_op_output_formats_follow_the_16_mixed_categories():
+    with use_policy("16-mixed"):
+        a = Tensor(np.ones((2, 3)))                 # fp32 input
+        h = ag.matmul(a, Tensor(np.ones((3, 2))))  # matmul category -> fp16
+        assert h.fmt == FP16
+        assert (h + a[:, :2]).fmt == FP32            # promote: fp16 with fp32 -> fp32
+        assert (h * 2.0).fmt == FP16                 # Python scalars do not promote
+        assert h.relu().fmt == FP16 and h.tanh().fmt == FP16 and h.mean().fmt == FP16
+        assert h.sum().fmt == FP32 and h.exp().fmt == FP32 and h.softmax().fmt == FP32
+        assert h.log_softmax().fmt == FP32 and (h ** 2).fmt == FP32
+        assert ag.cross_entropy(h, [0, 1]).fmt == FP32
+        assert ag.mse_loss(h, h).fmt == FP32
+
+
+def test_16_true_keeps_everything_in_fp16():
+    with use_policy("16-true"):
+        a = Tensor(np.ones((2, 3)), requires_grad=True)
+        loss = ag.cross_entropy(ag.matmul(a, Tensor(np.ones((3, 2)))).softmax(), [0, 1])
+        assert a.fmt == FP16 and loss.fmt == FP16
+        loss.backward()
+    assert a.grad.fmt == FP16
+
+
+def test_matmul_accumulation_argument_and_policy_default():
+    ones_a = np.ones((1, 4096))
+    ones_b = np.ones((4096, 1))
+    with use_policy("32-true"):
+        exact = ag.matmul(Tensor(ones_a), Tensor(ones_b))
+        stalled = ag.matmul(Tensor(ones_a), Tensor(ones_b), accumulation="sequential:fp16")
+    with use_policy(ag.get_policy("32-true").replace(accumulation="sequential:fp16")):
+        by_policy = ag.matmul(Tensor(ones_a), Tensor(ones_b))
+        summed = Tensor(np.ones(4096)).sum()
+    assert exact.item() == 4096.0 and stalled.item() == 2048.0 and by_policy.item() == 2048.0
+    assert summed.item() == 2048.0
+
+
+def test_transcendentals_are_rounded_once_from_float64():
+    x = np.linspace(-4, 4, 1001, dtype=np.float32)
+    with use_policy("32-true"):
+        for name, f64 in [("exp", np.exp), ("tanh", np.tanh), ("log", np.log)]:
+            arg = np.abs(x) + 0.5 if name == "log" else x
+            got = getattr(Tensor(arg), name)().data
+            np.testing.assert_array_equal(got, f64(arg.astype(np.float64)).astype(np.float32))
+    with use_policy("16-true"):
+        got = Tensor(x).tanh().data
+    np.testing.assert_array_equal(got, round_to(np.tanh(round_to(x, FP16).astype(np.float64)),
+                                                FP16).astype(np.float32))
+
+
+def test_cast_rounds_forward_and_widens_backward():
+    w = Tensor([1.0 + 2.0 ** -12, 3.0], "fp32", requires_grad=True)
+    h = w.cast("fp16")
+    assert h.data[0] == 1.0 and h.fmt == FP16
+    (h * Tensor([2.0 ** -20, 1.0], "fp16")).sum().backward()
+    assert w.grad.fmt == FP32 and list(w.grad.data) == [2.0 ** -20, 1.0]
+
+
+def test_reference_mode_uses_float64_containers():
+    with use_policy("64-true"):
+        t = Tensor([0.1], requires_grad=True)
+        (t * 3.0).sum().backward()
+    assert t.fmt is FP64 and t.data.dtype == np.float64 and t.data[0] == 0.1
+    assert t.grad.data.dtype == np.float64
+
+
+# --- graph bookkeeping ----------------------------------------------------------------------------
+def test_gradients_accumulate_across_backward_calls_until_zero_grad():
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    for _ in range(3):
+        (x * x).sum().backward()
+    np.testing.assert_array_equal(x.grad.data, [6.0, 12.0])
+    x.zero_grad()
+    assert x.grad is None
+    (x * 5.0).sum().backward()
+    np.testing.assert_array_equal(x.grad.data, [5.0, 5.0])
+
+
+def test_tensor_used_twice_sums_both_paths():
+    x = Tensor([3.0], requires_grad=True)
+    y = x * x + x.exp() + x
+    y.sum().backward()
+    assert x.grad.data[0] == np.float32(6.0 + np.float32(np.exp(3.0)) + 1.0)
+
+
+def test_no_grad_detach_and_requires_grad():
+    x = Tensor([1.0], requires_grad=True)
+    with no_grad():
+        y = x * 2.0
+    assert not y.requires_grad and y.is_leaf
+    d = (x * 2.0).detach()
+    assert not d.requires_grad and d.is_leaf
+    z = Tensor([1.0]) * 2.0
+    assert not z.requires_grad
+
+
+def test_retain_grad_keeps_an_activation_gradient():
+    with use_policy("16-true"):
+        x = Tensor([1.0, 2.0], requires_grad=True)
+        h = (x * 2.0).retain_grad()
+        (h * 3.0).sum().backward()
+    assert h.grad.fmt == FP16 and list(h.grad.data) == [3.0, 3.0]
+
+
+def test_second_backward_through_freed_graph_is_an_error_unless_retained():
+    x = Tensor([1.0], requires_grad=True)
+    y = (x.exp() * 2.0).sum()
+    y.backward(retain_graph=True)
+    y.backward()
+    assert x.grad.data[0] == np.float32(4 * np.float32(np.e))
+    with pytest.raises(RuntimeError, match="second time"):
+        y.backward()
+
+
+# --- errors ---------------------------------------------------------------------------------------
+def test_backward_on_non_scalar_needs_a_seed():
+    x = Tensor(np.ones((2, 3)), requires_grad=True)
+    y = x * 2.0
+    with pytest.raises(ValueError, match=r"non-scalar.*\(2, 3\)"):
+        y.backward()
+    y.backward(np.ones((2, 3)))
+    with pytest.raises(ValueError, match="seed gradient shape"):
+        (x * 2.0).backward(np.ones(3))
+    with pytest.raises(ValueError, match="does not require grad"):
+        Tensor([1.0]).backward()
+
+
+@pytest.mark.parametrize("op", [lambda a, b: a + b, lambda a, b: a * b, lambda a, b: a - b,
+                                lambda a, b: a / b])
+def test_broadcast_mismatch_names_both_shapes(op):
+    with pytest.raises(ValueError, match=r"\(2, 3\) and \(4,\)"):
+        op(Tensor(np.ones((2, 3))), Tensor(np.ones(4)))
+
+
+def test_shape_errors_are_clear():
+    with pytest.raises(ValueError, match=r"\(2, 3\) and \(4, 5\).*3 and 4"):
+        ag.matmul(Tensor(np.ones((2, 3))), Tensor(np.ones((4, 5))))
+    with pytest.raises(ValueError, match=r"input shape \(2, 3\) and weight shape \(4, 5\)"):
+        ag.linear(Tensor(np.ones((2, 3))), Tensor(np.ones((4, 5))))
+    with pytest.raises(ValueError, match=r"cannot reshape shape \(2, 3\)"):
+        Tensor(np.ones((2, 3))).reshape(4, 2)
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\)"):
+        ag.cross_entropy(Tensor(np.ones((2, 3))), [0, 3])
+    with pytest.raises(ValueError, match=r"prediction shape \(2,\) != target shape \(3,\)"):
+        ag.mse_loss(Tensor(np.ones(2)), Tensor(np.ones(3)))
+    with pytest.raises(ValueError, match="axis 2 is out of range"):
+        Tensor(np.ones((2, 3))).sum(axis=2)
+    with pytest.raises(TypeError, match="real numbers"):
+        Tensor(["a"])
+
+
+def test_policy_object_and_custom_formats_work_in_ops():
+    p = Policy(param="fp32", input="fp32", matmul="e4m3", wide="fp32", loss="fp32",
+               elementwise=None, name="fp8-matmul")
+    with use_policy(p):
+        y = ag.matmul(Tensor([[0.3, 0.7]]), Tensor([[1.1], [2.9]]))
+    assert y.fmt == E4M3FN and _in_format(y.data, E4M3FN)
