@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from fpsim import round_to
 from fpsim.formats import BF16, E4M3FN, E4M3FNUZ, E5M2, E5M2FNUZ, FP16, builtins, custom
 
-gmpy2 = pytest.importorskip("gmpy2")
+pytest.importorskip("gmpy2")
 from mpfr_oracle import (DETERMINISTIC_MODES, mpfr_round,  # noqa: E402
                          native_ieee_round)
 
@@ -247,7 +247,7 @@ def test_edge_values_subnormal_switches(fmt, dtype, subnormals, daz):
 
 
 @pytest.mark.parametrize("fmt", ALL_FORMATS, ids=str)
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=125, deadline=None)
 @given(data=st.data())
 def test_hard_values_match_mpfr(fmt, data):
     dtype = data.draw(st.sampled_from(CONTAINERS), label="dtype")
@@ -256,7 +256,7 @@ def test_hard_values_match_mpfr(fmt, data):
         "saturate": st.sampled_from([None, False, True]),
         "subnormals": st.sampled_from([None, None, True, False]),
         "daz": st.sampled_from([False, False, True])}), label="options")
-    values = data.draw(st.lists(hard_value(fmt, dtype), min_size=1, max_size=24), label="x")
+    values = data.draw(st.lists(hard_value(fmt, dtype), min_size=1, max_size=16), label="x")
     assert_matches_oracle(np.array(values, dtype), fmt, mode, **options)
 
 
