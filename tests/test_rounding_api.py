@@ -107,3 +107,31 @@ def test_errors_say_what_is_accepted():
         round_to(np.arange(3), "fp16")
     with pytest.raises(TypeError, match="got str"):
         round_to("0.1", "fp16")
+
+
+NAN_PATTERNS_32 = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFF0000, 0x7FC00001,
+                            0x7FA00000, 0x7FFFFFFF, 0xFF812345], np.uint32)
+
+
+@pytest.mark.parametrize("fmt", ["fp16", "bf16", "tf32", "e5m2", "e4m3fn", "e4m3fnuz",
+                                 "e5m2fnuz", "e3m4", "fp32"])
+@pytest.mark.parametrize("mode", ["nearest_even", "toward_zero", "down"])
+def test_nan_results_are_nans_the_format_holds(fmt, mode):
+    from fpsim import decode, encode, formats
+
+    x32 = NAN_PATTERNS_32.view(np.float32)
+    with np.errstate(invalid="ignore"):
+        x64 = x32.astype(np.float64)
+    for x in (x32, x64):
+        out = round_to(x, fmt, mode)
+        uint = np.uint32 if out.dtype == np.float32 else np.uint64
+        assert np.isnan(out).all()
+        again = decode(encode(out, fmt), fmt, out.dtype)
+        assert np.array_equal(again.view(uint), out.view(uint))  # exactly representable
+        quiet_bit = uint(1 << (22 if uint is np.uint32 else 51))
+        assert (out.view(uint) & quiet_bit).all()
+        if formats.get(fmt).encoding != "fnuz":
+            assert np.array_equal(np.signbit(out), np.signbit(x))
+    # the bf16 fast path keeps the payload bits that fit, as torch's bf16 cast does
+    assert round_to(np.uint32([0xFFFF0000]).view(np.float32), "bf16").view(np.uint32)[0] \
+        == 0xFFFF0000

@@ -163,6 +163,15 @@ def _bf16_via_ml_dtypes(src: np.ndarray, dst: np.ndarray) -> None:
             part = staging[: stop - start]
             np.copyto(part, src[start:stop], casting="unsafe")
             np.copyto(dst[start:stop], part, casting="unsafe")
+            _keep_bf16_nan_payloads(src[start:stop], dst[start:stop])
+
+
+def _keep_bf16_nan_payloads(src: np.ndarray, dst: np.ndarray) -> None:
+    # ml_dtypes writes the canonical NaN; our rule (settle_nans) keeps sign and top payload.
+    nans = np.isnan(src)
+    if nans.any():
+        kept = (src.view(np.uint32)[nans] & np.uint32(0xFFFF0000)) | np.uint32(0x00400000)
+        dst.view(np.uint32)[nans] = kept
 
 
 def _any_mode_chunks(src, dst, rules: Rules, mode: str, rng) -> None:

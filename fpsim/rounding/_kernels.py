@@ -38,6 +38,7 @@ class Rules(NamedTuple):
     min_normal: float
     has_inf: bool
     unsigned_zero: bool
+    nan_payload: bool     # ieee formats carry NaN payloads; fn/fnuz have fixed NaN patterns
     subnormals: bool
     saturate: bool
     daz: bool
@@ -45,7 +46,8 @@ class Rules(NamedTuple):
     @classmethod
     def of(cls, fmt: Format, *, subnormals: bool, saturate: bool, daz: bool) -> "Rules":
         return cls(fmt.man_bits, fmt.emin, fmt.emax, fmt.max_finite, fmt.min_normal,
-                   fmt.has_inf, not fmt.has_negative_zero, subnormals, saturate, daz)
+                   fmt.has_inf, not fmt.has_negative_zero, fmt.encoding == "ieee",
+                   subnormals, saturate, daz)
 
 
 class _Container(NamedTuple):
@@ -127,6 +129,31 @@ def round_nearest_even_magic(x: np.ndarray, out: np.ndarray, rules: Rules,
     np.bitwise_or(result.view(uint), sign, out=result.view(uint))
     if rules.unsigned_zero:
         np.add(result, 0.0, out=result)  # -0 + 0 == +0 under round-to-nearest
+    settle_nans(result, rules)
+
+
+def settle_nans(result: np.ndarray, rules: Rules) -> None:
+    """Make NaN results NaNs the format can hold, as ``decode(encode(.))`` gives them.
+
+    ieee formats: keep the sign and the payload bits that fit; the arithmetic before has set
+    the quiet bit (IEEE 754 6.2: operations on a signalling NaN deliver a quiet one). Every
+    non-NaN result already has zeros in the bits cut off, so one AND serves all elements.
+    fn formats: the quiet NaN of the same sign; fnuz formats: their single NaN (sign bit set,
+    as ml_dtypes decodes it).
+    """
+    box = _CONTAINERS[result.dtype]
+    bits = result.view(box.uint)
+    if rules.nan_payload:
+        cut = (1 << (box.mant_bits - rules.man_bits)) - 1
+        np.bitwise_and(bits, box.uint(~cut & (box.sign_mask * 2 - 1)), out=bits)
+        return
+    nans = np.isnan(result)
+    if nans.any():
+        quiet = box.exp_mask | (1 << (box.mant_bits - 1))
+        signs = bits & box.uint(box.sign_mask)
+        if rules.unsigned_zero:  # fnuz: the one NaN, 0x80..., decodes with its sign bit set
+            signs = np.full_like(signs, box.sign_mask)
+        bits[nans] = (signs | box.uint(quiet))[nans]
 
 
 def round_any_mode(x: np.ndarray, out: np.ndarray, rules: Rules, mode: str,
@@ -188,3 +215,4 @@ def round_any_mode(x: np.ndarray, out: np.ndarray, rules: Rules, mode: str,
     if rules.unsigned_zero:
         rounded += 0.0
     out[...] = rounded
+    settle_nans(out, rules)
