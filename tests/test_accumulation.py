@@ -501,3 +501,20 @@ def test_bits_do_not_depend_on_thread_count():
                            check=True)
     assert {again.stdout.strip()} == digests
     assert hashlib.sha256(b"").hexdigest() not in digests
+
+
+def test_lowest_bit_exponent_against_fractions():
+    from fpsim.autograd._exact_sum import _lowest_bit_exponent
+    rng = np.random.default_rng(14)
+    x = f32(rng.standard_normal((40, 30)) * 2.0 ** rng.integers(-160, 120, (40, 30)))
+    x[0] = 0
+    x[1, :5] = f32(2.0 ** -149)
+    x[2] = f32(2.0 ** 100)
+    x[3] = -x[3]
+
+    def lowest(row):
+        exps = [(f.numerator & -f.numerator).bit_length() - f.denominator.bit_length()
+                for f in (abs(Fraction(float(v))) for v in row) if f != 0]
+        return min(exps, default=2000)
+
+    assert _lowest_bit_exponent(x, axis=1).tolist() == [lowest(r) for r in x]

@@ -158,50 +158,58 @@ def _limbs_to_float_round_to_odd(limbs: np.ndarray) -> np.ndarray:
 
 
 # --- the certified fast path of the "exact" model ----------------------------------------
-
-def certified_round(approx: np.ndarray, bound: np.ndarray, exact_flag: np.ndarray, fmt,
-                    round_to) -> tuple[np.ndarray, np.ndarray]:
-    """Round ``approx`` to ``fmt`` where that is provably the rounding of the exact value.
-
-    The exact value lies in [approx - bound, approx + bound] (``bound`` already covers every
-    rounding made while computing ``approx`` and ``bound``); where ``exact_flag`` is set,
-    ``approx`` is the exact value itself. Round-to-nearest-even is monotonic, so when both
-    ends of the (outward-widened) interval round to the same bits, so does every point
-    inside it, the exact value included. Returns (rounded float64, certified mask).
-    """
-    with np.errstate(invalid="ignore", over="ignore"):
-        low = np.nextafter(approx - bound, -np.inf)
-        high = np.nextafter(approx + bound, np.inf)
-    low_r = round_to(low, fmt)
-    high_r = round_to(high, fmt)
-    certified = exact_flag | (low_r.view(np.uint64) == high_r.view(np.uint64))
-    rounded = np.where(exact_flag, round_to(approx, fmt), high_r)
-    return rounded, certified
+#
+# Proof sketch. Products of float32 values are exact in float64, so a float64 BLAS sum of
+# K of them errs only through its additions: in any order, blocked, vectorised or with FMA,
+# |approx - exact| <= gamma_{K-1} * sum|p|, gamma_n = n u / (1 - n u), u = 2**-53 (Higham,
+# Accuracy and Stability of Numerical Algorithms, 2nd ed., section 4.2 and Lemma 8.4).
+# U >= sum|p| is a rigorous upper bound: for matmul ||a_i|| ||b_j|| (Cauchy-Schwarz, with
+# its own rounding covered, see _cauchy_schwarz_bound), for sums fl(sum|x|) (1 + 2g). With
+# g = K * 2**-52 (see error_factor) the exact value lies in [approx - g*U, approx + g*U];
+# widening each end outward by one float64 step covers the rounding of those two additions.
+# Rounding to nearest even is monotonic: if both ends round to the same bits, so does every
+# point between them, the exact value included. Second certificate, for the elements the
+# first cannot take (exact ties, exact zeros): if U < 2**(q + 53), q the exponent of the
+# lowest set bit of any product (at least the row minimum of a plus the column minimum of
+# b), every partial sum is a multiple of 2**q below 2**(q+53), hence exact: approx is exact.
+# Products are multiples of 2**-298, so nothing underflows. The rest: integer limbs above.
 
 
 def error_factor(terms: int) -> float:
-    """A factor g with |fl(sum p) - sum p| <= g * fl(sum |p|) for any summation order.
-
-    Any order of n - 1 float64 additions (pairwise, blocked, vectorised, with or without FMA
-    on exact products) errs by at most gamma_{n-1} * sum|p|, gamma_n = n u / (1 - n u),
-    u = 2**-53 (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., (3.4),
-    Lemma 8.4 and section 4.2); the computed fl(sum |p|) is at least (1 - gamma) sum |p|.
-    g = n * 2**-52 exceeds gamma / (1 - gamma) times (1 + u), covering the rounding of the
-    product g * fl(sum |p|) too, for every n < 2**40.
-    """
+    """g with |fl(sum p) - sum p| <= g * fl(sum |p|) for every summation order of ``terms``
+    exact float64 terms: g = n * 2**-52 exceeds gamma_{n-1} / (1 - gamma_{n-1}) * (1 + u),
+    which also covers the rounding of g * fl(sum|p|), for every n < 2**40."""
     if terms >= 1 << 40:
         raise ValueError(f"sums of {terms} terms are beyond the certified range (2**40)")
     return max(terms, 1) * 2.0 ** -52
+
+
+def _round_acc(x: np.ndarray, acc) -> np.ndarray:
+    """float64 -> float64 values of ``acc`` (nearest even); fp32 by the hardware cast."""
+    from ..formats import FP32
+    from ..rounding import round_to
+
+    if acc == FP32:     # IEEE binary32 nearest-even cast: subnormals, overflow to inf
+        with np.errstate(over="ignore", invalid="ignore"):
+            return x.astype(np.float32).astype(np.float64)
+    return round_to(x, acc)
+
+
+def _interval_round(approx, bound, acc):
+    """(rounded approx-side value, certified mask) from the enclosure [approx +- bound]."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        low = _round_acc(np.nextafter(approx - bound, -np.inf), acc)
+        high = _round_acc(np.nextafter(approx + bound, np.inf), acc)
+    return high, low.view(np.uint64) == high.view(np.uint64)
 
 
 def exact_matmul(a3: np.ndarray, b3: np.ndarray, acc, *, force_fallback: bool = False
                  ) -> tuple[np.ndarray, int]:
     """(nb, M, K) @ (nb, K, N) float32 -> (float64 values of ``acc``, fallback count).
 
-    Each element is the exact dot product rounded once to ``acc`` (nearest even).
+    Each element is the exact dot product rounded once to ``acc`` (nearest even); the sign
+    of a zero follows IEEE addition of the exact products (see the module docstring).
     """
-    from ..rounding import round_to
-
     nb, m, k = a3.shape
     n = b3.shape[2]
     finite_a, finite_b = np.isfinite(a3), np.isfinite(b3)
@@ -213,16 +221,24 @@ def exact_matmul(a3: np.ndarray, b3: np.ndarray, acc, *, force_fallback: bool = 
         todo = np.ones((nb, m, n), bool)
     else:
         approx = np.matmul(a64, b64)
-        magnitude = np.matmul(np.abs(a64), np.abs(b64))
         g = error_factor(k)
-        qa = _lowest_bit_exponent(a3, axis=2)                  # (nb, M)
-        qb = _lowest_bit_exponent(b3, axis=1)                  # (nb, N)
-        limit = np.ldexp(1.0, np.minimum(qa[:, :, None] + qb[:, None, :] + 53, 1023))
-        exact_flag = magnitude * (1 + 2 * g) < limit
-        out, certified = certified_round(approx, magnitude * g, exact_flag, acc, round_to)
-        out[exact_flag & (approx == 0) & (magnitude > 0)] = 0.0   # cancellation gives +0
-        _fix_zero_signs(out, magnitude == 0, a3, b3)
-        todo = ~certified
+        upper = _cauchy_schwarz_bound(a64, b64, g)     # >= sum |a_ik b_kj|, rigorously
+        out, certified = _interval_round(approx, upper * g, acc)
+        zero_sum = upper == 0                          # an all-zero row or column
+        todo = ~certified & ~zero_sum
+        if todo.any():                                 # second certificate: approx is exact
+            b_i, m_i, n_i = np.nonzero(todo)
+            qa = _per_line(b_i * m + m_i, lambda u: a3[u // m, u % m, :],
+                           lambda: _lowest_bit_exponent(a3, axis=2), nb * m)
+            qb = _per_line(b_i * n + n_i, lambda u: b3[u // n, :, u % n],
+                           lambda: _lowest_bit_exponent(b3, axis=1), nb * n)
+            limit = np.ldexp(1.0, np.minimum(qa + qb + 53, 1023))
+            exact_flag = upper[b_i, m_i, n_i] < limit
+            hit = tuple(w[exact_flag] for w in (b_i, m_i, n_i))
+            out[hit] = _round_acc(approx[hit], acc)
+            todo[hit] = False
+            zero_sum[hit] = approx[hit] == 0
+        _fix_zero_signs(out, zero_sum, a3, b3)         # exact zeros: IEEE sign rule
     count = int(todo.sum())
     if count:
         where = np.nonzero(todo)
@@ -230,7 +246,7 @@ def exact_matmul(a3: np.ndarray, b3: np.ndarray, acc, *, force_fallback: bool = 
         for lo in range(0, count, step):
             b_i, m_i, n_i = (w[lo:lo + step] for w in where)
             products = a64[b_i, m_i, :] * b64[b_i, :, n_i]
-            out[b_i, m_i, n_i] = round_to(round_to_odd_sum(products), acc)
+            out[b_i, m_i, n_i] = _round_acc(round_to_odd_sum(products), acc)
     if not all_finite:
         _apply_non_finite(out, a3, b3, finite_a, finite_b)
     return out, count
@@ -239,8 +255,6 @@ def exact_matmul(a3: np.ndarray, b3: np.ndarray, acc, *, force_fallback: bool = 
 def exact_rows_sum(rows: np.ndarray, acc, *, force_fallback: bool = False
                    ) -> tuple[np.ndarray, int]:
     """Sum of each row of a (n, K) float32 array, exact, rounded once to ``acc``."""
-    from ..rounding import round_to
-
     count_rows, k = rows.shape
     finite = np.isfinite(rows)
     all_finite = bool(finite.all())
@@ -252,18 +266,23 @@ def exact_rows_sum(rows: np.ndarray, acc, *, force_fallback: bool = False
         approx = x64.sum(axis=1)
         magnitude = np.abs(x64).sum(axis=1)
         g = error_factor(k)
-        limit = np.ldexp(1.0, np.minimum(_lowest_bit_exponent(rows, axis=1) + 53, 1023))
-        exact_flag = magnitude * (1 + 2 * g) < limit
-        out, certified = certified_round(approx, magnitude * g, exact_flag, acc, round_to)
-        out[exact_flag & (approx == 0) & (magnitude > 0)] = 0.0
+        out, certified = _interval_round(approx, magnitude * g, acc)
         zero = magnitude == 0
         if zero.any():
             all_negative = np.all(np.signbit(rows[zero]), axis=1) & (k > 0)
             out[zero] = np.where(all_negative, -0.0, 0.0)
+            certified |= zero
         todo = ~certified
+        if todo.any():
+            idx = np.nonzero(todo)[0]
+            limit = np.ldexp(1.0, np.minimum(_lowest_bit_exponent(rows[idx], axis=1) + 53,
+                                             1023))
+            idx = idx[magnitude[idx] * (1 + 2 * g) < limit]
+            out[idx] = np.where(approx[idx] == 0, 0.0, _round_acc(approx[idx], acc))
+            todo[idx] = False
     count = int(todo.sum())
     if count:
-        out[todo] = round_to(round_to_odd_sum(x64[todo]), acc)
+        out[todo] = _round_acc(round_to_odd_sum(x64[todo]), acc)
     if not all_finite:
         special = np.where(finite, 0.0, rows.astype(np.float64))
         with np.errstate(invalid="ignore"):
@@ -274,27 +293,55 @@ def exact_rows_sum(rows: np.ndarray, acc, *, force_fallback: bool = False
 
 
 def _lowest_bit_exponent(x: np.ndarray, axis: int) -> np.ndarray:
-    """min over ``axis`` of the exponent of the lowest set bit of each nonzero finite float32
-    (zeros and non-finite values are ignored; an all-ignored line gives 2000)."""
-    bits = x.view(np.uint32).astype(np.int64)
-    field = (bits >> 23) & 0xFF
-    mantissa = (bits & 0x7FFFFF) | ((field > 0).astype(np.int64) << 23)
-    lowest = mantissa & -mantissa
-    exponent = np.frexp(lowest.astype(np.float64))[1] - 1 + np.maximum(field, 1) - 150
-    ignore = (mantissa == 0) | (field == 0xFF)
-    return np.where(ignore, 2000, exponent).min(axis=axis, initial=2000)
+    """min over ``axis`` of the exponent of the lowest set bit of each nonzero float32
+    (zeros are ignored; an all-zero line gives 2000; non-finite values give garbage, as
+    their results are replaced anyway).
+
+    In value space: clearing the lowest set bit of the pattern (b & (b - 1)) lowers |x| by
+    exactly that bit's value when the fraction is nonzero; a power of two is its own bit.
+    """
+    bits = np.ascontiguousarray(x).view(np.uint32) & np.uint32(0x7FFFFFFF)
+    magnitude = bits.view(np.float32)
+    cleared = (bits & (bits - np.uint32(1))).view(np.float32)
+    power_of_two = (bits & np.uint32(0x7FFFFF)) == 0
+    low = np.where(power_of_two, magnitude, magnitude - cleared)  # exact (Sterbenz)
+    low[bits == 0] = np.inf
+    smallest = low.min(axis=axis, initial=np.inf)
+    exponent = np.frexp(smallest)[1].astype(np.int64) - 1
+    return np.where(np.isinf(smallest), 2000, exponent)
+
+
+def _per_line(keys: np.ndarray, lines, all_lines, total: int) -> np.ndarray:
+    """_lowest_bit_exponent of the line named by each key: over the distinct lines gathered
+    (few of them) or over every line at once (many), whichever reads less memory."""
+    unique, inverse = np.unique(keys, return_inverse=True)
+    if unique.size * 8 > total:
+        return all_lines().reshape(-1)[keys]
+    return _lowest_bit_exponent(lines(unique), axis=1)[inverse]
+
+
+def _cauchy_schwarz_bound(a64: np.ndarray, b64: np.ndarray, g: float) -> np.ndarray:
+    """U >= sum_k |a_ik b_kj| for every (i, j): ||a_i||_2 ||b_j||_2 (Cauchy-Schwarz), the
+    norms computed in float64 (relative error below (K/2 + 2) u each) and the product inflated
+    by 1 + 2g, g = K * 2**-52, which covers those errors. One pass over a and b instead of a
+    second matrix product; about 1.5x looser than sum |a||b| on random data."""
+    row_norms = np.sqrt(np.einsum("bmk,bmk->bm", a64, a64))
+    col_norms = np.sqrt(np.einsum("bkn,bkn->bn", b64, b64))
+    return row_norms[:, :, None] * col_norms[:, None, :] * (1 + 2 * g)
 
 
 def _fix_zero_signs(out, all_zero, a3, b3) -> None:
-    """Where every product is zero, the sum is -0 exactly when every product is -0."""
+    """Where the exact sum is zero, it is -0 exactly when every product is -0: a zero sum
+    with a product of positive sign is +0 (a nonzero one cancels; all zero: +0 + -0)."""
     if not all_zero.any():
         return
     for batch in np.unique(np.nonzero(all_zero)[0]):
         mask = all_zero[batch]
         rows, cols = np.nonzero(mask.any(axis=1))[0], np.nonzero(mask.any(axis=0))[0]
-        sign_a = np.signbit(a3[batch][rows]).astype(np.float32)        # (r, K)
-        sign_b = np.signbit(b3[batch][:, cols]).astype(np.float32)     # (K, c)
-        # Count products with a positive sign; exact in float32 for K < 2**24.
+        dtype = np.float32 if a3.shape[2] < 1 << 24 else np.float64  # exact counts
+        sign_a = np.signbit(a3[batch][rows]).astype(dtype)               # (r, K)
+        sign_b = np.signbit(b3[batch][:, cols]).astype(dtype)            # (K, c)
+        # Count the products with a positive sign.
         positive = (1 - sign_a) @ (1 - sign_b) + sign_a @ sign_b
         negative_zero = (positive == 0) & (a3.shape[2] > 0)
         sub = out[batch][np.ix_(rows, cols)]

@@ -61,15 +61,17 @@ def _format_field(obj, name: str) -> None:
 class exact(Accumulation):  # noqa: N801 - lower case: read as a function, like jmp policies
     """The exact dot product, rounded once to ``acc`` (nearest even), then to the output.
 
-    Fast path proof sketch (``_exact_sum.exact_matmul``): with C = fl64(A @ B) and
-    T = fl64(|A| @ |B|), any float64 summation order gives |C - AB| <= g * T with
-    g = K * 2**-52 (Higham's gamma_{K-1} bound, inflated to cover T's own error and the
-    rounding of g * T). The exact value is inside [C - gT, C + gT], widened outward by one
-    ulp; round-to-nearest-even is monotonic, so if both ends round to the same ``acc`` bits,
-    the exact value does too. Second certificate: when T < 2**(q + 53), q the lowest set-bit
-    exponent of any product (bounded by row/column minima), every partial sum is an exact
-    float64, so C is exact (this certifies exact ties, which no error bound can). Everything
-    else is summed exactly (integer limbs, round-to-odd, then rounded: ``_exact_sum``).
+    Fast path proof sketch (``_exact_sum``): C = fl64(A @ B) by BLAS, in whatever order
+    and with however many threads. Any float64 summation of the K exact products errs by at
+    most gamma_{K-1} * sum|a_ik b_kj| (Higham, ASNA 2nd ed., section 4.2), and
+    U = ||a_i||_2 ||b_j||_2 (1 + 2g) >= sum|a_ik b_kj| (Cauchy-Schwarz, norms' rounding
+    included), so the exact value lies in [C - gU, C + gU] with g = K * 2**-52. Widen that
+    interval outward by one ulp; round-to-nearest-even is monotonic, so if both ends round to
+    the same ``acc`` bits, the exact value does too. Second certificate: if U < 2**(q + 53),
+    q the lowest set-bit exponent of any product (from row/column minima), every partial sum
+    is exact in float64, so C is exact (this takes exact ties, which no error bound can).
+    The rest is summed exactly (integer limbs, round-to-odd, then rounded: ``_exact_sum``).
+    The bits never depend on the BLAS: only certified or exactly computed values are used.
     """
 
     acc: Format | str = FP32
