@@ -37,7 +37,8 @@ def test_broadcasting_shapes_and_gradient_shapes(shapes, op):
 
 
 UNARY = ["neg", "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "gelu", "softmax",
-         "log_softmax", "sum", "mean", "max", "square", "transpose"]
+         "log_softmax", "sum", "mean", "max", "square", "transpose", "mul_self", "add_scaled",
+         "div", "sub_row", "concatenate"]
 
 
 def _apply(name, t):
@@ -45,6 +46,16 @@ def _apply(name, t):
         return t ** 2
     if name == "transpose":
         return t.T
+    if name == "mul_self":
+        return t * t
+    if name == "add_scaled":
+        return t + t * 0.3
+    if name == "div":
+        return t / (ag.relu(t) + 0.7)
+    if name == "sub_row":
+        return t - t[:1]
+    if name == "concatenate":
+        return ag.concatenate([t, t * 0.5], axis=1)
     if name in ("log", "sqrt"):
         return getattr(ag, name)(ag.relu(t) + 0.5)
     return getattr(ag, name)(t)

@@ -24,7 +24,7 @@ from functools import lru_cache
 import numpy as np
 
 from .. import backend
-from ..formats import BF16, FP16, FP32, Format, get
+from ..formats import FP16, FP32, get
 from ..rounding import round_to
 
 __all__ = ["FP64", "Float64Reference", "resolve", "round_array", "contains", "widest",

@@ -8,7 +8,10 @@ For each step t, from engine ops, so every rounding follows the policy::
     c = f * c + i * g;  h = o * tanh(c)
 
 The input projections of all steps are one ``linear`` over (B, T, I) before the loop (cuDNN
-does the same), which rounds exactly as the per-step products would.
+does the same), which rounds exactly as the per-step products would. Under "16-mixed" the gate
+products are fp16 and the elementwise cell math promotes: with the default fp32 zero state,
+``c`` and ``h`` stay fp32 (as an LSTM written from cells under torch.autocast does; the fused
+cuDNN kernel keeps its own internal precisions, which this model does not claim to copy).
 
 >>> from fpsim.autograd import Tensor
 >>> lstm = LSTM(3, 4, rng=0)
