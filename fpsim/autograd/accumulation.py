@@ -66,7 +66,7 @@ class exact(Accumulation):  # noqa: N801 - lower case: read as a function, like 
     most gamma_{K-1} * sum|a_ik b_kj| (Higham, ASNA 2nd ed., section 4.2), and
     U = ||a_i||_2 ||b_j||_2 (1 + 2g) >= sum|a_ik b_kj| (Cauchy-Schwarz, norms' rounding
     included), so the exact value lies in [C - gU, C + gU] with g = K * 2**-52. Widen that
-    interval outward by one ulp; round-to-nearest-even is monotonic, so if both ends round to
+    interval a little to cover the rounding of its ends; round-to-nearest-even is monotonic, so if both ends round to
     the same ``acc`` bits, the exact value does too. Second certificate: if U < 2**(q + 53),
     q the lowest set-bit exponent of any product (from row/column minima), every partial sum
     is exact in float64, so C is exact (this takes exact ties, which no error bound can).
