@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from fpsim.autograd._exact_sum import exact_matmul
+from fpsim.autograd._certified import exact_matmul
 from fpsim.autograd.accumulation import matmul
 from fpsim.formats import FP32
 from fpsim.rounding import round_to

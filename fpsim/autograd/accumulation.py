@@ -41,7 +41,7 @@ import numpy as np
 from ..formats import FP16, FP32, Format, get
 from ..rounding import MODES, round_to
 from . import _block_fma
-from ._exact_sum import exact_matmul, exact_rows_sum
+from ._certified import exact_matmul, exact_rows_sum
 
 __all__ = ["Accumulation", "exact", "sequential", "blocked", "tensor_core", "get_accumulation",
            "matmul", "reduce_sum"]
@@ -201,8 +201,8 @@ _SPEC_HELP = ("accepted: 'exact', 'exact:FMT', 'sequential', 'sequential:FMT', "
 def get_accumulation(spec) -> Accumulation:
     """An accumulation model from a spec string (or an ``Accumulation``, returned as is).
 
-    >>> get_accumulation("sequential:fp16"), get_accumulation("blocked:4:fp32").k
-    (sequential(fmt=..., fused=True), 4)
+    >>> str(get_accumulation("sequential:fp16")), get_accumulation("blocked:4:fp32").k
+    ('sequential:fp16', 4)
     """
     if isinstance(spec, Accumulation):
         return spec

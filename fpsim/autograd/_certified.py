@@ -1,0 +1,259 @@
+"""The ``exact`` model's fast path: float64 BLAS plus a certificate; exact sums where it fails.
+
+Proof sketch. Products of float32 values are exact in float64, so a float64 BLAS sum of K
+of them errs only through its additions: in any order, blocked, vectorised or with FMA,
+|approx - exact| <= gamma_{K-1} * sum|p|, gamma_n = n u / (1 - n u), u = 2**-53 (Higham,
+Accuracy and Stability of Numerical Algorithms, 2nd ed., section 4.2 and Lemma 8.4).
+U >= sum|p| is a rigorous upper bound: for matmul ||a_i|| ||b_j|| (Cauchy-Schwarz, its own
+rounding covered, see ``_cauchy_schwarz_bound``), for sums fl(sum|x|) (1 + 2g). With
+g = K * 2**-52 (see ``error_factor``) the exact value lies in [approx - gU, approx + gU];
+widening the ends (see ``_interval_round``) covers the rounding of computing them. Rounding
+to nearest even is monotonic: if both ends round to the same bits, so does every point
+between them, the exact value included. Second certificate, for the elements the first
+cannot take (exact ties, exact zeros): if U < 2**(q + 53), q a lower bound on the exponent
+of the lowest set bit of every product (row minimum of a plus column minimum of b), every
+partial sum is a multiple of 2**q below 2**(q + 53), hence exact: approx is the exact value.
+Products are multiples of 2**-298, so nothing underflows. The rest is summed exactly with
+integer limbs (``_exact_sum.round_to_odd_sum``). The bits never depend on the BLAS, its
+summation order or its thread count: only certified or exactly computed values are used.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..formats import FP32
+from ..rounding import round_to
+from ._exact_sum import _ELEMENTS_PER_CHUNK, round_to_odd_sum
+
+__all__ = ["exact_matmul", "exact_rows_sum", "error_factor"]
+
+_CHUNK = 1 << 14                      # elements per chunk of the certification pass
+
+
+def error_factor(terms: int) -> float:
+    """g with |fl(sum p) - sum p| <= g * fl(sum |p|) for every summation order of ``terms``
+    exact float64 terms: g = n * 2**-52 exceeds gamma_{n-1} / (1 - gamma_{n-1}) * (1 + u),
+    which also covers the rounding of g * fl(sum|p|), for every n < 2**40."""
+    if terms >= 1 << 40:
+        raise ValueError(f"sums of {terms} terms are beyond the certified range (2**40)")
+    return max(terms, 1) * 2.0 ** -52
+
+
+def _round_acc(x: np.ndarray, acc) -> np.ndarray:
+    """float64 -> float64 values of ``acc`` (nearest even); fp32 by the hardware cast."""
+    if acc == FP32:     # IEEE binary32 nearest-even cast: subnormals, overflow to inf
+        with np.errstate(over="ignore", invalid="ignore"):
+            return x.astype(np.float32).astype(np.float64)
+    return round_to(x, acc)
+
+
+def _interval_round(approx, bound, acc):
+    """(rounded approx-side value, certified mask) from the enclosure [approx +- bound].
+
+    The ends are computed as approx -+ w with w = bound * (1 + 2**-40) + |approx| * 2**-50,
+    which contains [approx - bound, approx + bound] despite the rounding of every operation:
+    each end errs by at most u * (|approx| + w) (u = 2**-53), and w - bound exceeds that by a
+    wide margin even after w's own three roundings. (np.nextafter would do the same job 40x
+    slower.)
+    """
+    if acc != FP32:
+        with np.errstate(invalid="ignore", over="ignore"):
+            widen = bound * (1 + 2.0 ** -40) + np.abs(approx) * 2.0 ** -50
+            low, high = _round_acc(approx - widen, acc), _round_acc(approx + widen, acc)
+        return high, low.view(np.uint64) == high.view(np.uint64)
+    # fp32: the hardware cast, chunk by chunk so the temporaries stay in cache.
+    flat_approx, flat_bound = approx.reshape(-1), bound.reshape(-1)
+    rounded = np.empty(flat_approx.size, np.float64)
+    certified = np.empty(flat_approx.size, bool)
+    size = min(flat_approx.size, _CHUNK)
+    widen, end = np.empty(size, np.float64), np.empty(size, np.float64)
+    low32, high32 = np.empty(size, np.float32), np.empty(size, np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for lo in range(0, flat_approx.size, _CHUNK):
+            hi = min(lo + _CHUNK, flat_approx.size)
+            x, n = flat_approx[lo:hi], hi - lo
+            w, e, l32, h32 = widen[:n], end[:n], low32[:n], high32[:n]
+            np.abs(x, out=w)
+            np.multiply(w, 2.0 ** -50, out=w)
+            np.multiply(flat_bound[lo:hi], 1 + 2.0 ** -40, out=e)
+            np.add(w, e, out=w)
+            np.subtract(x, w, out=e)
+            l32[...] = e
+            np.add(x, w, out=e)
+            h32[...] = e
+            np.equal(l32.view(np.uint32), h32.view(np.uint32), out=certified[lo:hi])
+            rounded[lo:hi] = h32
+    return rounded.reshape(approx.shape), certified.reshape(approx.shape)
+
+
+def exact_matmul(a3: np.ndarray, b3: np.ndarray, acc, *, force_fallback: bool = False
+                 ) -> tuple[np.ndarray, int]:
+    """(nb, M, K) @ (nb, K, N) float32 -> (float64 values of ``acc``, fallback count).
+
+    Each element is the exact dot product rounded once to ``acc`` (nearest even); the sign
+    of a zero follows IEEE addition of the exact products (see the module docstring).
+    """
+    nb, m, k = a3.shape
+    n = b3.shape[2]
+    finite_a, finite_b = np.isfinite(a3), np.isfinite(b3)
+    all_finite = bool(finite_a.all() and finite_b.all())
+    a64 = a3.astype(np.float64) if all_finite else np.where(finite_a, a3, 0).astype(np.float64)
+    b64 = b3.astype(np.float64) if all_finite else np.where(finite_b, b3, 0).astype(np.float64)
+    if force_fallback:
+        out = np.empty((nb, m, n), np.float64)
+        todo = np.ones((nb, m, n), bool)
+    else:
+        approx = np.matmul(a64, b64)
+        g = error_factor(k)
+        upper = _cauchy_schwarz_bound(a64, b64, g)     # >= sum |a_ik b_kj|, rigorously
+        out, certified = _interval_round(approx, upper * g, acc)
+        zero_sum = upper == 0                          # an all-zero row or column
+        todo = ~certified & ~zero_sum
+        if todo.any():                                 # second certificate: approx is exact
+            b_i, m_i, n_i = np.nonzero(todo)
+            qa = _per_line(b_i * m + m_i, lambda u: a3[u // m, u % m, :],
+                           lambda: _lowest_bit_exponent(a3, axis=2), nb * m)
+            qb = _per_line(b_i * n + n_i, lambda u: b3[u // n, :, u % n],
+                           lambda: _lowest_bit_exponent(b3, axis=1), nb * n)
+            limit = np.ldexp(1.0, np.minimum(qa + qb + 53, 1023))
+            exact_flag = upper[b_i, m_i, n_i] < limit
+            hit = tuple(w[exact_flag] for w in (b_i, m_i, n_i))
+            out[hit] = _round_acc(approx[hit], acc)
+            todo[hit] = False
+            zero_sum[hit] = approx[hit] == 0
+        _fix_zero_signs(out, zero_sum, a3, b3)         # exact zeros: IEEE sign rule
+    count = int(todo.sum())
+    if count:
+        where = np.nonzero(todo)
+        step = max(1, _ELEMENTS_PER_CHUNK // max(k, 1))
+        for lo in range(0, count, step):
+            b_i, m_i, n_i = (w[lo:lo + step] for w in where)
+            products = a64[b_i, m_i, :] * b64[b_i, :, n_i]
+            out[b_i, m_i, n_i] = _round_acc(round_to_odd_sum(products), acc)
+    if not all_finite:
+        _apply_non_finite(out, a3, b3, finite_a, finite_b)
+    return out, count
+
+
+def exact_rows_sum(rows: np.ndarray, acc, *, force_fallback: bool = False
+                   ) -> tuple[np.ndarray, int]:
+    """Sum of each row of a (n, K) float32 array, exact, rounded once to ``acc``."""
+    count_rows, k = rows.shape
+    finite = np.isfinite(rows)
+    all_finite = bool(finite.all())
+    x64 = rows.astype(np.float64) if all_finite else np.where(finite, rows, 0).astype(np.float64)
+    if force_fallback:
+        out = np.empty(count_rows, np.float64)
+        todo = np.ones(count_rows, bool)
+    else:
+        approx = x64.sum(axis=1)
+        magnitude = np.abs(x64).sum(axis=1)
+        g = error_factor(k)
+        out, certified = _interval_round(approx, magnitude * g, acc)
+        zero = magnitude == 0
+        if zero.any():
+            all_negative = np.all(np.signbit(rows[zero]), axis=1) & (k > 0)
+            out[zero] = np.where(all_negative, -0.0, 0.0)
+            certified |= zero
+        todo = ~certified
+        if todo.any():
+            idx = np.nonzero(todo)[0]
+            limit = np.ldexp(1.0, np.minimum(_lowest_bit_exponent(rows[idx], axis=1) + 53,
+                                             1023))
+            idx = idx[magnitude[idx] * (1 + 2 * g) < limit]
+            out[idx] = np.where(approx[idx] == 0, 0.0, _round_acc(approx[idx], acc))
+            todo[idx] = False
+    count = int(todo.sum())
+    if count:
+        out[todo] = _round_acc(round_to_odd_sum(x64[todo]), acc)
+    if not all_finite:
+        special = np.where(finite, 0.0, rows.astype(np.float64))
+        with np.errstate(invalid="ignore"):
+            special = special.sum(axis=1)              # IEEE: NaN wins, +inf + -inf is NaN
+        bad = ~finite.all(axis=1)
+        out[bad] = special[bad]
+    return out, count
+
+
+def _lowest_bit_exponent(x: np.ndarray, axis: int) -> np.ndarray:
+    """A lower bound, over ``axis``, on the exponent of the lowest set bit of each nonzero
+    float32 (exact except for powers of two, up to 1 low; zeros are ignored; an all-zero
+    line gives 2000; non-finite values give garbage, as their results are replaced anyway).
+
+    In value space: clearing the lowest set bit of the pattern (b & (b - 1)) lowers |x| by
+    exactly that bit's value when the fraction is nonzero. For a power of two it clears an
+    exponent bit instead and lowers |x| by at least |x| / 2: one bit low, still a bound.
+    """
+    bits = np.ascontiguousarray(x).view(np.uint32) & np.uint32(0x7FFFFFFF)
+    cleared = bits - np.uint32(1)          # zeros wrap around; they are masked out below
+    cleared &= bits
+    low = bits.view(np.float32) - cleared.view(np.float32)      # exact (Sterbenz)
+    smallest = np.minimum.reduce(low, axis=axis, where=bits != 0, initial=np.inf)
+    exponent = np.frexp(smallest)[1].astype(np.int64) - 1
+    return np.where(np.isinf(smallest), 2000, exponent)
+
+
+def _per_line(keys: np.ndarray, lines, all_lines, total: int) -> np.ndarray:
+    """_lowest_bit_exponent of the line named by each key: over the distinct lines gathered
+    (few of them) or over every line at once (many), whichever reads less memory."""
+    unique, inverse = np.unique(keys, return_inverse=True)
+    if unique.size * 8 > total:
+        return all_lines().reshape(-1)[keys]
+    return _lowest_bit_exponent(lines(unique), axis=1)[inverse]
+
+
+def _cauchy_schwarz_bound(a64: np.ndarray, b64: np.ndarray, g: float) -> np.ndarray:
+    """U >= sum_k |a_ik b_kj| for every (i, j): ||a_i||_2 ||b_j||_2 (Cauchy-Schwarz), the
+    norms computed in float64 (relative error below (K/2 + 2) u each) and the product inflated
+    by 1 + 2g, g = K * 2**-52, which covers those errors. One pass over a and b instead of a
+    second matrix product; about 1.5x looser than sum |a||b| on random data."""
+    row_norms = np.sqrt(np.einsum("bmk,bmk->bm", a64, a64))
+    col_norms = np.sqrt(np.einsum("bkn,bkn->bn", b64, b64))
+    return row_norms[:, :, None] * col_norms[:, None, :] * (1 + 2 * g)
+
+
+def _fix_zero_signs(out, all_zero, a3, b3) -> None:
+    """Where the exact sum is zero, it is -0 exactly when every product is -0: a zero sum
+    with a product of positive sign is +0 (a nonzero one cancels; all zero: +0 + -0)."""
+    if not all_zero.any():
+        return
+    for batch in np.unique(np.nonzero(all_zero)[0]):
+        mask = all_zero[batch]
+        rows, cols = np.nonzero(mask.any(axis=1))[0], np.nonzero(mask.any(axis=0))[0]
+        dtype = np.float32 if a3.shape[2] < 1 << 24 else np.float64  # exact counts
+        sign_a = np.signbit(a3[batch][rows]).astype(dtype)               # (r, K)
+        sign_b = np.signbit(b3[batch][:, cols]).astype(dtype)            # (K, c)
+        # Count the products with a positive sign.
+        positive = (1 - sign_a) @ (1 - sign_b) + sign_a @ sign_b
+        negative_zero = (positive == 0) & (a3.shape[2] > 0)
+        sub = out[batch][np.ix_(rows, cols)]
+        sub_mask = mask[np.ix_(rows, cols)]
+        sub[sub_mask] = np.where(negative_zero, -0.0, 0.0)[sub_mask]
+        out[batch][np.ix_(rows, cols)] = sub
+
+
+def _apply_non_finite(out, a3, b3, finite_a, finite_b) -> None:
+    """IEEE results for every element whose row of a or column of b holds inf or NaN."""
+    bad_rows = ~finite_a.all(axis=2)                   # (nb, M)
+    bad_cols = ~finite_b.all(axis=1)                   # (nb, N)
+    with np.errstate(invalid="ignore"):
+        f = np.float32
+        a_inf, b_inf = np.isinf(a3), np.isinf(b3)
+        a_pos, a_neg = (a3 > 0), (a3 < 0)              # NaN is neither
+        b_pos, b_neg = (b3 > 0), (b3 < 0)
+        a_nan, b_nan = np.isnan(a3), np.isnan(b3)
+        a_zero, b_zero = (a3 == 0), (b3 == 0)
+
+    def count(pairs):                                  # sum of indicator matmuls, exact
+        return sum(np.matmul(x.astype(f), y.astype(f)) for x, y in pairs)
+
+    positive_inf = count([(a_inf & a_pos, b_pos), (a_inf & a_neg, b_neg),
+                          (~a_inf & a_pos, b_inf & b_pos), (~a_inf & a_neg, b_inf & b_neg)])
+    negative_inf = count([(a_inf & a_pos, b_neg), (a_inf & a_neg, b_pos),
+                          (~a_inf & a_pos, b_inf & b_neg), (~a_inf & a_neg, b_inf & b_pos)])
+    nan = count([(a_inf, b_zero), (a_zero, b_inf)])
+    nan = nan + a_nan.any(axis=2)[:, :, None] + b_nan.any(axis=1)[:, None, :]
+    result = np.where(positive_inf > 0, np.inf, -np.inf)
+    result[(nan > 0) | ((positive_inf > 0) & (negative_inf > 0))] = np.nan
+    affected = bad_rows[:, :, None] | bad_cols[:, None, :]
+    out[affected] = result[affected]
