@@ -8,7 +8,8 @@ check that the fast path and the forced fallback agree bit for bit (``same`` mus
 
     python benchmarks/bench_accumulation.py [--repeat 3] [--skip-forced]
 
-The forced fallback (integer limbs for every element) is the slow reference, timed once.
+The forced fallback (integer limbs for every element) is the slow reference, timed once; so
+are the sequential and blocked models at the small shape (their loops run over K).
 """
 from __future__ import annotations
 
@@ -61,6 +62,16 @@ def run(repeat: int, forced: bool) -> None:
         print(line)
 
 
+def run_models(repeat: int) -> None:
+    m, k, n = SHAPES[0]
+    a, b = data(m, k, n)
+    base = best_seconds(lambda: np.matmul(a, b), repeat)
+    print(f"\nslow models at {m}x{k}x{n} (loops over K), vs float32 numpy:")
+    for model in ("sequential:fp32", "sequential:fp16", "blocked:4:fp32", "v100", "h100"):
+        seconds = best_seconds(lambda: matmul(a, b, out_fmt="fp32", model=model), 1)
+        print(f"{model:>16} {seconds * 1e3:>9.1f} ms {seconds / base:>9.0f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
@@ -68,6 +79,7 @@ def main() -> None:
                         help="do not time the forced exact fallback (slow)")
     args = parser.parse_args()
     run(args.repeat, not args.skip_forced)
+    run_models(args.repeat)
 
 
 if __name__ == "__main__":

@@ -28,14 +28,16 @@ def mpfr_round(value: Fraction, fmt, mode: str = "nearest_even") -> float:
     fmt = get(fmt)
     if value == 0:
         return 0.0
-    rnd = {"nearest_even": gmpy2.RoundToNearest, "toward_zero": gmpy2.RoundToZero}[mode]
+    rnd = {"nearest_even": gmpy2.RoundToNearest, "toward_zero": gmpy2.RoundToZero,
+           "up": gmpy2.RoundUp, "down": gmpy2.RoundDown}[mode]
     ctx = gmpy2.context(precision=fmt.precision, round=rnd, subnormalize=True,
                         emax=fmt.emax + 1, emin=fmt.emin - fmt.man_bits + 1)
     with gmpy2.context(ctx):
         x = gmpy2.mpfr(gmpy2.mpq(value.numerator, value.denominator))
     out = float(x)
-    if mode == "toward_zero" and abs(out) == float("inf"):
-        out = float(np.copysign(fmt.max_finite, out))
+    if abs(out) == float("inf") and mode != "nearest_even" and not (
+            (mode == "up" and out > 0) or (mode == "down" and out < 0)):
+        out = float(np.copysign(fmt.max_finite, out))          # IEEE directed overflow
     return out
 
 
@@ -358,6 +360,23 @@ def test_blocked_reproduces_fhmp_v100_observations():
     # One extra bit (A100) keeps the 2**-24 that V100 loses.
     assert float(blocked.a100().block_fma(f32(-(1 - 2.0 ** -24)), f32([1.0]), f32([1.0]))) \
         == 2.0 ** -24
+
+
+def test_blocked_exact_blocks_on_ties_and_cancellation():
+    tie = 2.0 ** -24
+    a = f32([[1.0, tie, 0, 0], [1 + 2.0 ** -23, tie, 0, 0], [2.0 ** 40, 1.0, -(2.0 ** 40), tie],
+             [-1.0, -tie, 2.0 ** -90, -(2.0 ** -90)], [3.0, -3.0, 0, 0], [-0.0, 0.0, 0, 0]])
+    b = f32(np.ones((4, 1)))
+    b[1, 0] = -0.0
+    for model in (blocked(2), blocked(4), blocked(2, rounding="toward_zero"),
+                  blocked(4, "bf16", rounding="up")):
+        got = matmul(a, b, out_fmt=model.fmt, model=model)
+        want = [[blocked_reference(a[i], b[:, 0], model.k, model.fmt, None, model.rounding,
+                                   FP32.emin)] for i in range(a.shape[0])]
+        assert np.array_equal(got, f32(want)), model
+    ones = f32(np.ones((4, 1)))
+    assert matmul(a, ones, out_fmt="fp32", model=blocked(4))[:3, 0].tolist() == \
+        [1.0, 1 + 2.0 ** -22, 1.0]                                # ties to even
 
 
 def test_blocked_single_exact_block_equals_exact_model():

@@ -37,6 +37,7 @@ import numpy as np
 
 from ..formats import FP32
 from ..rounding import round_to
+from ._certified import error_factor
 from ._exact_sum import round_to_odd_sum
 
 _NO_EXPONENT = -np.inf
@@ -60,8 +61,7 @@ def block_step(acc: np.ndarray, terms: list, term_exps: list, model) -> np.ndarr
         acc_f = np.where(np.isfinite(acc), acc, 0.0)
         finite_terms = [np.where(np.isfinite(t), t, 0.0) for t in terms]
     if model.alignment_bits is None:
-        stacked = np.stack([acc_f] + finite_terms, axis=-1).reshape(-1, len(terms) + 1)
-        total = round_to_odd_sum(stacked).reshape(acc.shape)
+        rounded = _exact_block(acc_f, finite_terms, fmt, model.rounding)
     else:
         largest = exponents(acc_f, fmt.emin)
         for e in term_exps:
@@ -71,9 +71,35 @@ def block_step(acc: np.ndarray, terms: list, term_exps: list, model) -> np.ndarr
         total = np.trunc(acc_f / quantum) * quantum
         for t in finite_terms:
             total = total + np.trunc(t / quantum) * quantum        # exact: integers < 2**53
-    with np.errstate(over="ignore", invalid="ignore"):
-        rounded = round_to(total, fmt, model.rounding)
+        with np.errstate(over="ignore", invalid="ignore"):
+            rounded = round_to(total, fmt, model.rounding)
     return np.where(np.isfinite(special), rounded, special)
+
+
+def _exact_block(acc: np.ndarray, terms: list, fmt, mode: str) -> np.ndarray:
+    """round(acc + sum(terms), fmt, mode) of the exact sum, finite float64 inputs.
+
+    As in the exact model (``_certified``): the float64 sum errs by at most g * sum|t|;
+    when both ends of the widened enclosure round to the same bits (every rounding mode is
+    monotonic), that is the answer; the few others are summed exactly with integer limbs.
+    A sum of zeros comes out of float64 addition with IEEE's sign (-0 only if all are -0).
+    """
+    total, magnitude = acc.copy(), np.abs(acc)
+    for t in terms:
+        total += t
+        magnitude += np.abs(t)
+    bound = magnitude * error_factor(len(terms) + 1)
+    widen = bound * (1 + 2.0 ** -40) + np.abs(total) * 2.0 ** -50
+    with np.errstate(over="ignore", invalid="ignore"):
+        low = round_to(total - widen, fmt, mode)
+        rounded = round_to(total + widen, fmt, mode)
+    todo = low.view(np.uint64) != rounded.view(np.uint64)
+    if todo.any():
+        stacked = np.stack([acc[todo]] + [np.broadcast_to(t, acc.shape)[todo] for t in terms],
+                           axis=-1)
+        with np.errstate(over="ignore", invalid="ignore"):
+            rounded[todo] = round_to(round_to_odd_sum(stacked), fmt, mode)
+    return rounded
 
 
 def _input_emin(model) -> int:

@@ -31,7 +31,7 @@ import numpy as np
 __all__ = ["round_to_odd_sum"]
 
 _LIMB = 32
-_N_LIMBS = 2048 // _LIMB + 4          # limb index E // 32 <= 63, plus 2 spill limbs and carries
+_HEADROOM = 4                         # limbs above the top term's: 2**40 terms' carries, sign
 _TERMS_PER_PASS = 1 << 20             # bincount weights < 2**32: 2**20 of them sum below 2**52
 _ELEMENTS_PER_CHUNK = 1 << 22         # rows * terms per chunk: bounds the scratch memory
 _MASK32 = np.int64(0xFFFFFFFF)
@@ -60,29 +60,38 @@ def round_to_odd_sum(terms: np.ndarray) -> np.ndarray:
 
 def _rows_round_to_odd(terms: np.ndarray) -> np.ndarray:
     rows, width = terms.shape
-    limbs = np.zeros((rows, _N_LIMBS), np.int64)
-    for start in range(0, width, _TERMS_PER_PASS):
-        part = np.ascontiguousarray(terms[:, start:start + _TERMS_PER_PASS])
-        limbs += _limb_sums(part)
-        _propagate_carries(limbs)
-    negative = limbs[:, -1] < 0
-    if negative.any():
-        limbs[negative] = -limbs[negative]
-        _propagate_carries(limbs)
-    value = _limbs_to_float_round_to_odd(limbs)
-    np.negative(value, out=value, where=negative)
+    value = np.zeros(rows, np.float64)
+    fields = (terms.view(np.int64) >> 52) & 0x7FF
+    nonzero = terms != 0
+    if nonzero.any():
+        # Only the limbs this chunk's exponents reach: first .. last + 2, plus headroom.
+        index = np.maximum(fields, 1) >> 5
+        first = int(index[nonzero].min())
+        count = int(index[nonzero].max()) - first + 3 + _HEADROOM
+        limbs = np.zeros((rows, count), np.int64)
+        for start in range(0, width, _TERMS_PER_PASS):
+            stop = start + _TERMS_PER_PASS
+            limbs += _limb_sums(np.ascontiguousarray(terms[:, start:stop]),
+                                np.ascontiguousarray(fields[:, start:stop]), first, count)
+            _propagate_carries(limbs)
+        negative = limbs[:, -1] < 0
+        if negative.any():
+            limbs[negative] = -limbs[negative]
+            _propagate_carries(limbs)
+        value = _limbs_to_float_round_to_odd(limbs, first)
+        np.negative(value, out=value, where=negative)
     zero = value == 0
     if zero.any():
-        all_negative_zero = np.all(np.signbit(terms[zero]), axis=1) & (terms.shape[1] > 0)
+        all_negative_zero = np.all(np.signbit(terms[zero]), axis=1) & (width > 0)
         value[zero] = np.where(all_negative_zero, -0.0, 0.0)
     return value
 
 
-def _limb_sums(part: np.ndarray) -> np.ndarray:
-    """Per row, the sum of every term's three limbs, as exact integers (int64)."""
+def _limb_sums(part: np.ndarray, field: np.ndarray, first: int, count: int) -> np.ndarray:
+    """Per row, the sum of every term's three limbs (limb j holds bits 32j.. of the
+    integer m * 2**(E - 1), offset by ``first`` limbs), as exact integers (int64)."""
     rows, width = part.shape
     bits = part.view(np.int64)
-    field = (bits >> 52) & 0x7FF
     mantissa = bits & ((1 << 52) - 1)
     mantissa |= (field > 0).astype(np.int64) << 52
     sign = bits >> 63                          # 0 or -1
@@ -92,8 +101,9 @@ def _limb_sums(part: np.ndarray) -> np.ndarray:
     shift = exponent & (_LIMB - 1)
     rest = _LIMB - shift                       # 1..32
     index = exponent >> 5
-    index += (np.arange(rows, dtype=np.int64) * _N_LIMBS)[:, None]
-    total = rows * _N_LIMBS
+    index += (np.arange(rows, dtype=np.int64) * count - first)[:, None]
+    index[mantissa == 0] = rows * count        # zeros go to a spare bin (no valid index)
+    total = rows * count + 3
 
     low = (mantissa & ((np.int64(1) << rest) - 1)) << shift
     sums = _binned(index, low, total)
@@ -103,7 +113,7 @@ def _limb_sums(part: np.ndarray) -> np.ndarray:
     high = (mantissa >> _LIMB) >> rest
     index += 1
     sums += _binned(index, high, total)
-    return sums.reshape(rows, _N_LIMBS)
+    return sums[:rows * count].reshape(rows, count)
 
 
 def _binned(index: np.ndarray, weights: np.ndarray, total: int) -> np.ndarray:
@@ -114,18 +124,18 @@ def _binned(index: np.ndarray, weights: np.ndarray, total: int) -> np.ndarray:
 
 
 def _propagate_carries(limbs: np.ndarray) -> None:
-    for j in range(_N_LIMBS - 1):
+    for j in range(limbs.shape[1] - 1):
         carry = limbs[:, j] >> _LIMB
         limbs[:, j] &= _MASK32
         limbs[:, j + 1] += carry
 
 
-def _limbs_to_float_round_to_odd(limbs: np.ndarray) -> np.ndarray:
+def _limbs_to_float_round_to_odd(limbs: np.ndarray, first: int) -> np.ndarray:
     """Nonnegative normalised limbs (each in [0, 2**32)) to float64, rounded to odd."""
-    rows = limbs.shape[0]
+    rows, count = limbs.shape
     nonzero = limbs != 0
     any_nonzero = nonzero.any(axis=1)
-    top_index = _N_LIMBS - 1 - np.argmax(nonzero[:, ::-1], axis=1)
+    top_index = count - 1 - np.argmax(nonzero[:, ::-1], axis=1)
     padded = np.concatenate([np.zeros((rows, 2), np.int64), limbs], axis=1)
     row = np.arange(rows)
     top = padded[row, top_index + 2]
@@ -151,7 +161,7 @@ def _limbs_to_float_round_to_odd(limbs: np.ndarray) -> np.ndarray:
     lost_near = (third & ((one << near) - one)) != 0
     sticky |= np.where(wide, lost_wide, lost_near)
     kept |= sticky.astype(np.uint64)
-    exponent = _LIMB * (top_index - 2) + drop - 1075
+    exponent = _LIMB * (top_index - 2 + first) + drop - 1075
     value = np.ldexp(kept.astype(np.float64), exponent)
     value[~any_nonzero] = 0.0
     return value
