@@ -1,0 +1,246 @@
+"""PyTorch's ``torch.amp.GradScaler`` behind the adapter protocol, a recorder for real
+training runs, and a bit-for-bit check of its unscale numerics.
+
+Needs torch (optional: ``pip install torch==2.13.0``; on CPU ``torch.amp.GradScaler("cpu")``).
+
+``GradScalerAdapter``
+    Drives a real GradScaler through its public step: every ``update(found_inf)`` scales a
+    loss, gives a one-element parameter a gradient (``inf`` for an overflow, ``1.0`` else),
+    calls ``scaler.step(optimizer)`` and ``scaler.update()``. ``found_inf`` is therefore
+    decided by torch's own kernel, and whether the optimizer step ran is seen through a
+    step post-hook (``Optimizer.register_step_post_hook``), not assumed.
+``GradScalerRecorder``
+    Wraps ``scaler.step(optimizer); scaler.update()`` in a training loop and writes one trace
+    line per step: the scale before and after, torch's ``found_inf`` (read from
+    ``GradScaler._found_inf_per_device``, the value ``step`` itself acts on), whether the
+    optimizer step ran, the growth tracker, and statistics of the unscaled gradients.
+``check_unscale``
+    ``GradScaler.unscale_`` on given float32 gradients and scale against
+    ``fpsim.scaling.unscale``: ``inv_scale`` and every unscaled gradient bit for bit, and
+    ``found_inf``. torch's ``inv_scale`` is observed, not recomputed: a gradient of exactly
+    1.0 is appended, and its unscaled value is ``1.0 * inv_scale``.
+
+GradScaler's tracker is fpsim's ``growth_tracker`` (both count clean steps from 0).
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from ..scaling import ScalerState, found_inf, preset, unscale
+from .trace import TraceStep, TraceWriter
+
+__all__ = ["GradScalerAdapter", "GradScalerRecorder", "check_unscale", "UnscaleCheck",
+           "gradscaler_params"]
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as err:
+        raise ImportError("the PyTorch adapter needs torch: pip install torch==2.13.0 "
+                          "(the CPU build is enough)") from err
+    return torch
+
+
+def gradscaler_params(scaler) -> dict:
+    """A GradScaler's configuration in ``DynamicScaler`` field names (for trace headers)."""
+    return {"init_scale": float(scaler.get_scale()),
+            "growth_factor": float(scaler.get_growth_factor()),
+            "backoff_factor": float(scaler.get_backoff_factor()),
+            "growth_interval": int(scaler.get_growth_interval())}
+
+
+def _version(torch) -> str:
+    return f"torch {torch.__version__}"
+
+
+class GradScalerAdapter:
+    """A real ``torch.amp.GradScaler`` as a conformance adapter.
+
+    ``GradScalerAdapter(growth_interval=4)`` makes ``GradScaler("cpu", growth_interval=4)``;
+    ``GradScalerAdapter(scaler=existing)`` wraps one (which must not have stepped yet).
+
+    >>> from fpsim.conformance import compare                    # doctest: +SKIP
+    >>> compare(GradScalerAdapter(growth_interval=3), [False] * 7 + [True], "torch",
+    ...         growth_interval=3).agree                         # doctest: +SKIP
+    True
+    """
+
+    def __init__(self, scaler=None, *, device: str = "cpu", **gradscaler_kwargs) -> None:
+        torch = _torch()
+        self._torch = torch
+        if scaler is None:
+            scaler = torch.amp.GradScaler(device, **gradscaler_kwargs)
+        elif gradscaler_kwargs:
+            raise ValueError("pass either a GradScaler or its keyword arguments, not both")
+        self.scaler = scaler
+        self.name = f"{_version(torch)} GradScaler({device!r})"
+        self._param = torch.nn.Parameter(torch.zeros(1, device=device))
+        self._optimizer = torch.optim.SGD([self._param], lr=0.0)
+        self._stepped = False
+        self._skipped = None
+        self._optimizer.register_step_post_hook(self._on_step)
+        self._one = torch.ones((), dtype=torch.float32, device=device)
+        self._grads = {True: torch.full((1,), math.inf, device=device),
+                       False: torch.ones(1, device=device)}
+        scaler.scale(self._one)          # materialise the float32 scale tensor (lazy init)
+
+    def _on_step(self, *_args) -> None:
+        self._stepped = True
+
+    @property
+    def scale(self) -> float:
+        return float(self.scaler.get_scale())
+
+    def update(self, found_inf: bool) -> float:
+        self.scaler.scale(self._one)
+        self._param.grad = self._grads[bool(found_inf)].clone()
+        self._stepped = False
+        self.scaler.step(self._optimizer)
+        self.scaler.update()
+        self._skipped = not self._stepped
+        return float(self.scaler.get_scale())
+
+    def state(self) -> dict:
+        return {"growth_tracker": int(self.scaler._get_growth_tracker()),
+                "skipped": self._skipped}
+
+
+class GradScalerRecorder:
+    """Record a training run's GradScaler to a trace: call ``recorder.step(optimizer)``
+    where the loop had ``scaler.step(optimizer); scaler.update()``.
+
+    ::
+
+        scaler = torch.amp.GradScaler("cpu")
+        with GradScalerRecorder(scaler, "run.jsonl") as recorder:
+            for x, y in data:
+                optimizer.zero_grad()
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = loss_fn(model(x), y)
+                scaler.scale(loss).backward()
+                recorder.step(optimizer)          # scaler.step + scaler.update, recorded
+
+    Attach it before the scaler's first step (the trace starts from the initial state). One
+    optimizer per scaler. ``grad_stats=False`` leaves out the gradient statistics.
+    """
+
+    def __init__(self, scaler, target, *, source: str | None = None,
+                 grad_stats: bool = True) -> None:
+        torch = _torch()
+        if scaler._scale is not None and int(scaler._get_growth_tracker()) != 0:
+            raise ValueError("attach the recorder before the GradScaler's first step: its "
+                             "growth tracker is already running")
+        self.scaler, self._grad_stats = scaler, grad_stats
+        device = getattr(scaler, "_device", "cpu")
+        self._writer = TraceWriter(target, source=source or
+                                   f"{_version(torch)} GradScaler({device!r})",
+                                   params=gradscaler_params(scaler))
+        self._hooked: dict[int, object] = {}
+        self._stepped = False
+        self.steps = 0
+
+    def _on_step(self, *_args) -> None:
+        self._stepped = True
+
+    def step(self, optimizer, *args, **kwargs):
+        """``scaler.step(optimizer, ...)`` then ``scaler.update()``, recorded; returns what
+        ``scaler.step`` returned."""
+        if id(optimizer) not in self._hooked:
+            self._hooked[id(optimizer)] = optimizer.register_step_post_hook(self._on_step)
+        scaler = self.scaler
+        scale_before = float(scaler.get_scale())
+        self._stepped = False
+        result = scaler.step(optimizer, *args, **kwargs)
+        found = sum(float(v.item()) for v in scaler._found_inf_per_device(optimizer).values())
+        stats = _grad_stats(optimizer) if self._grad_stats else None
+        scaler.update()
+        self._writer.write(TraceStep(
+            self.steps, found != 0.0, scale_before, float(scaler.get_scale()),
+            not self._stepped, growth_tracker=int(scaler._get_growth_tracker()),
+            grad_stats=stats))
+        self.steps += 1
+        return result
+
+    def close(self) -> None:
+        for handle in self._hooked.values():
+            handle.remove()
+        self._hooked.clear()
+        self._writer.close()
+
+    def __enter__(self) -> "GradScalerRecorder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _grad_stats(optimizer) -> dict:
+    """Statistics of the gradients as GradScaler left them (unscaled): element count, how
+    many are inf/NaN, the largest finite magnitude, the float64 norm of the finite ones."""
+    count = nonfinite = 0
+    max_abs, square_sum = 0.0, 0.0
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if param.grad is None:
+                continue
+            grad = param.grad.detach().float().cpu().numpy().astype(np.float64).ravel()
+            finite = grad[np.isfinite(grad)]
+            count += grad.size
+            nonfinite += grad.size - finite.size
+            if finite.size:
+                max_abs = max(max_abs, float(np.max(np.abs(finite))))
+                square_sum += float(np.dot(finite, finite))
+    return {"count": count, "nonfinite": nonfinite, "max_abs": max_abs,
+            "l2_norm": math.sqrt(square_sum)}
+
+
+class UnscaleCheck(NamedTuple):
+    """``check_unscale``'s outcome: both ``inv_scale`` values, both ``found_inf`` values and
+    the indices of gradients whose unscaled bits differ (NaN meets NaN)."""
+
+    agree: bool
+    inv_scale_ours: float
+    inv_scale_torch: float
+    found_inf_ours: bool
+    found_inf_torch: bool
+    mismatches: np.ndarray
+
+
+def check_unscale(grads: np.ndarray, scale: float) -> UnscaleCheck:
+    """Unscale float32 ``grads`` with a real ``GradScaler("cpu", init_scale=scale)`` (its
+    ``unscale_``, which runs ``torch._amp_foreach_non_finite_check_and_unscale_``) and with
+    ``fpsim.scaling.unscale``; compare bit for bit."""
+    torch = _torch()
+    grads = np.asarray(grads)
+    if grads.dtype != np.float32 or grads.ndim != 1:
+        raise TypeError(f"grads must be a 1-d float32 array, got {grads.dtype} with shape "
+                        f"{grads.shape}")
+    scaler = torch.amp.GradScaler("cpu", init_scale=float(scale))
+    param = torch.nn.Parameter(torch.zeros(grads.size + 1))
+    optimizer = torch.optim.SGD([param], lr=0.0)
+    scaler.scale(torch.ones(()))
+    param.grad = torch.from_numpy(np.concatenate([grads, np.float32([1.0])]))
+    scaler.unscale_(optimizer)
+    theirs = param.grad.numpy()
+    found_torch = sum(float(v.item()) for v in
+                      scaler._found_inf_per_device(optimizer).values()) != 0.0
+    state = ScalerState(scaler=preset("torch"), scale=float(scaler.get_scale()))
+    ours = unscale(grads, state)
+    inv_torch = float(theirs[-1])
+    mismatches = _bit_mismatches(ours, theirs[:-1])
+    found_ours = found_inf(grads)
+    same_inv = np.float32(state.inv_scale).view(np.uint32) == np.float32(inv_torch).view(
+        np.uint32)
+    agree = bool(same_inv) and found_ours == found_torch and mismatches.size == 0
+    return UnscaleCheck(agree, state.inv_scale, inv_torch, found_ours, found_torch, mismatches)
+
+
+def _bit_mismatches(ours: np.ndarray, theirs: np.ndarray) -> np.ndarray:
+    nan_ours, nan_theirs = np.isnan(ours), np.isnan(theirs)
+    differ = ours.view(np.uint32) != theirs.view(np.uint32)
+    differ &= ~(nan_ours & nan_theirs)
+    return np.flatnonzero(differ | (nan_ours != nan_theirs))
