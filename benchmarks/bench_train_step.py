@@ -5,7 +5,11 @@ installed, all measured in one run and printed as ratios.
 Targets (issue 3): "16-mixed" costs at most 2x the engine's own "32-true" step; on the small
 model, the engine's "16-mixed" step is no slower than PyTorch's float32 step.
 
-Run: python benchmarks/bench_train_step.py [--repeat N] [--quick]
+Each configuration's time is the fastest of ``--repeat`` rounds, the configurations taking
+turns, so that a shared, loaded machine disturbs them alike (the minimum is the least
+disturbed).
+
+Run: python benchmarks/bench_train_step.py [--repeat N] [--budget S] [--quick]
 """
 from __future__ import annotations
 
@@ -23,21 +27,28 @@ MODELS = [("64-256-256-10", [64, 256, 256, 10], 128), ("784-1024-1024-10", [784,
 LR = 0.01
 
 
-def _timed(step, repeat: int, budget_s: float) -> float:
-    """Median seconds per step over ``repeat`` rounds (each round: steps until ~budget/repeat)."""
+def _calibrate(step, budget_s: float) -> int:
+    """Steps per round so that one round takes about ``budget_s`` (after two warm-up steps)."""
     step()
     step()
     start = time.perf_counter()
     step()
-    once = max(time.perf_counter() - start, 1e-6)
-    per_round = max(1, int(budget_s / repeat / once))
-    rounds = []
+    return max(1, int(budget_s / max(time.perf_counter() - start, 1e-6)))
+
+
+def _time_interleaved(steps: dict, repeat: int, budget_s: float) -> dict:
+    """Seconds per step of each configuration: the fastest of ``repeat`` rounds, the
+    configurations taking turns round by round, so that load from other processes on a shared
+    machine hits them alike and the minimum filters it out."""
+    counts = {name: _calibrate(step, budget_s / repeat) for name, step in steps.items()}
+    best = {name: float("inf") for name in steps}
     for _ in range(repeat):
-        start = time.perf_counter()
-        for _ in range(per_round):
-            step()
-        rounds.append((time.perf_counter() - start) / per_round)
-    return float(np.median(rounds))
+        for name, step in steps.items():
+            start = time.perf_counter()
+            for _ in range(counts[name]):
+                step()
+            best[name] = min(best[name], (time.perf_counter() - start) / counts[name])
+    return best
 
 
 def engine_step(sizes, batch, policy):
@@ -84,7 +95,8 @@ def torch_step(sizes, batch):
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--budget", type=float, default=3.0, help="seconds per measurement")
+    parser.add_argument("--budget", type=float, default=3.0,
+                        help="seconds per configuration and model, over all rounds")
     parser.add_argument("--quick", action="store_true", help="small model only")
     args = parser.parse_args(argv)
     try:
@@ -99,9 +111,12 @@ def main(argv=None) -> None:
     print(header)
     print("-" * len(header))
     for label, sizes, batch in MODELS[:1] if args.quick else MODELS:
-        t32 = _timed(engine_step(sizes, batch, "32-true"), args.repeat, args.budget)
-        t16 = _timed(engine_step(sizes, batch, "16-mixed"), args.repeat, args.budget)
-        tt = _timed(torch_step(sizes, batch), args.repeat, args.budget) if torch_version else None
+        steps = {"32-true": engine_step(sizes, batch, "32-true"),
+                 "16-mixed": engine_step(sizes, batch, "16-mixed")}
+        if torch_version:
+            steps["torch"] = torch_step(sizes, batch)
+        best = _time_interleaved(steps, args.repeat, args.budget)
+        t32, t16, tt = best["32-true"], best["16-mixed"], best.get("torch")
         ratio_t = f"{t16 / tt:11.2f}" if tt else f"{'-':>11}"
         tt_ms = f"{tt * 1e3:13.3f}" if tt else f"{'-':>13}"
         print(f"{label:>18} {batch:>5} | {t32 * 1e3:10.3f} {t16 * 1e3:11.3f} {tt_ms} | "

@@ -234,3 +234,11 @@ def test_policy_object_and_custom_formats_work_in_ops():
     with use_policy(p):
         y = ag.matmul(Tensor([[0.3, 0.7]]), Tensor([[1.1], [2.9]]))
     assert y.fmt == E4M3FN and _in_format(y.data, E4M3FN)
+
+
+def test_numpy_arrays_on_the_left_defer_to_tensor_operators():
+    t = Tensor([1.0, 2.0], requires_grad=True)
+    y = np.ones(2) * t + np.array([1.0, 1.0]) - t / np.array([2.0, 2.0])
+    assert isinstance(y, Tensor) and y.requires_grad
+    y.sum().backward()
+    np.testing.assert_array_equal(t.grad.data, [0.5, 0.5])

@@ -51,7 +51,7 @@ class Tensor:
 
     __slots__ = ("data", "fmt", "grad_fmt", "requires_grad", "grad", "name",
                  "_parents", "_backward", "_op", "_retain")
-    __array_priority__ = 1000  # ndarray (op) Tensor defers to Tensor's reflected operators
+    __array_ufunc__ = None  # ndarray (op) Tensor defers to Tensor's reflected operators
 
     def __init__(self, data, fmt=None, requires_grad: bool = False, *, name: str | None = None):
         policy = current_policy()
