@@ -29,6 +29,12 @@ def test_round_array_fast_paths_match_round_to(fmt, n, dtype):
     np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
 
 
+def test_round_array_rounds_float64_once_not_through_float32():
+    x = np.array([1 + 2.0 ** -11 + 2.0 ** -40, 3 * 2.0 ** -26 + 2.0 ** -60])
+    np.testing.assert_array_equal(round_array(x, FP16), [1 + 2.0 ** -10, 2.0 ** -24])
+    np.testing.assert_array_equal(round_array(x.astype(np.float32), FP16), [1.0, 2.0 ** -24])
+
+
 def test_contains_and_widest():
     assert contains(FP32, FP16) and contains(FP32, BF16) and contains(FP16, E4M3FN)
     assert not contains(FP16, BF16) and not contains(BF16, FP16) and not contains(FP16, FP32)
