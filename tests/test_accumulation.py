@@ -471,10 +471,16 @@ def test_get_accumulation_specs_and_errors():
     assert get_accumulation("V100") == blocked.v100() == tensor_core("v100")
     model = blocked.a100()
     assert get_accumulation(model) is model and isinstance(model, Accumulation)
-    for model in (exact(), sequential("fp16"), sequential(fused=False), blocked(8, "bf16")):
-        assert get_accumulation(str(model)) == model
+    for model in (exact(), sequential("fp16"), sequential(fused=False), blocked(8, "bf16"),
+                  blocked.v100(), blocked.h100(), blocked.a100("tf32"), blocked.v100("fp16"),
+                  blocked(16, "fp16", 3, "toward_zero", "bf16")):
+        assert get_accumulation(str(model)) == model, str(model)
+    assert str(blocked.h100()) == "h100"
+    assert get_accumulation("blocked:8:fp32:align=24:round=toward_zero:input=bf16") == \
+        blocked.a100("bf16")
     for bad in ("fast", "blocked:x", "blocked:0", "sequential:fp99", "exact:fp16:x",
-                "sequential:fp16:maybe", "blocked"):
+                "sequential:fp16:maybe", "blocked", "blocked:4:fp32:align=x",
+                "blocked:4:fp32:speed=2", "blocked:4:round=up:round=up"):
         with pytest.raises(ValueError, match="accumulation spec"):
             get_accumulation(bad)
     with pytest.raises(TypeError):

@@ -148,7 +148,15 @@ class blocked(Accumulation):  # noqa: N801
                              f"got {self.rounding!r}")
 
     def __str__(self) -> str:
-        return f"blocked:{self.k}:{self.fmt.name}"
+        for gpu in ("v100", "a100", "h100"):
+            if self == getattr(blocked, gpu)():
+                return gpu
+        options = [f"align={self.alignment_bits}"] if self.alignment_bits is not None else []
+        if self.rounding != "nearest_even":
+            options.append(f"round={self.rounding}")
+        if self.input_format is not None:
+            options.append(f"input={self.input_format.name}")
+        return ":".join([f"blocked:{self.k}:{self.fmt.name}"] + options)
 
     def block_fma(self, c, a, b) -> np.ndarray:
         """One block: d = c + sum(a * b) over the last axis (length <= k), as this model
@@ -194,8 +202,10 @@ def tensor_core(gpu: str, input_format="fp16", fmt="fp32") -> blocked:
 
 
 _SPEC_HELP = ("accepted: 'exact', 'exact:FMT', 'sequential', 'sequential:FMT', "
-              "'sequential:FMT:unfused', 'blocked:K', 'blocked:K:FMT', 'v100', 'a100', 'h100', "
+              "'sequential:FMT:unfused', 'blocked:K', 'blocked:K:FMT' (options after it: "
+              "':align=F', ':round=MODE', ':input=FMT'), 'v100', 'a100', 'h100', "
               "or an Accumulation")
+_BLOCKED_OPTIONS = {"align": "alignment_bits", "round": "rounding", "input": "input_format"}
 
 
 def get_accumulation(spec) -> Accumulation:
@@ -218,10 +228,18 @@ def get_accumulation(spec) -> Accumulation:
             if len(args) == 2 and args[1] not in ("fused", "unfused"):
                 raise ValueError(f"the third field must be 'fused' or 'unfused', got {args[1]!r}")
             return sequential(*args[:1], fused=not (len(args) == 2 and args[1] == "unfused"))
-        if kind == "blocked" and 1 <= len(args) <= 2:
+        if kind == "blocked" and args:
             if not args[0].isdigit():
                 raise ValueError(f"block size must be a positive integer, got {args[0]!r}")
-            return blocked(int(args[0]), *args[1:])
+            positional = [a for a in args[1:2] if "=" not in a]
+            options = {}
+            for item in args[1 + len(positional):]:
+                key, _, value = item.partition("=")
+                if key not in _BLOCKED_OPTIONS or not value or _BLOCKED_OPTIONS[key] in options:
+                    raise ValueError(f"unknown or repeated blocked option {item!r}")
+                options[_BLOCKED_OPTIONS[key]] = int(value) if key == "align" and \
+                    value.isdigit() else value
+            return blocked(int(args[0]), *positional, **options)
         if kind in ("v100", "a100", "h100") and not args:
             return tensor_core(kind)
     except (ValueError, TypeError) as err:
