@@ -7,10 +7,11 @@ exact products; the models differ only in where the sum is rounded.
 
 ``exact(acc="fp32")`` (the default)
     Each dot product (or sum) is computed exactly, rounded once to ``acc`` (round to nearest,
-    ties to even), then once to ``out_fmt``. Fast path: a float64 BLAS product plus a rigorous
-    error bound that certifies, element by element, that the float64 result rounds to the same
-    bits as the exact value; the rare element it cannot certify is summed exactly with integer
-    limbs (``_exact_sum``). The bits do not depend on the BLAS, its order or its threads.
+    ties to even), then once to ``out_fmt``. Fast path (``_certified``): a float64 BLAS product
+    plus a rigorous error bound that certifies, element by element, that the float64 result
+    rounds to the same bits as the exact value; the rare element it cannot certify is summed
+    exactly with integer limbs (``_exact_sum``). The bits do not depend on the BLAS, its
+    order or its threads.
 ``sequential(fmt="fp32", fused=True)``
     ``acc = +0; for k in 0..K-1: acc = round_fmt(acc + a[k] * b[k])`` in index order, one
     rounding per step (fused multiply-add: the product is exact). ``fused=False`` rounds the
@@ -19,8 +20,9 @@ exact products; the models differ only in where the sum is rounded.
 ``blocked(k, fmt="fp32", alignment_bits=None, rounding="nearest_even")``
     A tensor-core-like multi-term fused add: ``acc = round_fmt(acc + sum of k exact
     products)`` per block of k consecutive products. ``alignment_bits=F`` adds the truncation
-    of NVIDIA's adders (see ``_block_fma`` and the presets ``blocked.v100()``, ``a100()``,
-    ``h100()``, after Fasi, Higham, Mikaitis & Pranesh, PeerJ CS 7:e330, 2021).
+    of NVIDIA's adders (see ``_block_fma``; presets ``blocked.v100()``, ``a100()``,
+    ``h100()`` or ``tensor_core("v100")``, after Fasi, Higham, Mikaitis & Pranesh, PeerJ CS
+    7:e330, 2021; one block alone: ``model.block_fma(c, a, b)``).
 
 Non-finite inputs follow IEEE arithmetic on the exact products: inf * 0 is NaN, a NaN
 product or +inf and -inf together give NaN, otherwise an infinite product gives that infinity.
