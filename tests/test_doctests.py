@@ -5,7 +5,8 @@ import importlib
 import pytest
 
 MODULES = ["fpsim.formats", "fpsim.rounding", "fpsim.encoding", "fpsim.describe",
-           "fpsim.train.trace", "fpsim.train.checkpoint"]
+           "fpsim.train.trace", "fpsim.train.checkpoint", "fpsim.optim.arith",
+           "fpsim.optim.rules", "fpsim.optim.optimizer"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -1,0 +1,204 @@
+"""The mixed-precision optimizer step: master weights, loss-scale handling, clipping, and an
+account of every update that was lost.
+
+One ``step(scaler_state)``, in order (each rounding named)::
+
+    grads  = [p.grad for p in params]            # in their formats (fp16 under "16-true")
+    found  = scaler's overflow test on the scaled grads      (fpsim.scaling.check_overflow)
+    state  = scaler_state.update(found)          # skip? grow? back off?
+    grads  = float32(grads) * inv_scale          # exact widening; one fp32 rounding
+    if state skipped: stop here, weights untouched
+    norm   = fp32(sqrt(exact sum of squares))    # global L2 norm (rounded to odd, then fp32)
+    if clip_norm and norm > clip_norm: grads *= fp32(clip_norm / (norm + 1e-6))   (torch)
+    master = rule(master, grads) in the master format (fp32 by default)
+    param  = round(master, param format)         # the working copy the model computes with
+
+Without a master copy (``master=None``) the rule computes in each parameter's own format and
+writes there directly: an update smaller than half an ulp of its weight is lost (for fp16,
+weight/update ratios above 2048). ``StepReport`` counts lost updates every step.
+
+>>> import numpy as np
+>>> from fpsim.autograd import Tensor
+>>> from fpsim.optim import SGD
+>>> w = Tensor(np.float32([1.0, 1.0]), "fp16", requires_grad=True)
+>>> w.grad = Tensor(np.float32([2.0 ** -9, 2.0 ** -14]), "fp16")
+>>> report = Optimizer([w], SGD(lr=0.5), master=None).step()
+>>> w.data.tolist(), report.lost_updates
+([0.9990234375, 1.0], 1)
+"""
+from __future__ import annotations
+
+from typing import Iterable, NamedTuple
+
+import numpy as np
+
+from ..autograd import Tensor
+from ..autograd._exact_sum import round_to_odd_sum
+from ..formats import FP32, Format, get
+from ..rounding import round_to
+from ..scaling import check_overflow, found_inf, unscale
+from .arith import Arith
+from .rules import Update
+
+__all__ = ["Optimizer", "StepReport"]
+
+
+class StepReport(NamedTuple):
+    """What one optimizer step did. ``lost_updates`` counts elements whose intended increment
+    was nonzero but whose stored value (the master copy, or the weights without one) did not
+    change; ``updates`` counts elements with a nonzero intended increment."""
+
+    step: int
+    found_inf: bool
+    skipped: bool
+    scale: float
+    grad_norm: float
+    clipped: bool
+    updates: int
+    lost_updates: int
+    scaler_state: object
+
+    @property
+    def lost_fraction(self) -> float:
+        return self.lost_updates / self.updates if self.updates else 0.0
+
+
+class Optimizer:
+    """Applies an update rule (``SGD``, ``Adam``) to parameters, keeping a master copy.
+
+    ``params``: a ``Module`` (its named parameters) or an iterable of ``Tensor`` or
+    ``(name, Tensor)``. ``master``: the master copy's format (default fp32), or None to
+    update the weights in their own format. ``clip_norm``: clip the global gradient norm
+    after unscaling, as ``torch.nn.utils.clip_grad_norm_`` does.
+    """
+
+    def __init__(self, params, rule, *, master: "Format | str | None" = FP32,
+                 clip_norm: float | None = None):
+        self.named = _named(params)
+        if not self.named:
+            raise ValueError("the optimizer got no parameters")
+        if clip_norm is not None and not clip_norm > 0:
+            raise ValueError(f"clip_norm must be a positive number or None, got {clip_norm!r}")
+        self.rule = rule
+        self.clip_norm = clip_norm
+        self.master_fmt = None if master is None else get(master)
+        self.masters: dict[str, np.ndarray] = {}
+        for name, p in self.named:
+            if not isinstance(p.fmt, Format):
+                raise ValueError(f"parameter {name!r} is in {p.fmt}, not a number format; the "
+                                 f"optimizer simulates formats (use a policy like '32-true')")
+            if self.master_fmt is not None:
+                widened = round_to(np.asarray(p.data, np.float32), self.master_fmt)
+                if not np.array_equal(widened, p.data, equal_nan=True):
+                    raise ValueError(f"parameter {name!r} ({p.fmt}) does not fit the master "
+                                     f"format {self.master_fmt}; pick a wider master")
+                self.masters[name] = widened.copy()
+        self.states = {name: rule.init(p.data) for name, p in self.named}
+        self.step_count = 0
+
+    # --- the step ---------------------------------------------------------------------------
+    def step(self, scaler_state=None) -> StepReport:
+        grads = [_grad_array(p) for _, p in self.named]
+        if scaler_state is not None:
+            found = check_overflow(grads, scaler_state)
+            new_state = scaler_state.update(found)
+            grads = unscale(grads, scaler_state)
+            skipped, scale = new_state.skipped, scaler_state.scale
+        else:
+            found, new_state, skipped, scale = found_inf(grads), None, False, 1.0
+        if skipped:
+            return StepReport(self.step_count, found, True, scale, float("nan"), False, 0, 0,
+                              new_state)
+        norm = global_norm(grads)
+        clipped = False
+        if self.clip_norm is not None:
+            # torch.nn.utils.clip_grad_norm_: max_norm / (total_norm + 1e-6), clamped to 1,
+            # all in fp32; a coefficient of 1 leaves the gradients as they are.
+            coef = np.float32(self.clip_norm) / (norm + np.float32(1e-6))
+            if coef < 1:
+                grads = [np.asarray(g, np.float32) * coef for g in grads]
+                clipped = True
+        self.step_count += 1
+        updates = lost = 0
+        for (name, p), grad in zip(self.named, grads):
+            stored = self.masters[name] if self.master_fmt is not None else p.data
+            ops = Arith(self.master_fmt if self.master_fmt is not None else p.fmt)
+            result: Update = self.rule.apply(ops, stored, grad, self.states[name],
+                                             self.step_count)
+            new = np.asarray(result.param, np.float32).reshape(p.shape)
+            moved = result.intended != 0
+            updates += int(np.count_nonzero(moved))
+            lost += int(np.count_nonzero(moved & (new == stored)))
+            self.states[name] = result.state
+            if self.master_fmt is not None:
+                self.masters[name] = new
+                p.data = round_to(new, p.fmt)
+            else:
+                p.data = new
+        return StepReport(self.step_count, found, False, scale, float(norm), clipped, updates,
+                          lost, new_state)
+
+    def zero_grad(self) -> None:
+        for _, p in self.named:
+            p.grad = None
+
+    # --- checkpoints ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Every array the optimizer owns (master copies, rule state) plus the step count."""
+        out = {"step_count": np.int64(self.step_count)}
+        for name, master in self.masters.items():
+            out[f"master/{name}"] = master
+        for name, state in self.states.items():
+            for field, value in state._asdict().items():
+                if value is not None:
+                    out[f"state/{name}/{field}"] = value
+        return out
+
+    def load_state_dict(self, arrays: dict[str, np.ndarray]) -> None:
+        names = {name for name, _ in self.named}
+        unknown = [k for k in arrays if k != "step_count" and k.split("/")[1] not in names]
+        if unknown:
+            raise ValueError(f"optimizer state names parameters this optimizer does not have: "
+                             f"{unknown[:5]}")
+        self.step_count = int(arrays["step_count"])
+        for name, p in self.named:
+            if not isinstance(p.fmt, Format):
+                raise ValueError(f"parameter {name!r} is in {p.fmt}, not a number format; the "
+                                 f"optimizer simulates formats (use a policy like '32-true')")
+            if self.master_fmt is not None:
+                self.masters[name] = np.array(arrays[f"master/{name}"], np.float32)
+            template = self.rule.init(p.data)
+            fields = {f: (np.array(arrays[f"state/{name}/{f}"])
+                          if f"state/{name}/{f}" in arrays else None)
+                      for f in template._fields}
+            self.states[name] = type(template)(**fields)
+
+
+def global_norm(grads: list[np.ndarray]) -> np.float32:
+    """fp32 L2 norm of all gradients: the exact sum of squares (squares of float32 values are
+    exact in float64) rounded to odd, its float64 square root, rounded to fp32. The same bits
+    on every machine and thread count; NaN if any gradient is NaN, inf if any is inf."""
+    flat = np.concatenate([np.asarray(g, np.float64).reshape(-1) for g in grads])
+    if not np.isfinite(flat).all():
+        return np.float32(np.nan if np.isnan(flat).any() else np.inf)
+    squares = round_to_odd_sum((flat * flat).reshape(1, -1))[0]
+    return np.float32(round_to(float(np.sqrt(squares)), FP32))
+
+
+def _grad_array(p: Tensor) -> np.ndarray:
+    if p.grad is None:
+        return np.zeros(p.shape, np.float32)
+    grad = p.grad.data if isinstance(p.grad, Tensor) else np.asarray(p.grad)
+    return np.asarray(grad, np.float32)
+
+
+def _named(params) -> list[tuple[str, Tensor]]:
+    if hasattr(params, "named_parameters"):
+        return list(params.named_parameters())
+    named = []
+    for i, item in enumerate(params if isinstance(params, Iterable) else [params]):
+        name, tensor = item if isinstance(item, tuple) else (str(i), item)
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"parameter {name!r} is a {type(tensor).__name__}, not a Tensor")
+        named.append((name, tensor))
+    return named
