@@ -2,16 +2,24 @@
 
 Layers, lowest first: ``formats`` (what a number type is), ``rounding`` (values to a format),
 ``encoding`` (values to bit patterns and back), ``describe`` (a value taken apart, for
-teaching), ``scaling`` (loss scalers and framework presets), ``train`` (traces, checkpoints).
+teaching), ``backend`` (the array library), ``autograd`` (tensors, ops, precision policies,
+accumulation models), ``nn`` (layers), ``optim`` (master-weight optimizers), ``scaling`` (loss
+scalers and framework presets), ``train`` (traces, checkpoints).
 """
-from . import formats, scaling
+from . import autograd, backend, formats, nn, optim, scaling
+from .autograd import (FP64, Policy, Tensor, current_policy, enable_grad, get_policy,
+                       is_grad_enabled, no_grad, set_default_policy, use_policy)
 from ._version import __version__
 from .describe import Description, describe
 from .encoding import decode, encode
 from .formats import Format, custom
 from .rounding import MODES, round_to
+from .optim import SGD, Adam, AdamW, Optimizer
 from .scaling import DynamicScaler, LossScaleMinimumError, NoScaler, ScalerState, StaticScaler
 
 __all__ = ["__version__", "formats", "Format", "custom", "round_to", "MODES", "encode",
            "decode", "describe", "Description", "scaling", "ScalerState", "DynamicScaler",
-           "StaticScaler", "NoScaler", "LossScaleMinimumError"]
+           "StaticScaler", "NoScaler", "LossScaleMinimumError", "autograd", "backend", "nn",
+           "optim", "Tensor", "Policy", "get_policy", "use_policy", "current_policy",
+           "set_default_policy", "no_grad", "enable_grad", "is_grad_enabled", "FP64",
+           "Optimizer", "SGD", "Adam", "AdamW"]
