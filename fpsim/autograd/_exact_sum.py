@@ -33,7 +33,7 @@ __all__ = ["round_to_odd_sum"]
 _LIMB = 32
 _HEADROOM = 4                         # limbs above the top term's: 2**40 terms' carries, sign
 _TERMS_PER_PASS = 1 << 20             # bincount weights < 2**32: 2**20 of them sum below 2**52
-_ELEMENTS_PER_CHUNK = 1 << 22         # rows * terms per chunk: bounds the scratch memory
+_ELEMENTS_PER_CHUNK = 1 << 20         # rows * terms per chunk: bounds the scratch memory
 _MASK32 = np.int64(0xFFFFFFFF)
 
 
