@@ -6,7 +6,7 @@ import pytest
 
 MODULES = ["fpsim.formats", "fpsim.rounding", "fpsim.encoding", "fpsim.describe",
            "fpsim.train.trace", "fpsim.train.checkpoint", "fpsim.optim.arith",
-           "fpsim.optim.rules", "fpsim.optim.optimizer"]
+           "fpsim.optim.rules", "fpsim.optim.optimizer", "fpsim.autograd.underflow"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -24,6 +24,7 @@ from functools import lru_cache
 import numpy as np
 
 from .. import backend
+from . import underflow
 from ..formats import FP16, FP32, get
 from ..rounding import round_to
 
@@ -80,14 +81,19 @@ def round_array(x, fmt):
     elif x.dtype == np.float64:
         if fmt is FP32 or fmt == FP32:
             with np.errstate(over="ignore"):
-                return x.astype(np.float32)
+                out = x.astype(np.float32)
+            underflow.note(x, out)
+            return out
     else:
         raise TypeError(f"round_array takes float32/float64 arrays, got {x.dtype}")
     if x.size < _SMALL and (fmt is FP16 or fmt == FP16):
         with np.errstate(over="ignore"):
-            return x.astype(np.float16).astype(np.float32)
-    out = round_to(x, fmt)
-    return out if out.dtype == np.float32 else out.astype(np.float32)
+            out = x.astype(np.float16).astype(np.float32)
+    else:
+        out = round_to(x, fmt)
+        out = out if out.dtype == np.float32 else out.astype(np.float32)
+    underflow.note(x, out)
+    return out
 
 
 @lru_cache(maxsize=None)

@@ -35,6 +35,7 @@ import numpy as np
 
 from .. import backend
 from .context import _state, current_policy
+from . import underflow
 from .numerics import container_of, resolve, round_array
 
 __all__ = ["Tensor", "record", "as_tensor"]
@@ -237,6 +238,11 @@ def _add_grads(a, b, fmt):
 
 
 def _run_backward(root: Tensor, seed, retain_graph: bool) -> None:
+    with underflow.in_backward():
+        _backward_pass(root, seed, retain_graph)
+
+
+def _backward_pass(root: Tensor, seed, retain_graph: bool) -> None:
     order = _topological_order(root)
     grads = {id(root): seed}
     for node in reversed(order):

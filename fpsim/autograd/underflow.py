@@ -1,0 +1,73 @@
+"""Counting gradients that underflow: values nonzero before their rounding into a format and
+zero after it, during ``backward``.
+
+The engine calls ``note(before, after)`` at the two places a backward gradient is rounded
+into its format (``numerics.round_array`` and the accumulation models' output rounding);
+outside a ``count_gradient_underflow()`` block, or outside backward, it does nothing.
+
+>>> import numpy as np
+>>> from fpsim.autograd import Tensor, use_policy
+>>> with use_policy("16-true"), count_gradient_underflow() as counts:
+...     x = Tensor(np.float32([1.0, 1.0]), requires_grad=True)
+...     ((x * Tensor(np.float32([2.0 ** -12, 2.0 ** -2]))) * 2.0 ** -14).sum().backward()
+>>> x.grad.data.tolist(), counts.flushed, counts.nonzero    # 2**-26 is below fp16's 2**-24
+([0.0, 1.52587890625e-05], 1, 4)
+"""
+from __future__ import annotations
+
+import contextlib
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["UnderflowCount", "count_gradient_underflow", "note", "in_backward"]
+
+
+@dataclass
+class UnderflowCount:
+    """``flushed``: gradient values nonzero before rounding and zero after; ``nonzero``:
+    gradient values nonzero before rounding; ``values``: all gradient values rounded."""
+
+    flushed: int = 0
+    nonzero: int = 0
+    values: int = 0
+
+    @property
+    def fraction(self) -> float:
+        """Of the gradient values that were nonzero, the fraction that became zero."""
+        return self.flushed / self.nonzero if self.nonzero else 0.0
+
+
+_counter: ContextVar[UnderflowCount | None] = ContextVar("fpsim_underflow", default=None)
+_backward: ContextVar[bool] = ContextVar("fpsim_in_backward", default=False)
+
+
+@contextlib.contextmanager
+def count_gradient_underflow():
+    """Count underflowing gradient values in every backward pass run inside the block."""
+    counts = UnderflowCount()
+    token = _counter.set(counts)
+    try:
+        yield counts
+    finally:
+        _counter.reset(token)
+
+
+@contextlib.contextmanager
+def in_backward():
+    token = _backward.set(True)
+    try:
+        yield
+    finally:
+        _backward.reset(token)
+
+
+def note(before: np.ndarray, after: np.ndarray) -> None:
+    counts = _counter.get()
+    if counts is None or not _backward.get():
+        return
+    nonzero_before = before != 0
+    counts.nonzero += int(np.count_nonzero(nonzero_before))
+    counts.flushed += int(np.count_nonzero(nonzero_before & (after == 0)))
+    counts.values += int(before.size)
