@@ -42,7 +42,7 @@ import numpy as np
 
 from ..formats import FP16, FP32, Format, get
 from ..rounding import MODES, round_to
-from . import _block_fma
+from . import _block_fma, underflow
 from ._certified import exact_matmul, exact_rows_sum
 
 __all__ = ["Accumulation", "exact", "sequential", "blocked", "tensor_core", "get_accumulation",
@@ -318,7 +318,10 @@ def _accumulate_matmul(a3: np.ndarray, b3: np.ndarray, model: Accumulation) -> n
 def _to_output(acc: np.ndarray, out_fmt: Format) -> np.ndarray:
     # Accumulator values fit float32 exactly; the second rounding runs round_to's fast kernel.
     with np.errstate(over="ignore", invalid="ignore"):
-        return round_to(acc.astype(np.float32), out_fmt)
+        wide = acc.astype(np.float32)
+        out = round_to(wide, out_fmt)
+    underflow.note(wide, out)  # counts backward gradients lost to the output format
+    return out
 
 
 # --- reduce_sum --------------------------------------------------------------------------
