@@ -4,6 +4,7 @@
     fpsim formats                 the built-in formats and their exact constants
     fpsim describe VALUE -f FMT   a value rounded into a format and taken apart
     fpsim demo                    a short tour of what reduced precision does to numbers
+    fpsim train [options]         train a built-in model, every step traced (fpsim train -h)
 
 Bad input (an unknown format, a value that is not a number) prints what was wrong and what is
 accepted, and exits with status 2.
@@ -82,6 +83,9 @@ def _parser() -> argparse.ArgumentParser:
     desc.add_argument("-f", "--format", default="fp16", help="format name (default fp16)")
     desc.add_argument("-m", "--mode", default="nearest_even",
                       help=f"rounding mode: {', '.join(m for m in MODES if m != 'stochastic')}")
+    from .train import cli as train_cli
+
+    train_cli.register(commands)
     return parser
 
 
@@ -103,10 +107,14 @@ def main(argv: list[str] | None = None) -> int:
             print(_demo())
         elif args.command == "describe":
             print(describe(_parse_number(args.value), args.format, args.mode))
+        elif args.command == "train":
+            from .train import cli as train_cli
+
+            return train_cli.run(args)
         else:
             parser.print_help()
         return 0
-    except (UsageError, ValueError, TypeError) as err:
+    except (UsageError, ValueError, TypeError, KeyError, FileNotFoundError) as err:
         print(f"fpsim: error: {err}", file=sys.stderr)
         return 2
 

@@ -51,3 +51,28 @@ def test_console_entry_point_is_installed():
     done = subprocess.run([sys.executable, "-m", "fpsim", "formats"], capture_output=True,
                           text=True, check=False)
     assert done.returncode == 0 and "bf16" in done.stdout
+
+
+def test_train_command_writes_run_trace_and_checkpoint(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--steps", "6", "--samples", "128", "--hidden", "16",
+                 "--out", str(out), "--checkpoint-every", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "6 steps: final loss" in printed and "loss sha256" in printed
+    assert {p.name for p in out.iterdir()} == {"run.json", "trace.jsonl", "checkpoint.npz"}
+    assert main(["train", "--steps", "9", "--samples", "128", "--hidden", "16",
+                 "--out", str(out), "--resume", str(out / "checkpoint.npz"), "--quiet"]) == 0
+    assert len((out / "trace.jsonl").read_text().splitlines()) == 9
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["train", "--lr", "0"], "lr must be a number in (0.0, inf)"),
+    (["train", "--scaler", "nvidia"], "unknown scaler 'nvidia'"),
+    (["train", "--policy", "fp17-mixed"], "unknown precision policy"),
+    (["train", "--optimizer", "lion"], "unknown optimizer 'lion'"),
+    (["train", "--hidden", "64,x"], "--hidden takes comma-separated integers"),
+    (["train", "--resume", "/nonexistent/checkpoint.npz"], "no checkpoint at"),
+])
+def test_train_bad_input_exits_2(capsys, argv, message):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
