@@ -5,6 +5,7 @@
     fpsim describe VALUE -f FMT   a value rounded into a format and taken apart
     fpsim demo                    a short tour of what reduced precision does to numbers
     fpsim train [options]         train a built-in model, every step traced (fpsim train -h)
+    fpsim reproduce [--quick]     rerun the paper's experiments: figures and summary
 
 Bad input (an unknown format, a value that is not a number) prints what was wrong and what is
 accepted, and exits with status 2.
@@ -83,9 +84,11 @@ def _parser() -> argparse.ArgumentParser:
     desc.add_argument("-f", "--format", default="fp16", help="format name (default fp16)")
     desc.add_argument("-m", "--mode", default="nearest_even",
                       help=f"rounding mode: {', '.join(m for m in MODES if m != 'stochastic')}")
+    from .experiments import cli as experiments_cli
     from .train import cli as train_cli
 
     train_cli.register(commands)
+    experiments_cli.register(commands)
     return parser
 
 
@@ -111,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
             from .train import cli as train_cli
 
             return train_cli.run(args)
+        elif args.command == "reproduce":
+            from .experiments import cli as experiments_cli
+
+            return experiments_cli.run(args)
         else:
             parser.print_help()
         return 0

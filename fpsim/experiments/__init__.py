@@ -1,0 +1,129 @@
+"""The paper's experiments, rerunnable: ``reproduce()`` and ``fpsim reproduce``.
+
+Each experiment is a function ``run(ctx) -> Result`` registered under a short name. It
+writes its figures (PNG and SVG, through ``fpsim.plots``) into ``ctx.out`` and returns every
+number it shows. ``reproduce`` runs the chosen experiments in order and writes
+``summary.md`` and ``summary.json``. Everything but wall-clock timings is identical on every
+machine; timings go to ``timings.json`` alone.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+__all__ = ["Context", "Result", "Experiment", "REGISTRY", "register", "reproduce", "names"]
+
+
+@dataclass(frozen=True)
+class Context:
+    """What an experiment may use: the output folder, quick mode (about a minute in all on
+    two cores, for CI and notebooks), and a progress callback taking a short message."""
+
+    out: Path
+    quick: bool = False
+    progress: Callable[[str], None] = lambda message: None
+
+
+@dataclass
+class Result:
+    """``numbers``: every number an experiment shows (JSON-serialisable, deterministic);
+    ``figures``: file names written into the output folder; ``summary``: a markdown paragraph
+    (what was run, what it shows, why); ``timings``: wall-clock numbers (machine-dependent,
+    kept out of ``numbers``)."""
+
+    name: str
+    title: str
+    numbers: dict
+    figures: list[str]
+    summary: str
+    table: str = ""
+    timings: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    title: str
+    run: Callable[[Context], Result]
+
+
+REGISTRY: dict[str, Experiment] = {}
+
+
+def register(name: str, title: str):
+    def wrap(run: Callable[[Context], Result]) -> Callable[[Context], Result]:
+        REGISTRY[name] = Experiment(name, title, run)
+        return run
+
+    return wrap
+
+
+def _load_all() -> None:
+    """Import every experiment module in this package; importing one registers it."""
+    import importlib
+    import pkgutil
+
+    for module in pkgutil.iter_modules(__path__):
+        if not module.name.startswith("_") and module.name != "cli":
+            importlib.import_module(f"{__name__}.{module.name}")
+
+
+# The paper's order; experiments not listed here come after, by name.
+_ORDER = ["underflow", "loss_curves", "master_weights", "overflow", "bf16", "recipes",
+          "accumulation"]
+
+
+def names() -> list[str]:
+    _load_all()
+    return sorted(REGISTRY, key=lambda n: (_ORDER.index(n) if n in _ORDER else len(_ORDER), n))
+
+
+def reproduce(out: "str | Path" = "figures", *, quick: bool = False,
+              only: list[str] | None = None,
+              progress: Callable[[str], None] | None = None) -> list[Result]:
+    """Run the experiments (all, or those named in ``only``) and write their figures,
+    ``summary.md``, ``summary.json`` and ``timings.json`` into ``out``."""
+    available = names()
+    chosen = available if not only else list(only)
+    unknown = [n for n in chosen if n not in REGISTRY]
+    if unknown:
+        raise ValueError(f"unknown experiment(s) {', '.join(map(repr, unknown))}; valid names: "
+                         f"{', '.join(available)}")
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"cannot write the output folder {out}: {err.strerror or err}") from None
+    report = progress or (lambda message: None)
+    ctx = Context(out, quick, report)
+    results, timings = [], {}
+    for index, name in enumerate(chosen, start=1):
+        experiment = REGISTRY[name]
+        report(f"[{index}/{len(chosen)}] {experiment.title}")
+        began = time.perf_counter()
+        result = experiment.run(ctx)
+        timings[name] = {"seconds": round(time.perf_counter() - began, 2), **result.timings}
+        results.append(result)
+    _write_summaries(out, results, quick, timings)
+    return results
+
+
+def _write_summaries(out: Path, results: list[Result], quick: bool, timings: dict) -> None:
+    mode = "quick" if quick else "full"
+    payload = {"mode": mode, "experiments": {
+        r.name: {"title": r.title, "figures": r.figures, "numbers": r.numbers} for r in results}}
+    (out / "summary.json").write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    (out / "timings.json").write_text(json.dumps({"mode": mode, "experiments": timings},
+                                                 indent=2, sort_keys=True) + "\n")
+    lines = ["# Mixed Precision Training, reproduced with fpsim", "",
+             f"Mode: {mode} (`fpsim reproduce{' --quick' if quick else ''}`). Every number "
+             f"below is in `summary.json`; figures are PNG and SVG beside this file.", ""]
+    for r in results:
+        lines += [f"## {r.title}", "", r.summary.strip(), ""]
+        if r.table:
+            lines += [r.table.strip(), ""]
+        lines += [f"![{r.title}]({fig})" for fig in r.figures if fig.endswith(".png")] + [""]
+    (out / "summary.md").write_text("\n".join(lines))
