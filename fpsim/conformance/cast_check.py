@@ -1,0 +1,198 @@
+"""Compare a framework's cast of an array with fpsim's ``round_to``, mismatches by class.
+
+The source is a float32 or float64 array; the framework's result may come as
+
+- the format's own NumPy dtype: ``float16``, or an ``ml_dtypes`` type (``bfloat16``,
+  ``float8_e4m3fn``, ...). ``np.save`` writes those as raw void bytes (``|V2``, ``|V1``);
+  a void array whose item size is the format's width is read as bit patterns;
+- float32/float64 values (``tensor.float().numpy()``);
+- raw bit patterns, uint8/uint16 (or int8/int16, e.g. ``tensor.view(torch.int16)``), with
+  ``bits=True``; decoded with ``fpsim.encoding.decode``.
+
+Each element is classified by the source and by *our* rounded value, and the two values
+are compared exactly (NaN meets NaN; zeros compare with their signs)::
+
+    nan        the source is NaN
+    infinity   the source is +-inf
+    overflow   a finite source whose rounded value is inf or NaN (or, with saturation,
+               the largest finite value from beyond it)
+    zero       our value is +-0
+    subnormal  0 < |ours| < min_normal
+    normal     the rest
+
+>>> import numpy as np
+>>> src = np.float32([1.0, 1e-6, 1e5, np.nan])
+>>> theirs = np.float16([1.0, 0.0, np.inf, np.nan])     # a cast that flushes subnormals
+>>> report = check_cast(src, theirs, "fp16")
+>>> report.agree, report.mismatches["subnormal"], report.counts["overflow"]
+(False, 1, 1)
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from ..encoding import decode
+from ..formats import Format, get
+from ..rounding import MODES, round_to
+
+__all__ = ["check_cast", "CastReport", "CLASSES", "result_values", "load_array"]
+
+CLASSES = ("normal", "subnormal", "zero", "overflow", "infinity", "nan")
+
+
+class CastReport(NamedTuple):
+    """Counts per class (``counts``), mismatches per class (``mismatches``) and the first
+    mismatching elements (``examples``: index, class, source, ours, theirs)."""
+
+    format: str
+    mode: str
+    total: int
+    counts: dict
+    mismatches: dict
+    examples: tuple
+
+    @property
+    def agree(self) -> bool:
+        return not any(self.mismatches.values())
+
+    @property
+    def mismatch_count(self) -> int:
+        return sum(self.mismatches.values())
+
+    def __str__(self) -> str:
+        verdict = ("all match" if self.agree else
+                   f"{self.mismatch_count} mismatch{'es' if self.mismatch_count != 1 else ''}")
+        lines = [f"cast to {self.format} ({self.mode}): {self.total} values, {verdict}",
+                 f"  {'class':<10} {'values':>10} {'mismatches':>11}"]
+        for name in CLASSES:
+            lines.append(f"  {name:<10} {self.counts[name]:>10} {self.mismatches[name]:>11}")
+        if self.examples:
+            lines.append("  first mismatches (index: source -> ours | theirs):")
+            for index, cls, src, ours, theirs in self.examples:
+                lines.append(f"    {index} [{cls}]: {_show(src)} -> {_show(ours)} | "
+                             f"{_show(theirs)}")
+        return "\n".join(lines)
+
+
+def _show(value: float) -> str:
+    value = float(value)
+    return repr(value) if not math.isfinite(value) else f"{value!r} ({value.hex()})"
+
+
+def _unsigned(dtype: np.dtype):
+    return {1: np.uint8, 2: np.uint16, 4: np.uint32}.get(dtype.itemsize)
+
+
+def result_values(result: np.ndarray, fmt: "Format | str", *, bits: bool = False) -> np.ndarray:
+    """The framework's result as float64 values (see the module docstring for the dtypes)."""
+    fmt = get(fmt)
+    result = np.asarray(result)
+    kind, name = result.dtype.kind, result.dtype.name
+    bit_width = 8 * result.dtype.itemsize
+    if bits or kind == "V":
+        if kind not in "uiV":
+            raise TypeError(f"bits=True reads unsigned/signed integer bit patterns, got "
+                            f"{name} values; drop --bits for float data")
+        if kind == "V" and not bits and bit_width != _container_bits(fmt):
+            raise TypeError(f"a raw {name} array ({bit_width}-bit items) cannot hold "
+                            f"{fmt.name} ({fmt.bits} bits); save float32 values or bits")
+        if _unsigned(result.dtype) is None or bit_width != _container_bits(fmt):
+            raise TypeError(f"{fmt.name} bit patterns need {_container_bits(fmt)}-bit items "
+                            f"({fmt.bit_dtype}), got {name}")
+        return decode(result.view(_unsigned(result.dtype)), fmt, np.float64)
+    if kind in "ui":
+        raise TypeError(f"the result is an integer array ({name}); if it holds bit patterns "
+                        f"pass bits=True (--bits), else save the cast values as floats")
+    if kind != "f" and not _is_ml_float(result.dtype):
+        raise TypeError(f"the result must be float16/bfloat16/float8 (ml_dtypes), float32, "
+                        f"float64 or bit patterns; got {name}")
+    with np.errstate(invalid="ignore", over="ignore"):     # signalling NaNs, as above
+        return result.astype(np.float64)
+
+
+def _container_bits(fmt: Format) -> int:
+    return {"uint8": 8, "uint16": 16, "uint32": 32}[fmt.bit_dtype]
+
+
+def _is_ml_float(dtype: np.dtype) -> bool:
+    try:
+        import ml_dtypes
+    except ImportError:  # pragma: no cover - ml_dtypes is a dependency
+        return False
+    try:
+        ml_dtypes.finfo(dtype)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def classify(source: np.ndarray, ours: np.ndarray, fmt: Format) -> np.ndarray:
+    """Index into ``CLASSES`` for every element (see the module docstring)."""
+    src, out = source.astype(np.float64), ours.astype(np.float64)
+    cls = np.zeros(src.shape, np.int8)
+    magnitude = np.abs(out)
+    cls[(magnitude < fmt.min_normal)] = 1
+    cls[out == 0] = 2
+    finite = np.isfinite(src)
+    overflow = finite & ~np.isfinite(out)
+    if fmt.saturate:
+        overflow |= finite & (np.abs(src) > fmt.max_finite) & (magnitude == fmt.max_finite)
+    cls[overflow] = 3
+    cls[np.isinf(src)] = 4
+    cls[np.isnan(src)] = 5
+    return cls
+
+
+def check_cast(source, result, fmt: "Format | str", *, mode: str = "nearest_even",
+               bits: bool = False, max_examples: int = 10) -> CastReport:
+    """Round ``source`` to ``fmt`` with ``round_to(source, fmt, mode)`` and compare with the
+    framework's ``result`` element by element; see the module docstring."""
+    fmt = get(fmt)
+    if mode not in MODES or mode == "stochastic":
+        raise ValueError(f"mode must be a deterministic rounding mode: "
+                         f"{', '.join(m for m in MODES if m != 'stochastic')}; got {mode!r}")
+    source = np.asarray(source)
+    if source.dtype not in (np.float32, np.float64):
+        raise TypeError(f"the source must be a float32 or float64 array (the values before the "
+                        f"cast), got {source.dtype.name}")
+    result = np.asarray(result)
+    if result.shape != source.shape:
+        raise ValueError(f"shapes differ: source {source.shape}, result {result.shape}; the "
+                         f"result must be the element-by-element cast of the source")
+    theirs = result_values(result, fmt, bits=bits)
+    with np.errstate(invalid="ignore"):     # signalling NaNs in float32 data
+        ours = round_to(source, fmt, mode).astype(np.float64)
+        cls = classify(source, ours, fmt)
+    nan_ours, nan_theirs = np.isnan(ours), np.isnan(theirs)
+    same = (ours == theirs) & (np.signbit(ours) == np.signbit(theirs))
+    same |= nan_ours & nan_theirs
+    counts = {name: int(np.count_nonzero(cls == i)) for i, name in enumerate(CLASSES)}
+    mismatches = {name: int(np.count_nonzero((cls == i) & ~same))
+                  for i, name in enumerate(CLASSES)}
+    examples = []
+    for flat in np.flatnonzero(~same)[:max_examples]:
+        index = np.unravel_index(flat, source.shape)
+        index = tuple(int(i) for i in index) if source.ndim != 1 else int(index[0])
+        examples.append((index, CLASSES[cls.reshape(-1)[flat]], float(source.reshape(-1)[flat]),
+                         float(ours.reshape(-1)[flat]), float(theirs.reshape(-1)[flat])))
+    return CastReport(fmt.name, mode, int(source.size), counts, mismatches, tuple(examples))
+
+
+def load_array(path, what: str) -> np.ndarray:
+    """``np.load`` of one ``.npy`` file with errors that say which file and why."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{what} file {str(path)!r} does not exist")
+    try:
+        array = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:
+        raise ValueError(f"{what} file {str(path)!r} is not a readable .npy array: {err}") \
+            from None
+    if not isinstance(array, np.ndarray):
+        raise ValueError(f"{what} file {str(path)!r} holds several arrays (.npz); give one "
+                         f".npy array")
+    return array

@@ -1,0 +1,180 @@
+"""The ``check-scaler`` and ``check-cast`` subcommands of ``fpsim``.
+
+    fpsim check-scaler TRACE --preset NAME [--param KEY=VALUE ...] [--ignore-header-params]
+    fpsim check-cast ARRAY.npy --format FMT --against OTHER.npy [--bits] [--mode MODE]
+                     [--saturate] [--flush-subnormals] [--examples N]
+
+Exit status: 0 when the framework agrees with the reference, 1 when it does not (the first
+divergence, or the mismatches by class, are printed), 2 on bad input (a trace that breaks the
+format, an unknown preset or parameter, a missing or unreadable array, a shape or dtype that
+does not fit).
+
+``register(subparsers)`` adds both subcommands to an ``argparse`` subparsers object;
+``run(args)`` executes a parsed command and returns the exit status; ``main(argv)`` does both
+on its own parser (``python -m fpsim.conformance.cli``).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import sys
+
+from ..formats import get
+from ..rounding import MODES
+from ..scaling import DynamicScaler, preset_names
+from .cast_check import check_cast, load_array
+from .replay import replay
+from .trace import read_trace
+
+__all__ = ["register", "run", "main", "parse_param", "COMMANDS"]
+
+COMMANDS = ("check-scaler", "check-cast")
+_FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(DynamicScaler)}
+_OPTIONAL_FLOATS = ("min_scale", "max_scale")
+
+
+class UsageError(ValueError):
+    """Bad command-line input: one line on stderr, exit status 2."""
+
+
+def register(subparsers) -> None:
+    """Add ``check-scaler`` and ``check-cast`` to ``subparsers`` (from
+    ``parser.add_subparsers(dest="command")``)."""
+    scaler = subparsers.add_parser(
+        "check-scaler", help="replay a recorded loss-scaler trace through a preset",
+        description="Replay a scaler trace (fpsim-scaler-trace JSON Lines) through a preset "
+                    "and print the first step where they part. Exit 0: they agree; 1: they "
+                    "diverge; 2: bad input.")
+    scaler.add_argument("trace", help="the trace file (.jsonl)")
+    scaler.add_argument("--preset", required=True,
+                        help=f"reference preset: {', '.join(preset_names())}")
+    scaler.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a preset parameter, e.g. growth_interval=100, "
+                             "init_scale=2**16, min_scale=none (repeatable; applied after the "
+                             "trace header's params)")
+    scaler.add_argument("--ignore-header-params", action="store_true",
+                        help="do not apply the configuration recorded in the trace header")
+    cast = subparsers.add_parser(
+        "check-cast", help="compare a framework's cast of an array with fpsim's rounding",
+        description="Round ARRAY (float32/float64 .npy) to FORMAT and compare with a "
+                    "framework's cast of it; mismatches are counted by class (normal, "
+                    "subnormal, zero, overflow, infinity, nan). Exit 0: all match; 1: "
+                    "mismatches; 2: bad input.")
+    cast.add_argument("array", help="the source values (.npy, float32 or float64)")
+    cast.add_argument("-f", "--format", required=True, help="target format, e.g. fp16, bf16, "
+                      "e4m3fn, e5m2")
+    cast.add_argument("--against", required=True, metavar="OTHER.npy",
+                      help="the framework's cast: float16/bfloat16/float8 (ml_dtypes), float32/"
+                           "float64 values, or bit patterns with --bits")
+    cast.add_argument("--bits", action="store_true",
+                      help="OTHER holds raw bit patterns (uint8/uint16, int8/int16)")
+    cast.add_argument("-m", "--mode", default="nearest_even",
+                      help=f"our rounding mode: {', '.join(m for m in MODES if m != 'stochastic')}")
+    cast.add_argument("--saturate", action="store_true",
+                      help="overflow goes to the largest finite value (torch's float8_e4m3fn "
+                           "cast does this)")
+    cast.add_argument("--flush-subnormals", action="store_true",
+                      help="subnormal results flush to zero (a flush-to-zero framework)")
+    cast.add_argument("--examples", type=int, default=10, metavar="N",
+                      help="show the first N mismatches (default 10)")
+
+
+def parse_param(text: str) -> tuple[str, object]:
+    """``"growth_interval=100"`` -> ``("growth_interval", 100)``, typed by the
+    ``DynamicScaler`` field: ints, floats (``65536``, ``2**16``, ``0x1p16``, ``inf``), bools
+    (true/false), ``none`` for min_scale/max_scale, and words for the choice fields."""
+    key, sep, raw = text.partition("=")
+    key, raw = key.strip(), raw.strip()
+    if not sep or not key:
+        raise UsageError(f"--param {text!r}: write KEY=VALUE, e.g. growth_interval=100")
+    if key not in _FIELD_DEFAULTS or key in ("name", "source"):
+        keys = [k for k in _FIELD_DEFAULTS if k not in ("name", "source")]
+        raise UsageError(f"--param {text!r}: unknown parameter {key!r}; known: "
+                         f"{', '.join(keys)}")
+    default = _FIELD_DEFAULTS[key]
+    if key in _OPTIONAL_FLOATS and raw.lower() in ("none", "null"):
+        return key, None
+    if isinstance(default, bool):
+        if raw.lower() in ("true", "1", "yes"):
+            return key, True
+        if raw.lower() in ("false", "0", "no"):
+            return key, False
+        raise UsageError(f"--param {text!r}: {key} is true or false")
+    if isinstance(default, int):
+        try:
+            return key, int(raw)
+        except ValueError:
+            raise UsageError(f"--param {text!r}: {key} is an integer") from None
+    if isinstance(default, float) or key in _OPTIONAL_FLOATS:
+        return key, _parse_float(raw, text, key)
+    return key, raw
+
+
+def _parse_float(raw: str, text: str, key: str) -> float:
+    power = re.fullmatch(r"([0-9.]+)\s*(?:\*\*|\^)\s*(-?[0-9]+)", raw)
+    try:
+        if power:
+            return float(power[1]) ** int(power[2])
+        if "0x" in raw.lower():
+            return float.fromhex(raw)
+        return float(raw)
+    except (ValueError, OverflowError):
+        raise UsageError(f"--param {text!r}: {key} is a number (65536, 2**16, 0x1p16)") \
+            from None
+
+
+def _check_scaler(args) -> int:
+    overrides = dict(parse_param(p) for p in args.param)
+    try:
+        trace = read_trace(args.trace)
+    except FileNotFoundError as err:
+        raise UsageError(str(err)) from None
+    report = replay(trace, args.preset, use_header_params=not args.ignore_header_params,
+                    **overrides)
+    print(report)
+    return 0 if report.agree else 1
+
+
+def _check_cast(args) -> int:
+    fmt = get(args.format)
+    if args.saturate:
+        fmt = fmt.replace(saturate=True)
+    if args.flush_subnormals:
+        fmt = fmt.replace(subnormals=False)
+    if args.examples < 0:
+        raise UsageError(f"--examples must be >= 0, got {args.examples}")
+    try:
+        source = load_array(args.array, "source")
+        result = load_array(args.against, "--against")
+    except FileNotFoundError as err:
+        raise UsageError(str(err)) from None
+    report = check_cast(source, result, fmt, mode=args.mode, bits=args.bits,
+                        max_examples=args.examples)
+    print(report)
+    return 0 if report.agree else 1
+
+
+def run(args) -> int:
+    """Execute a parsed ``check-scaler``/``check-cast`` command; returns the exit status
+    (0 agree, 1 differ, 2 bad input, with the reason on stderr)."""
+    handlers = {"check-scaler": _check_scaler, "check-cast": _check_cast}
+    command = getattr(args, "command", None)
+    if command not in handlers:
+        print(f"fpsim: error: not a conformance command: {command!r}", file=sys.stderr)
+        return 2
+    try:
+        return handlers[command](args)
+    except (ValueError, TypeError) as err:    # TraceFormatError and UsageError included
+        print(f"fpsim {command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fpsim")
+    register(parser.add_subparsers(dest="command", metavar="COMMAND", required=True))
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
