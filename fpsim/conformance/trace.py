@@ -121,8 +121,9 @@ class Trace(NamedTuple):
     def found_infs(self) -> list[bool]:
         return [s.found_inf for s in self.steps]
 
-    def line_of(self, index: int) -> int:
-        return self.lines[index] if index < len(self.lines) else index + 2
+    def line_of(self, index: int) -> int | None:
+        """The file line of step ``index``; None for a trace that was not read from a file."""
+        return self.lines[index] if index < len(self.lines) else None
 
 
 def _number_out(value):

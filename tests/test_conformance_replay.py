@@ -1,0 +1,240 @@
+"""Replay and adapter comparison: every preset agrees with itself through the machinery, and a
+scaler that differs in one rule is caught at the exact step, with both states shown."""
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from hypothesis import find, given, settings
+
+from fpsim.conformance import (ReferenceAdapter, Trace, TraceHeader, TraceStep, compare, record,
+                               replay, standard_patterns)
+from fpsim.conformance.adapters import AdapterError
+from fpsim.conformance.strategies import (bursts, clean_runs, collapses, growth_to_limit,
+                                          overflow_patterns, random_flags)
+from fpsim.scaling import LossScaleMinimumError, preset, preset_names
+
+
+class TorchLikeScaler:
+    """A torch-style scaler written from scratch, as a user would (the README's example)."""
+
+    def __init__(self, growth_interval=2000, off_by_one=False, clamp_min=False):
+        self.scale, self.interval, self.clean = 2.0 ** 16, growth_interval, 0
+        self.off_by_one, self.clamp_min = off_by_one, clamp_min
+
+    def update(self, found_inf):
+        with np.errstate(over="ignore", under="ignore"):
+            if found_inf:
+                self.scale, self.clean = float(np.float32(self.scale * 0.5)), 0
+                if self.clamp_min:
+                    self.scale = max(self.scale, 2.0 ** -120)
+            else:
+                self.clean += 1
+                if self.clean == self.interval + self.off_by_one:
+                    grown = float(np.float32(self.scale * 2.0))
+                    self.scale = grown if math.isfinite(grown) else self.scale
+                    self.clean = 0
+        return self.scale
+
+    def state(self):
+        return {"growth_tracker": self.clean}
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_every_preset_agrees_with_itself_on_standard_patterns(name):
+    for label, flags in standard_patterns(name, growth_interval=4):
+        report = compare(ReferenceAdapter(name, growth_interval=4), flags, name,
+                         growth_interval=4)
+        assert report.agree, (label, str(report))
+        expected = len(flags)
+        if name == "deepspeed":               # stops where DeepSpeed raises at its minimum
+            assert "both stopped" in report.note or report.steps_compared == expected
+        else:
+            assert report.steps_compared == expected
+
+
+def test_presets_differ_where_their_quirks_say():
+    # apex caps the scale at 2**24: growth from 2**16 by 2 hits it after 8 growths.
+    report = compare(ReferenceAdapter("apex", growth_interval=1), [False] * 20, "torch",
+                     growth_interval=1)
+    assert not report.agree and report.divergence.step == 8
+    assert report.divergence.fields == ("scale_after",)
+    assert report.divergence.recorded["scale_after"] == 2.0 ** 24
+    assert report.divergence.expected["scale_after"] == 2.0 ** 25
+    # tf-keras floors the backoff at 1; torch does not.
+    flags = [True] * 20
+    report = compare(ReferenceAdapter("tf-keras", init_scale=8.0), flags, "torch",
+                     init_scale=8.0)
+    assert report.divergence.step == 3 and report.divergence.recorded["scale_after"] == 1.0
+    assert report.divergence.expected["scale_after"] == 0.5
+
+
+def test_divergence_report_shows_both_states_side_by_side():
+    report = compare(TorchLikeScaler(growth_interval=3, off_by_one=True), [False] * 6, "torch",
+                     growth_interval=3)
+    d = report.divergence
+    assert (d.step, d.fields) == (2, ("scale_after", "growth_tracker"))
+    assert d.recorded["growth_tracker"] == 3 and d.expected["growth_tracker"] == 0
+    text = str(report)
+    assert text.startswith("DIVERGED at step 2, after 2 agreeing steps")
+    assert "131072.0 (0x1.0000000000000p+17)" in text and "<- differs" in text
+    assert "growth due (tracker 2+1 reached the interval)" in text
+    assert "step 1: found_inf=false" in text           # the agreeing steps before it
+    assert [line.split()[0] for line in text.splitlines()[4:11]] == [
+        "field", "found_inf", "scale_before", "scale_after", "skipped", "growth_tracker",
+        "hysteresis"]
+
+
+def test_replay_reads_files_uses_header_params_and_overrides(tmp_path):
+    from fpsim.conformance import write_trace
+    steps, state = [], preset("torch", growth_interval=2, init_scale=8.0).init()
+    for i, flag in enumerate([False, False, True, False]):
+        after = state.update(flag)
+        steps.append(TraceStep(i, flag, state.scale, after.scale, after.skipped,
+                               growth_tracker=after.growth_tracker))
+        state = after
+    path = tmp_path / "t.jsonl"
+    write_trace(path, steps, params={"growth_interval": 2, "init_scale": 8.0})
+    assert replay(path, "torch").agree
+    assert not replay(path, "torch", use_header_params=False).agree
+    assert replay(path, "torch", use_header_params=False, growth_interval=2, init_scale=8.0).agree
+    report = replay(path, "torch", growth_interval=3)
+    assert not report.agree and report.divergence.step == 1
+    with pytest.raises(ValueError, match="header params included.*unknown override"):
+        replay(Trace(TraceHeader(params={"speed": 1}), ()), "torch")
+
+
+def test_replay_reports_an_error_the_reference_raises():
+    trace = Trace(TraceHeader(), (TraceStep(0, True, 1.0, 1.0, True),
+                                  TraceStep(1, True, 1.0, 1.0, True)))
+    report = replay(trace, "deepspeed", init_scale=1.0)
+    assert not report.agree and report.divergence.step == 1
+    assert report.divergence.expected["scale_after"] == "raises"
+    assert "LossScaleMinimumError" in report.divergence.reason
+
+
+def test_compare_stops_where_both_raise():
+    class Raises:
+        def __init__(self):
+            self.inner = ReferenceAdapter("deepspeed", init_scale=4.0)
+
+        scale = property(lambda self: self.inner.scale)
+
+        def update(self, flag):
+            return self.inner.update(flag)
+
+    report = compare(Raises(), [True] * 10, "deepspeed", init_scale=4.0)
+    assert report.agree and "both stopped at step 3" in report.note
+
+    class KeepsGoing(TorchLikeScaler):
+        pass
+    report = compare(KeepsGoing(), [True] * 40, "deepspeed", init_scale=65536.0,
+                     hysteresis=1, min_scale=2.0 ** -120)
+    assert not report.agree
+
+
+def test_adapter_protocol_errors():
+    with pytest.raises(TypeError, match="update"):
+        record(object(), [True])
+
+    class NoScale:
+        def update(self, flag):
+            return 1.0
+    with pytest.raises(AdapterError, match="initial_scale"):
+        record(NoScale(), [True])
+    assert record(NoScale(), [True], initial_scale=2.0).steps[0].scale_before == 2.0
+
+    class Wrong:
+        scale = 1.0
+
+        def update(self, flag):
+            return "big"
+    with pytest.raises(AdapterError, match="real number"):
+        record(Wrong(), [True])
+
+    class Broken:
+        scale = 1.0
+
+        def update(self, flag):
+            raise ZeroDivisionError("boom")
+    with pytest.raises(AdapterError, match="ZeroDivisionError at step 0"):
+        record(Broken(), [True])
+
+    class BadState(NoScale):
+        scale = 1.0
+
+        def state(self):
+            return {"tracker": 1}
+    with pytest.raises(AdapterError, match="unknown key"):
+        record(BadState(), [True])
+
+
+def test_reference_arguments_are_checked():
+    with pytest.raises(TypeError, match="preset name"):
+        replay(Trace(TraceHeader(), ()), 3.0)
+    with pytest.raises(ValueError, match="unknown loss-scaling preset"):
+        replay(Trace(TraceHeader(), ()), "pytorch")
+    state = preset("torch").init()
+    with pytest.raises(ValueError, match="ScalerState"):
+        replay(Trace(TraceHeader(), ()), state, growth_interval=3)
+    scaler = dataclasses.replace(preset("torch"), growth_interval=5)
+    assert replay(Trace(TraceHeader(), ()), scaler, growth_interval=3).agree
+
+
+# --- hypothesis: the strategies, and the README's few-line property test -------------------
+
+@settings(max_examples=60, deadline=None)
+@given(overflow_patterns(growth_interval=4))
+def test_user_scaler_behaves_like_torch(flags):
+    report = compare(TorchLikeScaler(growth_interval=4), flags, "torch", growth_interval=4)
+    assert report.agree, report
+
+
+def test_strategies_find_an_off_by_one_and_a_floor():
+    def diverges(scaler_factory):
+        return lambda flags: not compare(scaler_factory(), flags, "torch",
+                                         growth_interval=4).agree
+    found = find(clean_runs(4), diverges(lambda: TorchLikeScaler(4, off_by_one=True)),
+                 settings=settings(database=None))
+    assert found == [False] * 4 + [True]           # shrunk to one run of exactly the interval
+    found = find(collapses("torch", growth_interval=4),
+                 diverges(lambda: TorchLikeScaler(4, clamp_min=True)),
+                 settings=settings(database=None))
+    assert sum(found) >= 137                        # only a collapse reaches 2**-120
+
+
+def test_strategy_shapes():
+    limit = find(growth_to_limit("torch", growth_interval=2), lambda f: True,
+                 settings=settings(database=None))
+    # 111 growths take 2**16 to 2**127; the 112th falls due at clean step 224 and is refused
+    assert limit == [False] * 224 + [True]
+    collapse = find(collapses("torch"), lambda f: True, settings=settings(database=None))
+    assert collapse == [True] * 166
+    burst = find(bursts(), lambda f: sum(f) > 30, settings=settings(database=None))
+    assert burst == [True] * 31
+    mixed = find(random_flags(50), lambda f: len(f) >= 10 and 0 < sum(f) < len(f),
+                 settings=settings(database=None))
+    assert len(mixed) == 10
+    assert find(random_flags(50), lambda f: len(f) > 3 and all(f),
+                settings=settings(database=None)) == [True] * 4
+    with pytest.raises(ValueError):
+        clean_runs(0)
+
+
+def test_numpy_patterns_reach_the_ends():
+    from fpsim.conformance import collapse, growth_to_limit as limit_pattern, steps_to_collapse
+    states = [preset("torch").init()]
+    for flag in collapse("torch"):
+        states.append(states[-1].update(bool(flag)))
+    assert 0.0 in [s.scale for s in states] and states[-1].scale == 0.0
+    assert steps_to_collapse("deepspeed") == 17
+    state = preset("torch", growth_interval=3).init()
+    for flag in limit_pattern("torch", growth_interval=3):
+        state = state.update(bool(flag))
+        if state.decision.growth_blocked == "nonfinite":
+            break
+    assert state.scale == 2.0 ** 127
+    with pytest.raises(LossScaleMinimumError):
+        s = preset("deepspeed").init()
+        for _ in range(20):
+            s = s.update(True)
