@@ -93,25 +93,29 @@ def result_values(result: np.ndarray, fmt: "Format | str", *, bits: bool = False
     result = np.asarray(result)
     kind, name = result.dtype.kind, result.dtype.name
     bit_width = 8 * result.dtype.itemsize
-    if bits or kind == "V":
-        if kind not in "uiV":
-            raise TypeError(f"bits=True reads unsigned/signed integer bit patterns, got "
-                            f"{name} values; drop --bits for float data")
-        if kind == "V" and not bits and bit_width != _container_bits(fmt):
+    ml_float = kind == "V" and result.dtype.type is not np.void and _is_ml_float(result.dtype)
+    if bits and (kind == "f" or ml_float):
+        raise TypeError(f"bits=True reads unsigned/signed integer bit patterns, got "
+                        f"{name} values; drop --bits for float data")
+    if ml_float or kind == "f":
+        with np.errstate(invalid="ignore", over="ignore"):     # signalling NaNs, as above
+            return result.astype(np.float64)
+    if kind == "V":                                 # np.save of an ml_dtypes array: raw bytes
+        if bit_width != _container_bits(fmt):
             raise TypeError(f"a raw {name} array ({bit_width}-bit items) cannot hold "
                             f"{fmt.name} ({fmt.bits} bits); save float32 values or bits")
+        return decode(result.view(_unsigned(result.dtype)), fmt, np.float64)
+    if kind in "ui":
+        if not bits:
+            raise TypeError(f"the result is an integer array ({name}); if it holds bit "
+                            f"patterns pass bits=True (--bits), else save the cast values as "
+                            f"floats")
         if _unsigned(result.dtype) is None or bit_width != _container_bits(fmt):
             raise TypeError(f"{fmt.name} bit patterns need {_container_bits(fmt)}-bit items "
                             f"({fmt.bit_dtype}), got {name}")
         return decode(result.view(_unsigned(result.dtype)), fmt, np.float64)
-    if kind in "ui":
-        raise TypeError(f"the result is an integer array ({name}); if it holds bit patterns "
-                        f"pass bits=True (--bits), else save the cast values as floats")
-    if kind != "f" and not _is_ml_float(result.dtype):
-        raise TypeError(f"the result must be float16/bfloat16/float8 (ml_dtypes), float32, "
-                        f"float64 or bit patterns; got {name}")
-    with np.errstate(invalid="ignore", over="ignore"):     # signalling NaNs, as above
-        return result.astype(np.float64)
+    raise TypeError(f"the result must be float16/bfloat16/float8 (ml_dtypes), float32, "
+                    f"float64 or bit patterns; got {name}")
 
 
 def _container_bits(fmt: Format) -> int:

@@ -1,0 +1,176 @@
+"""check-cast: framework casts (numpy float16, ml_dtypes, real torch) against round_to,
+mismatches by class, every input form, and the CLI's exit codes."""
+import argparse
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from fpsim.conformance import cli
+from fpsim.conformance.cast_check import CLASSES, check_cast, result_values
+from fpsim.formats import get
+
+
+def sources(seed=0, n=60_000):
+    """Random float32 bit patterns (every class, signalling NaNs too) and values near the
+    fp16/bf16/fp8 ranges and their rounding boundaries."""
+    rng = np.random.default_rng(seed)
+    bits = rng.integers(0, 2 ** 32, n, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    near = (rng.standard_normal(n) * np.exp2(rng.integers(-30, 20, n))).astype(np.float32)
+    edges = np.float32([0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, 65519.99, 65520.0,
+                        2.0 ** -24, 2.0 ** -25, 2.0 ** -25 * 1.0001, 448.0, 464.0, 480.0,
+                        57344.0, 61440.0, 2.0 ** -133, 3.4028235e38])
+    return np.concatenate([bits, near, edges, -edges])
+
+
+SRC = sources()
+
+
+@pytest.mark.parametrize("fmt,dtype", [("fp16", np.float16), ("bf16", ml_dtypes.bfloat16),
+                                       ("e5m2", ml_dtypes.float8_e5m2),
+                                       ("e4m3fn", ml_dtypes.float8_e4m3fn),
+                                       ("e4m3fnuz", ml_dtypes.float8_e4m3fnuz)])
+def test_numpy_and_ml_dtypes_casts_agree_in_every_class(fmt, dtype):
+    with np.errstate(over="ignore", invalid="ignore"):
+        theirs = SRC.astype(dtype)
+    report = check_cast(SRC, theirs, fmt)
+    assert report.agree, str(report)
+    assert report.total == SRC.size
+    if fmt != "fp16":                   # the values of another type are not read as bits
+        assert not check_cast(SRC, theirs, "fp16").agree
+    assert all(report.counts[c] > 0 for c in ("normal", "subnormal", "zero", "overflow", "nan"))
+
+
+def test_float64_sources_are_rounded_once():
+    src = np.array([1 + 2.0 ** -11 + 2.0 ** -40, 2.0 ** -25 + 2.0 ** -60], np.float64)
+    report = check_cast(src, src.astype(np.float16), "fp16")
+    assert report.agree               # numpy rounds float64 -> float16 directly
+    double = src.astype(np.float32).astype(np.float16)   # via float32: double rounding
+    report = check_cast(src, double, "fp16")
+    assert report.mismatches == {"normal": 1, "subnormal": 1, "zero": 0, "overflow": 0,
+                                 "infinity": 0, "nan": 0}
+
+
+def test_result_forms_values_bits_and_saved_void(tmp_path):
+    with np.errstate(over="ignore", invalid="ignore"):
+        bf = SRC.astype(ml_dtypes.bfloat16)
+    assert check_cast(SRC, bf.astype(np.float32), "bf16").agree
+    assert check_cast(SRC, bf.astype(np.float64), "bf16").agree
+    assert check_cast(SRC, bf.view(np.uint16), "bf16", bits=True).agree
+    assert check_cast(SRC, bf.view(np.int16), "bf16", bits=True).agree
+    np.save(tmp_path / "bf.npy", bf)
+    saved = np.load(tmp_path / "bf.npy")
+    assert saved.dtype.kind == "V"                      # ml_dtypes' dtype is lost in .npy
+    assert check_cast(SRC, saved, "bf16").agree
+
+
+def test_mismatch_classes_name_what_went_wrong():
+    with np.errstate(over="ignore", invalid="ignore"):
+        theirs = SRC.astype(np.float16).astype(np.float32)
+    ours = theirs.copy()
+    sub = np.flatnonzero((np.abs(theirs) < 2.0 ** -14) & (theirs != 0))
+    theirs[sub] = np.copysign(0.0, theirs[sub])         # a flush-to-zero framework
+    over = np.flatnonzero(np.isinf(theirs) & np.isfinite(SRC))
+    theirs[over] = np.copysign(65504.0, theirs[over])   # a saturating one
+    theirs[np.flatnonzero(np.isnan(ours))[:3]] = 0.0
+    report = check_cast(SRC, theirs, "fp16", max_examples=4)
+    assert report.mismatches == {"normal": 0, "subnormal": sub.size, "zero": 0,
+                                 "overflow": over.size, "infinity": 0, "nan": 3}
+    assert len(report.examples) == 4
+    text = str(report)
+    assert "mismatches" in text and f"subnormal  {report.counts['subnormal']:>10}" in text
+    # the same result is right for fp16 with flushing and saturation, except the NaNs
+    flushed = get("fp16").replace(subnormals=False, saturate=True)
+    report = check_cast(SRC, theirs, flushed)
+    assert report.mismatch_count == 3 + np.count_nonzero(np.isinf(SRC))  # inf -> max too
+    assert set(CLASSES) == set(report.counts)
+
+
+def test_torch_casts_agree_and_e4m3fn_saturates():
+    torch = pytest.importorskip("torch")
+    t = torch.from_numpy(SRC.copy())
+    assert check_cast(SRC, t.to(torch.float16).numpy(), "fp16").agree
+    assert check_cast(SRC, t.to(torch.bfloat16).view(torch.int16).numpy(), "bf16",
+                      bits=True).agree
+    assert check_cast(SRC, t.to(torch.float8_e5m2).float().numpy(), "e5m2").agree
+    e4m3 = t.to(torch.float8_e4m3fn).float().numpy()
+    report = check_cast(SRC, e4m3, "e4m3fn")
+    # torch 2.13's float -> float8_e4m3fn cast saturates (inf included) where ml_dtypes and
+    # the IEEE-style rule give NaN: every mismatch is an overflow or infinity, none else.
+    assert report.mismatches["overflow"] == report.counts["overflow"] > 0
+    assert report.mismatch_count == report.mismatches["overflow"] + report.counts["infinity"]
+    assert check_cast(SRC, e4m3, get("e4m3fn").replace(saturate=True)).agree
+
+
+@pytest.mark.parametrize("result,kwargs,error,words", [
+    (np.zeros(3, np.float16), {}, ValueError, "shapes differ"),
+    (np.zeros(4, np.uint16), {}, TypeError, "pass bits=True"),
+    (np.zeros(4, np.uint8), {"bits": True}, TypeError, "16-bit items"),
+    (np.zeros(4, np.float16), {"bits": True}, TypeError, "drop --bits"),
+    (np.zeros(4, np.complex64), {}, TypeError, "float16/bfloat16"),
+    (np.zeros(4, np.float16), {"mode": "stochastic"}, ValueError, "deterministic"),
+])
+def test_bad_input(result, kwargs, error, words):
+    with pytest.raises(error, match=words):
+        check_cast(np.zeros(4, np.float32), result, "fp16", **kwargs)
+    with pytest.raises(TypeError, match="float32 or float64"):
+        check_cast(np.zeros(4, np.int32), np.zeros(4, np.float16), "fp16")
+    with pytest.raises(TypeError, match="cannot hold"):
+        result_values(np.zeros(4, "V2"), "e5m2")
+
+
+def parser():
+    p = argparse.ArgumentParser(prog="fpsim")
+    cli.register(p.add_subparsers(dest="command"))
+    return p
+
+
+def run(argv):
+    return cli.run(parser().parse_args(argv))
+
+
+def test_cli_exit_codes_and_output(tmp_path, capsys):
+    src = tmp_path / "src.npy"
+    np.save(src, SRC)
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.save(tmp_path / "good.npy", SRC.astype(np.float16))
+        np.save(tmp_path / "bf.npy", SRC.astype(ml_dtypes.bfloat16))
+        truncated = SRC.astype(np.float16)
+        bf_bits = SRC.astype(ml_dtypes.bfloat16).view(np.uint16)
+    ours = truncated.astype(np.float32)
+    truncated[np.abs(ours) > np.abs(SRC)] = np.nextafter(
+        truncated[np.abs(ours) > np.abs(SRC)], np.float16(0))
+    np.save(tmp_path / "bad.npy", truncated)
+    np.save(tmp_path / "bits.npy", bf_bits)
+    assert run(["check-cast", str(src), "--format", "fp16", "--against",
+                str(tmp_path / "good.npy")]) == 0
+    assert "all match" in capsys.readouterr().out
+    assert run(["check-cast", str(src), "-f", "bf16", "--against",
+                str(tmp_path / "bf.npy")]) == 0
+    assert run(["check-cast", str(src), "-f", "bf16", "--against",
+                str(tmp_path / "bits.npy"), "--bits"]) == 0
+    capsys.readouterr()
+    assert run(["check-cast", str(src), "-f", "fp16", "--against",
+                str(tmp_path / "bad.npy")]) == 1
+    out = capsys.readouterr().out
+    assert "mismatches" in out and "first mismatches" in out
+    assert run(["check-cast", str(src), "-f", "fp16", "--against",
+                str(tmp_path / "bad.npy"), "--mode", "toward_zero"]) == 0
+    capsys.readouterr()
+    for argv, words in [
+        (["-f", "fp16", "--against", str(tmp_path / "missing.npy")], "does not exist"),
+        (["-f", "fp17", "--against", str(tmp_path / "good.npy")], "unknown format"),
+        (["-f", "fp16", "--against", str(tmp_path / "bits.npy")], "pass bits=True"),
+        (["-f", "fp16", "--against", str(tmp_path / "good.npy"), "--mode", "up-ish"],
+         "deterministic"),
+    ]:
+        assert run(["check-cast", str(src)] + argv) == 2
+        assert words in capsys.readouterr().err
+    (tmp_path / "junk.npy").write_bytes(b"not an array")
+    assert run(["check-cast", str(tmp_path / "junk.npy"), "-f", "fp16", "--against",
+                str(tmp_path / "good.npy")]) == 2
+    assert "not a readable .npy" in capsys.readouterr().err
+    np.save(tmp_path / "short.npy", SRC[:5])
+    assert run(["check-cast", str(tmp_path / "short.npy"), "-f", "fp16", "--against",
+                str(tmp_path / "good.npy")]) == 2
+    assert "shapes differ" in capsys.readouterr().err

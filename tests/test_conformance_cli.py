@@ -1,0 +1,119 @@
+"""fpsim check-scaler: exit 0 on agreement, 1 with the first divergence, 2 on bad input."""
+import argparse
+import json
+
+import pytest
+
+from fpsim.conformance import TraceStep, write_trace
+from fpsim.conformance.cli import COMMANDS, UsageError, main, parse_param, register, run
+from fpsim.scaling import preset
+
+
+def write_preset_trace(path, name, flags, **params):
+    state, steps = preset(name, **params).init(), []
+    for i, flag in enumerate(flags):
+        after = state.update(flag)
+        steps.append(TraceStep(i, flag, state.scale, after.scale, after.skipped,
+                               growth_tracker=after.growth_tracker,
+                               hysteresis=after.hysteresis_left))
+        state = after
+    write_trace(path, steps, source=f"fpsim preset {name}", params=params)
+    return path
+
+
+FLAGS = [False] * 7 + [True, True] + [False] * 9 + [True]
+
+
+def test_agree_and_diverge(tmp_path, capsys):
+    path = write_preset_trace(tmp_path / "m.jsonl", "megatron", FLAGS, growth_interval=3)
+    assert main(["check-scaler", str(path), "--preset", "megatron"]) == 0
+    assert capsys.readouterr().out.startswith("agree: 19 of 19 steps match preset megatron")
+    assert main(["check-scaler", str(path), "--preset", "deepspeed"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("DIVERGED at step 0 (trace line 2)")
+    assert "recorded:  fpsim preset megatron" in out and "hysteresis" in out
+    # without the header's growth_interval=3 the default 1000 differs at the first growth
+    assert main(["check-scaler", str(path), "--preset", "megatron",
+                 "--ignore-header-params"]) == 1
+    assert "DIVERGED at step 2 (trace line 4)" in capsys.readouterr().out
+    assert main(["check-scaler", str(path), "--preset", "megatron",
+                 "--param", "hysteresis=1"]) == 1
+    assert "DIVERGED at step 7 (trace line 9)" in capsys.readouterr().out
+
+
+def test_param_overrides_rescue_a_trace_without_header_params(tmp_path, capsys):
+    state, steps = preset("torch", init_scale=1024.0, growth_interval=2).init(), []
+    for i, flag in enumerate(FLAGS):
+        after = state.update(flag)
+        steps.append(TraceStep(i, flag, state.scale, after.scale, after.skipped))
+        state = after
+    write_trace(tmp_path / "t.jsonl", steps)
+    base = ["check-scaler", str(tmp_path / "t.jsonl"), "--preset", "torch"]
+    assert main(base) == 1
+    assert main(base + ["--param", "init_scale=2**10", "--param", "growth_interval=2"]) == 0
+    assert main(base + ["--param", "init_scale=0x1p10", "--param", "growth_interval=2"]) == 0
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("growth_interval=100", ("growth_interval", 100)),
+    ("init_scale=2**16", ("init_scale", 65536.0)),
+    ("init_scale=2^-3", ("init_scale", 0.125)),
+    ("backoff_factor=0x1p-1", ("backoff_factor", 0.5)),
+    ("min_scale=none", ("min_scale", None)),
+    ("max_scale=16777216", ("max_scale", 16777216.0)),
+    ("finite_guard=false", ("finite_guard", False)),
+    ("tracker_wraps=true", ("tracker_wraps", True)),
+    ("precision=float32", ("precision", "float32")),
+    (" hysteresis = 2 ", ("hysteresis", 2)),
+])
+def test_parse_param(text, expected):
+    assert parse_param(text) == expected
+
+
+@pytest.mark.parametrize("text,words", [
+    ("growth_interval", "KEY=VALUE"), ("speed=3", "unknown parameter 'speed'"),
+    ("growth_interval=1.5", "integer"), ("finite_guard=maybe", "true or false"),
+    ("init_scale=big", "number"), ("name=x", "unknown parameter"),
+])
+def test_parse_param_errors(text, words):
+    with pytest.raises(UsageError, match=words):
+        parse_param(text)
+
+
+def test_bad_input_exits_2_with_a_reason(tmp_path, capsys):
+    good = write_preset_trace(tmp_path / "g.jsonl", "torch", FLAGS)
+    bad = tmp_path / "bad.jsonl"
+    lines = good.read_text().splitlines()
+    row = json.loads(lines[3])
+    row["found_inf"] = "no"
+    lines[3] = json.dumps(row)
+    bad.write_text("\n".join(lines) + "\n")
+    cases = [
+        (["check-scaler", str(tmp_path / "none.jsonl"), "--preset", "torch"], "does not exist"),
+        (["check-scaler", str(bad), "--preset", "torch"], "line 4, field 'found_inf'"),
+        (["check-scaler", str(good), "--preset", "pytorch"], "unknown loss-scaling preset"),
+        (["check-scaler", str(good), "--preset", "torch", "--param", "x=1"], "unknown parameter"),
+        (["check-scaler", str(good), "--preset", "torch", "--param", "growth_factor=0.5"],
+         "growth_factor must be > 1"),
+    ]
+    for argv, words in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert words in err and err.startswith("fpsim check-scaler: error:"), err
+    with pytest.raises(SystemExit) as info:              # argparse: --preset is required
+        main(["check-scaler", str(good)])
+    assert info.value.code == 2
+    capsys.readouterr()
+
+
+def test_register_adds_both_commands_to_any_parser():
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    sub.add_parser("other")
+    register(sub)
+    args = parser.parse_args(["check-cast", "a.npy", "-f", "fp16", "--against", "b.npy"])
+    assert (args.command, args.format, args.bits, args.mode) == ("check-cast", "fp16", False,
+                                                                 "nearest_even")
+    assert COMMANDS == ("check-scaler", "check-cast")
+    assert run(parser.parse_args(["other"])) == 2
