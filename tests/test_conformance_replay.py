@@ -126,11 +126,13 @@ def test_compare_stops_where_both_raise():
     report = compare(Raises(), [True] * 10, "deepspeed", init_scale=4.0)
     assert report.agree and "both stopped at step 3" in report.note
 
-    class KeepsGoing(TorchLikeScaler):
-        pass
-    report = compare(KeepsGoing(), [True] * 40, "deepspeed", init_scale=65536.0,
-                     hysteresis=1, min_scale=2.0 ** -120)
-    assert not report.agree
+    keeps_going = ReferenceAdapter("deepspeed", init_scale=4.0, raise_at_min=False)
+    report = compare(keeps_going, [True] * 10, "deepspeed", init_scale=4.0)
+    assert not report.agree and report.steps_compared == 3
+    assert report.divergence.step == 3
+    assert report.divergence.expected["scale_after"] == "raises"
+    assert report.divergence.recorded["scale_after"] == "no error"
+    assert "raises LossScaleMinimumError" in str(report)
 
 
 def test_adapter_protocol_errors():
