@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["UnderflowCount", "count_gradient_underflow", "note", "in_backward"]
+__all__ = ["UnderflowCount", "count_gradient_underflow", "note", "in_backward", "active"]
 
 
 @dataclass
@@ -61,6 +61,11 @@ def in_backward():
         yield
     finally:
         _backward.reset(token)
+
+
+def active() -> bool:
+    """Whether ``note`` would count now (a counter is set and a backward pass is running)."""
+    return _counter.get() is not None and _backward.get()
 
 
 def note(before: np.ndarray, after: np.ndarray) -> None:

@@ -1,0 +1,213 @@
+"""The ``exact`` model's 2-D fast path: one float64 BLAS product, certified straight to the output.
+
+``matmul_2d(a, b, out_fmt, bias)`` returns the same bits as the general path
+(``_certified.exact_matmul`` with ``acc = fp32``, then ``+ bias`` in float32, then one rounding
+to ``out_fmt``), for a 2-D float32 ``a`` (M, K) and ``b`` (K, N) with finite values. Writing
+``rnd32`` for fp32 nearest-even rounding, ``pre(x) = fl32(x + bias_j)`` (or ``x`` without a bias)
+and ``f = rnd_out o pre``, the result is ``f(rnd32(s))`` with ``s`` the exact dot product::
+
+    approx = fl64(a @ b)                                  # any BLAS, order, threads
+    w      = ||a_i|| ||b_j|| * (g + 2**-50) (1 + 2g) (1 + 2**-39),  g = K * 2**-52
+    lo32, hi32 = fl32(fl64(approx - w)), fl32(fl64(approx + w))
+    certified where  bits(lo32) == bits(hi32)   (acc = hi32), except all-zero rows/columns
+    the rest:       certified where f(lo32) == f(hi32) and pre(lo32), pre(hi32) are nonzero
+                    of one sign                                          (acc = hi32)
+                    else exact: approx itself when provably exact, else integer limbs
+    out = rnd_out(pre(acc))
+
+Proof. (1) Enclosure. |approx - s| <= g * S with S = sum_k |a_ik b_kj| (``_certified``:
+products are exact in float64, Higham's bound for any summation order), and
+U = ||a_i|| ||b_j|| (1 + 2g) >= S (Cauchy-Schwarz, the norms' own rounding included; the
+general path's ``_cauchy_schwarz_bound``). The computed w is at least (g + 2**-50) U: its three
+roundings (of the constant, of ||a_i|| times it, of the product) lose at most 4 * 2**-53
+relative, far less than the 2**-39 margin. Each end is computed with one rounding, erring by at
+most 2**-53 (|approx| + w) <= 2**-53 (U (1 + g) + w), and 2**-50 U exceeds that (g < 2**-12),
+so fl64(approx - w) <= s - ... <= s <= ... <= fl64(approx + w) whatever the rounding: the exact s
+lies between the computed ends. (2) Monotonicity. rnd32, x -> fl32(x + b) and rnd_out are
+monotonic (non-decreasing), so f(rnd32(low end)) <= f(rnd32(s)) <= f(rnd32(high end)): equal
+bit patterns at both ends give the bits at s. With equal bits at the fp32 level, rnd32(s) is
+that value (as in the general path); at the f level only f(rnd32(s)) is known, so the element
+keeps acc = hi32, whose f is the same and which is nonzero exactly when rnd32(s) is (both
+ends nonzero of one sign after ``pre``): the underflow counter (``underflow.note``) sees the
+same zero / nonzero pattern as on the general path. (3) Signed zeros. An all-zero row of a or
+column of b has w = 0 and a BLAS zero of either sign; those elements always go to the exact
+step (sign rule: -0 exactly when every product is -0). Any other exact zero sum has approx
+= +-0 and w > 0, so lo32 < 0 < hi32 in sign: never certified, and with equal f bits only when
+a nonzero bias makes the zero's sign irrelevant (then pre(lo32), pre(hi32) are the same
+nonzero value). (4) The exact step is the general path's: if U < 2**(qa + qb + 53), qa and qb
+lower bounds on the lowest set bit of row i and column j, every partial sum is exact, so approx
+is s; otherwise the round-to-odd limb sum. Non-finite inputs, K = 0 and empty shapes are left
+to the general path (``matmul_2d`` returns None).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..formats import FP16, FP32
+from ..rounding import round_to
+from . import underflow
+from ._certified import _lowest_bit_exponent, _per_line, error_factor
+from ._exact_sum import _ELEMENTS_PER_CHUNK, round_to_odd_sum
+
+__all__ = ["matmul_2d", "round_out", "fsum_round_to_odd"]
+
+_SMALL = 1 << 14        # below this, NumPy's float16 cast is cheaper than round_to's setup
+_CHUNK_ROWS = 1 << 15   # elements per certification chunk: temporaries stay in cache
+_FSUM_MAX = 64          # up to this many uncertified elements, math.fsum beats integer limbs
+
+
+def _finite(x: np.ndarray) -> bool:
+    # max and min propagate NaN, and an infinity is one of them: both finite <=> all finite
+    return bool(np.isfinite(x.max()) and np.isfinite(x.min()))
+
+
+def round_out(x32: np.ndarray, fmt) -> np.ndarray:
+    """float32 values rounded once to ``fmt`` (nearest even), as ``round_to`` gives them, for
+    any input without a signalling NaN (IEEE arithmetic and float64 -> float32 casts only make
+    quiet ones; ``round_to`` would quiet a signalling one). FP32 is then the identity (same
+    format, subnormals kept, payloads fit); NumPy's float32 -> float16 cast is IEEE
+    nearest-even with subnormals, overflow to inf and the quiet NaN payloads ``round_to``
+    keeps (``tests/test_fastpaths.py`` checks every quiet NaN pattern once)."""
+    if fmt == FP32:
+        return x32
+    with np.errstate(over="ignore", invalid="ignore"):
+        if fmt == FP16 and x32.size < _SMALL:
+            return x32.astype(np.float16).astype(np.float32)
+        return round_to(x32, fmt)
+
+
+def matmul_2d(a: np.ndarray, b: np.ndarray, out_fmt, bias: np.ndarray | None = None,
+              *, note: bool = True) -> np.ndarray | None:
+    """exact(fp32) ``a @ b`` (+ ``bias`` in the fp32 accumulator) rounded to ``out_fmt``, as
+    float32; None where the fast path does not apply. ``note``: report (accumulator + bias,
+    output) to the underflow counter, as ``accumulation._to_output`` does."""
+    m, k = a.shape
+    n = b.shape[1]
+    if k == 0 or m == 0 or n == 0 or not (_finite(a) and _finite(b)):
+        return None
+    if bias is not None and not _finite(bias):
+        return None
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    approx = np.matmul(a64, b64)
+    row_norm = np.sqrt(np.einsum("ik,ik->i", a64, a64))
+    col_norm = np.sqrt(np.einsum("kj,kj->j", b64, b64))
+    g = error_factor(k)
+    scaled = row_norm * ((g + 2.0 ** -50) * (1 + 2 * g) * (1 + 2.0 ** -39))
+    low32, high32 = _ends(approx, scaled, col_norm)
+    certified = low32.view(np.uint32) == high32.view(np.uint32)
+    zero_rows, zero_cols = row_norm == 0, col_norm == 0
+    lines = bool(zero_rows.any() or zero_cols.any())
+    if lines:
+        certified[zero_rows, :] = False
+        certified[:, zero_cols] = False
+    acc = high32
+    if not certified.all():
+        rows, cols = np.nonzero(~certified)
+        if bias is not None or out_fmt != FP32:
+            keep = ~_f_certified(low32[rows, cols], high32[rows, cols],
+                                 None if bias is None else bias[cols], out_fmt)
+            if lines:
+                keep |= zero_rows[rows] | zero_cols[cols]
+            rows, cols = rows[keep], cols[keep]
+        if rows.size:
+            acc[rows, cols] = _exact_elements(a, b, a64, b64, approx, row_norm, col_norm,
+                                              rows, cols, g)
+    if bias is not None:
+        with np.errstate(over="ignore"):
+            acc += bias                      # the fp32 epilogue: one float32 addition
+    out = round_out(acc, out_fmt)
+    if note:
+        underflow.note(acc, out)
+    return out
+
+
+def _ends(approx: np.ndarray, scaled: np.ndarray, col_norm: np.ndarray):
+    """fl32 of the computed interval ends approx -+ w, w = scaled_i * col_norm_j, by row
+    chunks so the float64 temporaries stay in cache."""
+    m, n = approx.shape
+    low32 = np.empty((m, n), np.float32)
+    high32 = np.empty((m, n), np.float32)
+    step = max(1, _CHUNK_ROWS // n)
+    width = np.empty((min(step, m), n), np.float64)
+    end = np.empty_like(width)
+    with np.errstate(over="ignore"):
+        for lo in range(0, m, step):
+            hi = min(m, lo + step)
+            w, e, x = width[:hi - lo], end[:hi - lo], approx[lo:hi]
+            np.multiply(scaled[lo:hi, None], col_norm[None, :], out=w)
+            np.subtract(x, w, out=e)
+            low32[lo:hi] = e
+            np.add(x, w, out=e)
+            high32[lo:hi] = e
+    return low32, high32
+
+
+def _f_certified(low32, high32, bias, out_fmt) -> np.ndarray:
+    """Where f = rnd_out(pre(.)) gives one bit pattern at both ends, and pre is nonzero of
+    one sign at both (so pre(acc) keeps the zero/nonzero pattern of the exact path)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        if bias is not None:
+            low32, high32 = low32 + bias, high32 + bias
+        same_sign = (low32 != 0) & (high32 != 0) & (np.signbit(low32) == np.signbit(high32))
+        f_low, f_high = round_out(low32, out_fmt), round_out(high32, out_fmt)
+    return same_sign & (f_low.view(np.uint32) == f_high.view(np.uint32))
+
+
+def _exact_elements(a, b, a64, b64, approx, row_norm, col_norm, rows, cols, g) -> np.ndarray:
+    """The exact sums of elements (rows, cols) rounded once to fp32 (float32), with the
+    IEEE sign of exact zeros; the general path's second certificate, then integer limbs."""
+    if rows.size <= _FSUM_MAX:
+        return fsum_round_to_odd(a64[rows, :] * b64[:, cols].T).astype(np.float32)
+    m, n = a.shape[0], b.shape[1]
+    upper = row_norm[rows] * col_norm[cols] * (1 + 2 * g)        # >= sum |a_ik b_kj|
+    qa = _per_line(rows, lambda u: a[u, :], lambda: _lowest_bit_exponent(a, axis=1), m)
+    qb = _per_line(cols, lambda u: b[:, u].T, lambda: _lowest_bit_exponent(b, axis=0), n)
+    exact = upper < np.ldexp(1.0, np.minimum(qa + qb + 53, 1023))
+    values = approx[rows, cols]
+    out = np.empty(rows.size, np.float32)
+    nonzero = exact & (values != 0)
+    with np.errstate(over="ignore"):
+        out[nonzero] = values[nonzero]                               # exact: one rounding
+    zero = exact & (values == 0)
+    if zero.any():       # an exact zero sum: -0 only when every product is -0 (K > 0 here)
+        products = a64[rows[zero], :] * b64[:, cols[zero]].T
+        out[zero] = np.where(np.all(np.signbit(products), axis=1), -0.0, 0.0)
+    todo = np.nonzero(~exact)[0]
+    step = max(1, _ELEMENTS_PER_CHUNK // a.shape[1])
+    for lo in range(0, todo.size, step):
+        part = todo[lo:lo + step]
+        products = a64[rows[part], :] * b64[:, cols[part]].T
+        with np.errstate(over="ignore"):
+            out[part] = round_to_odd_sum(products)      # round-to-odd, then one fp32 cast
+    return out
+
+
+def fsum_round_to_odd(products: np.ndarray) -> np.ndarray:
+    """Each row's exact sum rounded to odd at 53 bits, as ``round_to_odd_sum`` gives it, by
+    ``math.fsum`` (Shewchuk's algorithm: the correctly rounded, nearest-even float64 sum of
+    exact float64 terms). Cheaper than the integer limbs for a few rows.
+
+    r = fsum(row) is RN(s); e = fsum(row + [-r]) is RN(s - r), which has the sign of s - r
+    and is zero only when r is exact (terms are multiples of 2**-298: nothing underflows, so
+    RN(x) = 0 only for x = 0). Round to odd keeps an exact r, keeps an inexact r with an odd
+    last bit (it is one of the two neighbours of s, the odd one), and otherwise takes the other
+    neighbour, the next float from r toward s. An exact zero takes the IEEE sign: -0 only when
+    every term is -0 (``round_to_odd_sum``'s rule).
+    """
+    sums = np.empty(products.shape[0], np.float64)
+    errors = np.empty_like(sums)
+    for i, row in enumerate(products.tolist()):
+        sums[i] = r = math.fsum(row)
+        row.append(-r)
+        errors[i] = math.fsum(row)
+    even = (sums.view(np.int64) & 1) == 0
+    move = (errors != 0) & even
+    if move.any():
+        sums[move] = np.nextafter(sums[move], np.copysign(np.inf, errors[move]))
+    zero = sums == 0
+    if zero.any():
+        all_negative = np.all(np.signbit(products[zero]), axis=1) & (products.shape[1] > 0)
+        sums[zero] = np.where(all_negative, -0.0, 0.0)
+    return sums

@@ -1,0 +1,215 @@
+"""Every fast path of the engine against the slow exact path it replaces, bit for bit, on
+adversarial data: ties, cancellation, exact zeros of both signs, subnormals, overflow, inf/NaN."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fpsim.autograd as ag
+from fpsim import nn
+from fpsim.autograd import Tensor, use_policy
+from fpsim.autograd import _fast_matmul, accumulation, ops_matmul
+from fpsim.autograd._certified import exact_matmul
+from fpsim.autograd._exact_sum import round_to_odd_sum
+from fpsim.autograd._fast_matmul import fsum_round_to_odd, matmul_2d, round_out
+from fpsim.autograd.underflow import count_gradient_underflow
+from fpsim.formats import BF16, FP16, FP32, get
+from fpsim.rounding import round_to
+
+OUT_FORMATS = [FP32, FP16, BF16, get("e4m3"), get("e5m2")]
+
+
+def bits(x):
+    x = np.asarray(x)
+    return x.view(np.uint32 if x.dtype == np.float32 else np.uint64)
+
+
+def same_bits(x, y) -> bool:
+    x, y = np.asarray(x), np.asarray(y)
+    return x.shape == y.shape and x.dtype == y.dtype and np.array_equal(bits(x), bits(y))
+
+
+def slow_reference(a, b, out_fmt, bias=None):
+    """The general path with every element summed by integer limbs: exact sum -> fp32
+    (nearest even) -> + bias in float32 -> one rounding to out_fmt (round_to)."""
+    acc, _ = exact_matmul(a[None], b[None], FP32, force_fallback=True)
+    with np.errstate(over="ignore", invalid="ignore"):
+        acc = acc[0].astype(np.float32)
+        if bias is not None:
+            acc = acc + bias
+        return round_to(acc, out_fmt)
+
+
+def adversarial(rng, m, k, n, kind):
+    """float32 (a, b, bias) built to hit every corner of the certificate."""
+    if kind == "fp16":          # low-precision data: exact fp32 ties are common
+        a = round_to(rng.standard_normal((m, k)).astype(np.float32) * 4, "fp16")
+        b = round_to(rng.standard_normal((k, n)).astype(np.float32) / 4, "fp16")
+    elif kind == "wide":        # exponents spread over most of float32
+        a = rng.standard_normal((m, k)) * 2.0 ** rng.integers(-60, 60, (m, k))
+        b = rng.standard_normal((k, n)) * 2.0 ** rng.integers(-60, 60, (k, n))
+    elif kind == "tiny":        # float32 subnormal inputs and results that underflow fp32
+        a = rng.standard_normal((m, k)) * 2.0 ** rng.integers(-149, -120, (m, k))
+        b = rng.standard_normal((k, n)) * 2.0 ** rng.integers(-30, 5, (k, n))
+    elif kind == "huge":        # sums beyond fp32 and fp16 range: overflow to inf
+        a = rng.standard_normal((m, k)) * 2.0 ** rng.integers(40, 70, (m, k))
+        b = rng.standard_normal((k, n)) * 2.0 ** rng.integers(40, 70, (k, n))
+    else:                       # "ints": small integers, exact products and sums, many ties
+        a = rng.integers(-3, 4, (m, k)) * 2.0 ** rng.integers(-2, 3, (m, k))
+        b = rng.integers(-3, 4, (k, n)) * 2.0 ** rng.integers(-26, 3, (k, n))
+    with np.errstate(over="ignore", under="ignore"):
+        a, b = a.astype(np.float32), b.astype(np.float32)
+    if k >= 2:
+        a[0, : k // 2 * 2] = np.repeat(a[0, ::2][: k // 2], 2)   # row 0: pairs x, x
+        b[: k // 2 * 2, 0] = np.repeat(b[::2, 0][: k // 2], 2)
+        b[1: k // 2 * 2: 2, 0] *= -1                             # column 0: y, -y: s = 0
+        b[0, 1 % n], b[1, 1 % n] = 1.0, 2.0 ** -24                # 1 + 2**-24: an fp32 tie
+        a[1 % m, :2] = 1.0
+    a[m - 1, :] = -0.0                                           # a zero row of -0
+    b[:, n - 1] = rng.choice(np.float32([0.0, -0.0]), k)         # a zero column, mixed signs
+    if m > 2:
+        a[2, :] = np.float32(0.0)
+        a[2, 0] = -0.0
+        b[0, :] = np.abs(b[0, :]) + 1                            # all -0 products vs +0
+    bias = rng.standard_normal(n).astype(np.float32) * 2.0 ** float(rng.integers(-30, 10))
+    bias[0] = -0.0
+    bias[n - 1] = 0.0
+    return a, b, bias
+
+
+@pytest.mark.parametrize("kind", ["fp16", "wide", "tiny", "huge", "ints"])
+@pytest.mark.parametrize("fsum_max", [0, 64, 10 ** 9])
+def test_matmul_2d_matches_the_exact_fallback(kind, fsum_max, monkeypatch):
+    monkeypatch.setattr(_fast_matmul, "_FSUM_MAX", fsum_max)   # both exact-element routes
+    rng = np.random.default_rng(len(kind) * 1000 + fsum_max % 997)
+    for trial in range(6):
+        m, k, n = (int(v) for v in rng.integers(3, 20, 3))
+        k = [1, 2, k, 3 * k][trial % 4]
+        a, b, bias = adversarial(rng, m, k, n, kind)
+        for out_fmt in OUT_FORMATS:
+            for use_bias in (False, True):
+                beta = bias if use_bias else None
+                with np.errstate(over="ignore", invalid="ignore"):
+                    fast = matmul_2d(a, b, out_fmt, beta)
+                assert same_bits(fast, slow_reference(a, b, out_fmt, beta)), \
+                    (kind, trial, out_fmt.name, use_bias)
+
+
+def test_matmul_2d_bias_cancels_the_accumulator():
+    # pre = fl32(acc + bias) = 0 exactly: +0 under round to nearest, whatever the signs.
+    a = np.float32([[1.0, 2.0 ** -30], [-3.0, 0.0]])
+    b = np.float32([[1.0], [1.0]])
+    bias = np.float32([-1.0])
+    for out_fmt in OUT_FORMATS:
+        assert same_bits(matmul_2d(a, b, out_fmt, bias), slow_reference(a, b, out_fmt, bias))
+
+
+def test_matmul_2d_leaves_non_finite_and_empty_inputs_to_the_general_path():
+    a = np.ones((2, 3), np.float32)
+    b = np.ones((3, 2), np.float32)
+    for bad in (np.inf, -np.inf, np.nan):
+        a_bad = a.copy()
+        a_bad[1, 2] = bad
+        assert matmul_2d(a_bad, b, FP32) is None and matmul_2d(b.T, a_bad.T, FP32) is None
+        assert matmul_2d(a, b, FP16, np.float32([0, bad])) is None
+    assert matmul_2d(np.ones((2, 0), np.float32), np.ones((0, 3), np.float32), FP32) is None
+
+
+def test_accumulation_matmul_fast_and_general_paths_agree(monkeypatch):
+    rng = np.random.default_rng(5)
+    a, b, _ = adversarial(rng, 9, 40, 7, "fp16")
+    a3 = np.stack([a, -a[::-1], a * 2])                  # (3, 9, 40): rows stacked into M
+    cases = [(a, b), (a3, b), (a[0], b), (a, b[:, 0]), (a3, b[:, 1]), (a[1], b[:, 2])]
+    with np.errstate(over="ignore", invalid="ignore"):
+        fast = [accumulation.matmul(x, y, out_fmt=f) for x, y in cases for f in OUT_FORMATS]
+        monkeypatch.setattr(accumulation, "matmul_2d", lambda *args, **kw: None)
+        slow = [accumulation.matmul(x, y, out_fmt=f) for x, y in cases for f in OUT_FORMATS]
+    assert all(same_bits(x, y) for x, y in zip(fast, slow))
+
+
+def test_fsum_round_to_odd_matches_the_limb_sum():
+    rng = np.random.default_rng(7)
+    for k in (0, 1, 2, 5, 33):
+        terms = rng.standard_normal((40, k)) * 2.0 ** rng.integers(-298, 200, (40, k))
+        if k:
+            terms[:8, k // 2:] = -terms[:8, : k - k // 2][:, ::-1]     # exact cancellation
+            terms[8:12] = np.where(rng.random((4, k)) < 0.5, -0.0, 0.0)
+            terms[12:14] = -0.0
+            terms[14:20] = rng.integers(-8, 8, (6, k)) * 2.0 ** rng.integers(-60, 60, (6, k))
+            terms[20, 0], terms[20, 1:] = 1.0, 2.0 ** -60            # round-to-odd sticky
+        assert same_bits(fsum_round_to_odd(terms), round_to_odd_sum(terms))
+
+
+@pytest.mark.parametrize("fmt", OUT_FORMATS)
+@pytest.mark.parametrize("n", [9, 40000])
+def test_round_out_is_round_to(fmt, n):
+    # Any float32 but a signalling NaN (IEEE arithmetic and float64 casts make none).
+    rng = np.random.default_rng(n)
+    with np.errstate(over="ignore"):
+        x = (rng.standard_normal(n) * 2.0 ** rng.integers(-150, 129, n)).astype(np.float32)
+    quiet_nans = np.uint32([0x7FC00001, 0xFFD00000, 0x7FFFFFFF]).view(np.float32)
+    x[:9] = [np.inf, -np.inf, np.nan, -0.0, 65520.0, 2.0 ** -25, *quiet_nans]
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert same_bits(round_out(x, fmt), round_to(x, fmt))
+
+
+def _mlp_run(policy, sizes, batch, seed, counting):
+    rng = np.random.default_rng(seed)
+    with use_policy(policy):
+        model = nn.MLP(sizes, rng=seed)
+    x = (rng.standard_normal((batch, sizes[0])) * 2.0 ** rng.integers(-20, 4)).astype(np.float32)
+    labels = rng.integers(0, sizes[-1], batch)
+    with use_policy(policy), count_gradient_underflow() as counts:
+        out = model(Tensor(x))
+        loss = ag.cross_entropy(out, labels)
+        if counting:
+            loss.backward(np.float32(2.0 ** -10))
+    if not counting:
+        with use_policy(policy):
+            loss.backward()
+    grads = [p.grad.data.copy() for p in model.parameters()]
+    return out.data, loss.data, grads, (counts.flushed, counts.nonzero, counts.values)
+
+
+@pytest.mark.parametrize("policy", ["32-true", "16-mixed", "bf16-mixed", "16-true"])
+@pytest.mark.parametrize("counting", [False, True])
+def test_training_step_bits_with_and_without_fast_paths(policy, counting, monkeypatch):
+    fast = _mlp_run(policy, [12, 33, 17, 5], 23, 3, counting)
+    monkeypatch.setattr(accumulation, "matmul_2d", lambda *args, **kw: None)
+    monkeypatch.setattr(ops_matmul, "_fused_linear", lambda *args, **kw: None)
+    slow = _mlp_run(policy, [12, 33, 17, 5], 23, 3, counting)
+    assert same_bits(fast[0], slow[0]) and same_bits(fast[1], slow[1])
+    assert all(same_bits(x, y) for x, y in zip(fast[2], slow[2]))
+    assert fast[3] == slow[3]
+
+
+def test_round_out_keeps_every_quiet_nan_as_round_to_does():
+    patterns = np.arange(1 << 22, dtype=np.uint32) | np.uint32(0x7FC00000)
+    x = np.concatenate([patterns, patterns | np.uint32(1 << 31)]).view(np.float32)
+    with np.errstate(invalid="ignore"):
+        for fmt in (FP32, FP16):
+            small = [round_out(part, fmt) for part in np.split(x, 1024)]   # the cast path
+            assert same_bits(np.concatenate(small), round_to(x, fmt))
+
+
+def _counts(fn):
+    from fpsim.autograd.underflow import in_backward
+    with count_gradient_underflow() as counts, in_backward(), np.errstate(over="ignore"):
+        out = fn()
+    return out, (counts.flushed, counts.nonzero, counts.values)
+
+
+@pytest.mark.parametrize("kind", ["tiny", "fp16", "ints"])
+def test_fast_matmul_reports_the_same_underflow_as_the_general_path(kind, monkeypatch):
+    rng = np.random.default_rng(21)
+    a, b, _ = adversarial(rng, 11, 30, 9, kind)
+    # 2**-75 * 2**-75 = 2**-150: an fp32 tie rounding to +0, ends at 0 and 2**-149 (both give
+    # fp16 +0), so only the exact step knows the accumulator is zero, not 2**-149.
+    a[3, :], b[:, 3] = 0.0, 0.0
+    a[3, 0], b[0, 3] = 2.0 ** -75, 2.0 ** -75
+    cases = [(a, b, f) for f in OUT_FORMATS]
+    fast = [_counts(lambda: accumulation.matmul(x, y, out_fmt=f)) for x, y, f in cases]
+    monkeypatch.setattr(accumulation, "matmul_2d", lambda *args, **kw: None)
+    slow = [_counts(lambda: accumulation.matmul(x, y, out_fmt=f)) for x, y, f in cases]
+    for (out_fast, count_fast), (out_slow, count_slow) in zip(fast, slow):
+        assert same_bits(out_fast, out_slow) and count_fast == count_slow
