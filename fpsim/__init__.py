@@ -6,7 +6,7 @@ teaching), ``backend`` (the array library), ``autograd`` (tensors, ops, precisio
 accumulation models), ``nn`` (layers), ``optim`` (master-weight optimizers), ``scaling`` (loss
 scalers and framework presets), ``train`` (traces, checkpoints).
 """
-from . import autograd, backend, formats, nn, optim, scaling
+from . import autograd, backend, conformance, formats, nn, optim, scaling
 from .autograd import (FP64, Policy, Tensor, current_policy, enable_grad, get_policy,
                        is_grad_enabled, no_grad, set_default_policy, use_policy)
 from ._version import __version__
@@ -22,4 +22,4 @@ __all__ = ["__version__", "formats", "Format", "custom", "round_to", "MODES", "e
            "StaticScaler", "NoScaler", "LossScaleMinimumError", "autograd", "backend", "nn",
            "optim", "Tensor", "Policy", "get_policy", "use_policy", "current_policy",
            "set_default_policy", "no_grad", "enable_grad", "is_grad_enabled", "FP64",
-           "Optimizer", "SGD", "Adam", "AdamW"]
+           "Optimizer", "SGD", "Adam", "AdamW", "conformance"]

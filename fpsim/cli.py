@@ -6,6 +6,8 @@
     fpsim demo                    a short tour of what reduced precision does to numbers
     fpsim train [options]         train a built-in model, every step traced (fpsim train -h)
     fpsim reproduce [--quick]     rerun the paper's experiments: figures and summary
+    fpsim check-scaler TRACE      replay a framework's loss-scaler trace through a preset
+    fpsim check-cast SRC --against THEIRS --format F   compare a framework's cast with ours
 
 Bad input (an unknown format, a value that is not a number) prints what was wrong and what is
 accepted, and exits with status 2.
@@ -84,11 +86,13 @@ def _parser() -> argparse.ArgumentParser:
     desc.add_argument("-f", "--format", default="fp16", help="format name (default fp16)")
     desc.add_argument("-m", "--mode", default="nearest_even",
                       help=f"rounding mode: {', '.join(m for m in MODES if m != 'stochastic')}")
+    from .conformance import cli as conformance_cli
     from .experiments import cli as experiments_cli
     from .train import cli as train_cli
 
     train_cli.register(commands)
     experiments_cli.register(commands)
+    conformance_cli.register(commands)
     return parser
 
 
@@ -103,6 +107,10 @@ def _parse_number(text: str) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    from .conformance import cli as conformance_cli
+
+    if args.command in conformance_cli.COMMANDS:
+        return conformance_cli.run(args)  # exit 0 agree, 1 differ, 2 bad input; prints its own
     try:
         if args.command == "formats":
             print(_format_table())

@@ -47,7 +47,8 @@ class Format:
 
     ``subnormals``: False makes rounding flush subnormal results to zero (after rounding).
     ``saturate``: what overflow gives. False: infinity where the encoding has one, NaN where it
-    has none (as ml_dtypes and PyTorch casts to ``float8_e4m3fn`` do); True: the largest
+    has none (as ml_dtypes' casts to ``float8_e4m3fn`` do; PyTorch 2.13's cast saturates
+    instead, so ``saturate=True`` matches it); True: the largest
     finite value of the same sign.
     """
 

@@ -15,8 +15,8 @@ Where the rounding happens, and how:
 Overflow follows IEEE 754: nearest modes go to infinity, directed modes go to infinity only in
 their own direction and to the largest finite value otherwise; stochastic rounding overflows
 like the nearest modes when it picks the neighbour above the largest finite value. Formats
-without infinity (``fn``, ``fnuz``) give NaN where IEEE would give infinity, as ml_dtypes and
-PyTorch casts do.
+without infinity (``fn``, ``fnuz``) give NaN where IEEE would give infinity, as ml_dtypes'
+casts do (PyTorch 2.13's float8 casts saturate instead: ``saturate=True``).
 Saturation (the format's, or the ``saturate`` argument) clamps every overflow, infinite
 inputs included, to the largest finite value; NaN stays NaN.
 """
