@@ -37,7 +37,7 @@ from ..train import Dataset, make_dataset
 
 __all__ = ["Regression", "regression_problem", "RegressionRun", "run_regression", "UpdateLog",
            "classification_split", "teacher_label_margin", "build_mlp", "accuracy",
-           "json_float", "RATIO_EDGES", "PRECISION_BITS"]
+           "json_float", "first_stalled_step", "RATIO_EDGES", "PRECISION_BITS"]
 
 # Significand bits (hidden bit included): an fp16 update is lost when it is below half an ulp
 # of its weight, i.e. when |w| / |u| exceeds 2**11 = 2048 (w = 1.0) to 2**12 (w just below 2).
@@ -159,6 +159,17 @@ def run_regression(problem: Regression, policy: str, master, lr: float, steps: i
         diff = model.weight.data.reshape(-1).astype(np.float64) - w_star  # exact
         error.append(math.sqrt(math.fsum(diff * diff)) / norm_star)
     return RegressionRun(np.array(losses, np.float32), np.array(lost), np.array(error), log)
+
+
+def first_stalled_step(lost_fraction) -> int | None:
+    """The first step from which every later update was lost (the run is frozen)."""
+    stalled = None
+    for step, fraction in enumerate(lost_fraction):
+        if fraction == 1.0:
+            stalled = step if stalled is None else stalled
+        else:
+            stalled = None
+    return stalled
 
 
 # --- the classification task ---------------------------------------------------------------

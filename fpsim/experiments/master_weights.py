@@ -16,7 +16,8 @@ from __future__ import annotations
 from ..plots.master_weights import plot_master_weights
 from ..train import loss_hash
 from . import Context, Result, register
-from ._tasks import PRECISION_BITS, json_float, regression_problem, run_regression
+from ._tasks import (PRECISION_BITS, first_stalled_step, json_float, regression_problem,
+                     run_regression)
 
 TITLE = "Master weights: fp16 weights updated directly vs an fp32 master copy"
 LR = 0.01
@@ -25,17 +26,6 @@ RUNS = {  # label -> (policy, master)
     "fp16 weights + fp32 master copy": ("16-true", "fp32"),
     "fp32 (32-true)": ("32-true", "fp32"),
 }
-
-
-def first_stalled_step(lost_fraction) -> int | None:
-    """The first step from which every later update was lost (the run is frozen)."""
-    stalled = None
-    for step, fraction in enumerate(lost_fraction):
-        if fraction == 1.0:
-            stalled = step if stalled is None else stalled
-        else:
-            stalled = None
-    return stalled
 
 
 @register("master_weights", TITLE)
