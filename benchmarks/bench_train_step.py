@@ -9,21 +9,43 @@ Each configuration's time is the fastest of ``--repeat`` rounds, the configurati
 turns, so that a shared, loaded machine disturbs them alike (the minimum is the least
 disturbed).
 
-Run: python benchmarks/bench_train_step.py [--repeat N] [--budget S] [--quick]
+``--threads N`` runs both NumPy's BLAS and PyTorch on N threads (default: their own
+defaults); on a shared, busy machine ``--threads 1`` gives the steadiest comparison, as idle
+BLAS threads spin while other processes hold the cores.
+
+Run: python benchmarks/bench_train_step.py [--repeat N] [--budget S] [--quick] [--threads N]
 """
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
-import numpy as np
 
-import fpsim.autograd as ag
-from fpsim import nn
-from fpsim.autograd import Tensor, use_policy
-from fpsim.autograd.numerics import round_array
+def _threads_from_argv(argv) -> int | None:
+    """--threads must act before NumPy loads its BLAS, so it is read here, ahead of argparse."""
+    for i, arg in enumerate(argv):
+        if arg.startswith("--threads"):
+            value = arg.partition("=")[2] or (argv[i + 1] if i + 1 < len(argv) else "")
+            return int(value) if value.isdigit() and int(value) > 0 else None
+    return None
 
-MODELS = [("64-256-256-10", [64, 256, 256, 10], 128), ("784-1024-1024-10", [784, 1024, 1024, 10], 256)]
+
+_THREADS = _threads_from_argv(sys.argv[1:]) if __name__ == "__main__" else None
+if _THREADS:
+    for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[_var] = str(_THREADS)
+
+import numpy as np  # noqa: E402  (after the thread settings)
+
+import fpsim.autograd as ag  # noqa: E402
+from fpsim import nn  # noqa: E402
+from fpsim.autograd import Tensor, use_policy  # noqa: E402
+from fpsim.autograd.numerics import round_array  # noqa: E402
+
+MODELS = [("64-256-256-10", [64, 256, 256, 10], 128),
+          ("784-1024-1024-10", [784, 1024, 1024, 10], 256)]
 LR = 0.01
 
 
@@ -98,12 +120,19 @@ def main(argv=None) -> None:
     parser.add_argument("--budget", type=float, default=3.0,
                         help="seconds per configuration and model, over all rounds")
     parser.add_argument("--quick", action="store_true", help="small model only")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="BLAS and torch threads (set before NumPy loads, see the doc)")
     args = parser.parse_args(argv)
     try:
         import torch
         torch_version = torch.__version__
+        if args.threads:
+            torch.set_num_threads(args.threads)
     except ImportError:
         torch_version = None
+    if args.threads and args.threads != _THREADS:
+        print(f"note: --threads {args.threads} came too late for NumPy's BLAS "
+              f"(run the script itself); BLAS threads unchanged")
     print(f"numpy {np.__version__}, torch {torch_version or 'not installed'}"
           + (f" ({torch.get_num_threads()} threads)" if torch_version else ""))
     header = (f"{'model':>18} {'batch':>5} | {'32-true ms':>10} {'16-mixed ms':>11} "

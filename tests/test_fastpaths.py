@@ -65,6 +65,12 @@ def adversarial(rng, m, k, n, kind):
         b[1: k // 2 * 2: 2, 0] *= -1                             # column 0: y, -y: s = 0
         b[0, 1 % n], b[1, 1 % n] = 1.0, 2.0 ** -24                # 1 + 2**-24: an fp32 tie
         a[1 % m, :2] = 1.0
+    if k >= 2 and m > 3 and n > 3:                       # disjoint supports, as after relu:
+        a[m - 2, : k // 2] = -0.0                        # every product zero, no zero line
+        b[k // 2:, n - 2] = 0.0
+        b[k // 2:, n - 3] = -0.0                         # and every product -0 with row m-2
+        b[: k // 2, n - 3] = np.abs(b[: k // 2, n - 3])
+        a[m - 2, k // 2:] = -np.abs(a[m - 2, k // 2:])
     a[m - 1, :] = -0.0                                           # a zero row of -0
     b[:, n - 1] = rng.choice(np.float32([0.0, -0.0]), k)         # a zero column, mixed signs
     if m > 2:

@@ -12,7 +12,8 @@ and ``f = rnd_out o pre``, the result is ``f(rnd32(s))`` with ``s`` the exact do
     certified where  bits(lo32) == bits(hi32)   (acc = hi32), except all-zero rows/columns
     the rest:       certified where f(lo32) == f(hi32) and pre(lo32), pre(hi32) are nonzero
                     of one sign                                          (acc = hi32)
-                    else exact: approx itself when provably exact, else integer limbs
+                    else exact: +-0 where every product is zero, approx where provably
+                    exact, else round to odd (math.fsum for a few, integer limbs for many)
     out = rnd_out(pre(acc))
 
 Proof. (1) Enclosure. |approx - s| <= g * S with S = sum_k |a_ik b_kj| (``_certified``:
@@ -22,7 +23,7 @@ general path's ``_cauchy_schwarz_bound``). The computed w is at least (g + 2**-5
 roundings (of the constant, of ||a_i|| times it, of the product) lose at most 4 * 2**-53
 relative, far less than the 2**-39 margin. Each end is computed with one rounding, erring by at
 most 2**-53 (|approx| + w) <= 2**-53 (U (1 + g) + w), and 2**-50 U exceeds that (g < 2**-12),
-so fl64(approx - w) <= s - ... <= s <= ... <= fl64(approx + w) whatever the rounding: the exact s
+so fl64(approx - w) <= approx - g S <= s <= approx + g S <= fl64(approx + w): the exact s
 lies between the computed ends. (2) Monotonicity. rnd32, x -> fl32(x + b) and rnd_out are
 monotonic (non-decreasing), so f(rnd32(low end)) <= f(rnd32(s)) <= f(rnd32(high end)): equal
 bit patterns at both ends give the bits at s. With equal bits at the fp32 level, rnd32(s) is
@@ -30,18 +31,23 @@ that value (as in the general path); at the f level only f(rnd32(s)) is known, s
 keeps acc = hi32, whose f is the same and which is nonzero exactly when rnd32(s) is (both
 ends nonzero of one sign after ``pre``): the underflow counter (``underflow.note``) sees the
 same zero / nonzero pattern as on the general path. (3) Signed zeros. An all-zero row of a or
-column of b has w = 0 and a BLAS zero of either sign; those elements always go to the exact
-step (sign rule: -0 exactly when every product is -0). Any other exact zero sum has approx
-= +-0 and w > 0, so lo32 < 0 < hi32 in sign: never certified, and with equal f bits only when
-a nonzero bias makes the zero's sign irrelevant (then pre(lo32), pre(hi32) are the same
-nonzero value). (4) The exact step is the general path's: if U < 2**(qa + qb + 53), qa and qb
-lower bounds on the lowest set bit of row i and column j, every partial sum is exact, so approx
-is s; otherwise the round-to-odd limb sum. Non-finite inputs, K = 0 and empty shapes are left
-to the general path (``matmul_2d`` returns None).
+column of b has w = 0 and a BLAS zero of either sign: never certified at the fp32 level; at
+the f level pre is then +-0 + bias, nonzero only for a nonzero bias, where the zero's sign
+does not matter (+-0 + b = b). Any other exact zero sum has approx = +-0 and w > 0, so lo32
+and hi32 differ in sign: not certified at the fp32 level, and at the f level only when a
+nonzero bias makes both pre values that same nonzero number. (4) The exact step: where
+every product is zero the sum is -0 exactly when every product is -0 (IEEE addition), else
++0; otherwise the general path's second certificate (if U < 2**(qa + qb + 53), qa and qb
+lower bounds on the lowest set bit of row i and column j, every partial sum is exact, so
+approx is s), else the exact sum rounded to odd (``fsum_round_to_odd`` or
+``round_to_odd_sum``, the same value) and cast once to fp32. Non-finite inputs, K = 0 and
+empty shapes are left to the general path (``matmul_2d`` returns None). Work arrays are
+reused per thread (``_scratch``); results are always fresh arrays.
 """
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
@@ -89,49 +95,71 @@ def matmul_2d(a: np.ndarray, b: np.ndarray, out_fmt, bias: np.ndarray | None = N
         return None
     if bias is not None and not _finite(bias):
         return None
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    approx = np.matmul(a64, b64)
+    a64, b64 = _widen(a, "a"), _widen(b, "b")
+    approx = np.matmul(a64, b64, out=_scratch("approx", (m, n), np.float64))
     row_norm = np.sqrt(np.einsum("ik,ik->i", a64, a64))
     col_norm = np.sqrt(np.einsum("kj,kj->j", b64, b64))
     g = error_factor(k)
     scaled = row_norm * ((g + 2.0 ** -50) * (1 + 2 * g) * (1 + 2.0 ** -39))
     low32, high32 = _ends(approx, scaled, col_norm)
-    certified = low32.view(np.uint32) == high32.view(np.uint32)
+    certified = np.equal(low32.view(np.uint32), high32.view(np.uint32),
+                         out=_scratch("certified", (m, n), bool))
     zero_rows, zero_cols = row_norm == 0, col_norm == 0
-    lines = bool(zero_rows.any() or zero_cols.any())
-    if lines:
+    if zero_rows.any() or zero_cols.any():
         certified[zero_rows, :] = False
         certified[:, zero_cols] = False
-    acc = high32
+    pre = high32                                # acc = hi32 wherever certified
+    with np.errstate(over="ignore"):
+        if bias is not None:
+            pre += bias                         # the fp32 epilogue: one float32 addition
+        out = round_out(pre, out_fmt)
     if not certified.all():
-        rows, cols = np.nonzero(~certified)
-        if bias is not None or out_fmt != FP32:
-            keep = ~_f_certified(low32[rows, cols], high32[rows, cols],
-                                 None if bias is None else bias[cols], out_fmt)
-            if lines:
-                keep |= zero_rows[rows] | zero_cols[cols]
-            rows, cols = rows[keep], cols[keep]
+        rows, cols = _f_uncertified(certified, low32, pre, out, bias, out_fmt)
         if rows.size:
-            acc[rows, cols] = _exact_elements(a, b, a64, b64, approx, row_norm, col_norm,
-                                              rows, cols, g)
-    if bias is not None:
-        with np.errstate(over="ignore"):
-            acc += bias                      # the fp32 epilogue: one float32 addition
-    out = round_out(acc, out_fmt)
+            acc = _exact_elements(a, b, a64, b64, approx, row_norm, col_norm, rows, cols, g)
+            with np.errstate(over="ignore"):
+                if bias is not None:
+                    acc += bias[cols]
+                pre[rows, cols] = acc
+                out[rows, cols] = round_out(acc, out_fmt)
     if note:
-        underflow.note(acc, out)
+        underflow.note(pre, out)
+    return out
+
+
+_local = threading.local()
+
+
+def _scratch(name: str, shape: tuple, dtype) -> np.ndarray:
+    """A reused per-thread work array (fresh large arrays cost page faults on every call)."""
+    buffers = _local.__dict__.setdefault("buffers", {})
+    size = int(np.prod(shape))
+    buf = buffers.get((name, dtype))
+    if buf is None or buf.size < size:
+        buf = buffers[(name, dtype)] = np.empty(max(size, 1), dtype)
+    return buf[:size].reshape(shape)
+
+
+def _widen(x: np.ndarray, name: str) -> np.ndarray:
+    """x in float64 (exact), in a reused buffer with x's memory order (BLAS reads either)."""
+    if x.flags.f_contiguous and not x.flags.c_contiguous:
+        out = _scratch(name, x.shape[::-1], np.float64).T
+    else:
+        out = _scratch(name, x.shape, np.float64)
+    np.copyto(out, x)
     return out
 
 
 def _ends(approx: np.ndarray, scaled: np.ndarray, col_norm: np.ndarray):
     """fl32 of the computed interval ends approx -+ w, w = scaled_i * col_norm_j, by row
-    chunks so the float64 temporaries stay in cache."""
+    chunks so the float64 temporaries stay in cache. The high end is a fresh array (it
+    becomes the result), the low end a reused one."""
     m, n = approx.shape
-    low32 = np.empty((m, n), np.float32)
+    low32 = _scratch("low32", (m, n), np.float32)
     high32 = np.empty((m, n), np.float32)
     step = max(1, _CHUNK_ROWS // n)
-    width = np.empty((min(step, m), n), np.float64)
-    end = np.empty_like(width)
+    width = _scratch("width", (min(step, m), n), np.float64)
+    end = _scratch("end", (min(step, m), n), np.float64)
     with np.errstate(over="ignore"):
         for lo in range(0, m, step):
             hi = min(m, lo + step)
@@ -144,29 +172,59 @@ def _ends(approx: np.ndarray, scaled: np.ndarray, col_norm: np.ndarray):
     return low32, high32
 
 
-def _f_certified(low32, high32, bias, out_fmt) -> np.ndarray:
-    """Where f = rnd_out(pre(.)) gives one bit pattern at both ends, and pre is nonzero of
-    one sign at both (so pre(acc) keeps the zero/nonzero pattern of the exact path)."""
+def _f_uncertified(certified, low32, pre_high, out_high, bias, out_fmt):
+    """(rows, cols) of the elements neither certificate takes. The second one holds where
+    f = rnd_out(pre(.)) gives one bit pattern at both ends and pre is nonzero of one sign at
+    both (so pre(acc) keeps the zero/nonzero pattern of the exact path); it only helps when
+    f is coarser than rnd32 (an output format or a bias). Few candidates: gathered; many
+    (fp16 data makes exact fp32 ties common): checked over the whole matrix."""
+    if bias is None and out_fmt == FP32:
+        return np.nonzero(~certified)
+    if 8 * np.count_nonzero(~certified) < certified.size:
+        rows, cols = np.nonzero(~certified)
+        ok = _f_agree(low32[rows, cols], pre_high[rows, cols], out_high[rows, cols],
+                      None if bias is None else bias[cols], out_fmt)
+        return rows[~ok], cols[~ok]
+    ok = _f_agree(low32, pre_high, out_high, bias, out_fmt)
+    ok |= certified
+    return np.nonzero(~ok)
+
+
+def _f_agree(low32, pre_high, out_high, bias, out_fmt) -> np.ndarray:
     with np.errstate(over="ignore", invalid="ignore"):
-        if bias is not None:
-            low32, high32 = low32 + bias, high32 + bias
-        same_sign = (low32 != 0) & (high32 != 0) & (np.signbit(low32) == np.signbit(high32))
-        f_low, f_high = round_out(low32, out_fmt), round_out(high32, out_fmt)
-    return same_sign & (f_low.view(np.uint32) == f_high.view(np.uint32))
+        pre_low = low32 + bias if bias is not None else low32
+        same_sign = (pre_low != 0) & (pre_high != 0)
+        same_sign &= np.signbit(pre_low) == np.signbit(pre_high)
+        out_low = round_out(pre_low, out_fmt)
+    return same_sign & (out_low.view(np.uint32) == out_high.view(np.uint32))
 
 
-def _exact_elements(a, b, a64, b64, approx, row_norm, col_norm, rows, cols, g) -> np.ndarray:
+def _exact_elements(a, b, a64, b64, approx, row_norm, col_norm, rows, cols, g,
+                    zeros_done: bool = False) -> np.ndarray:
     """The exact sums of elements (rows, cols) rounded once to fp32 (float32), with the
     IEEE sign of exact zeros; the general path's second certificate, then integer limbs."""
     if rows.size <= _FSUM_MAX:
         return fsum_round_to_odd(a64[rows, :] * b64[:, cols].T).astype(np.float32)
+    out = np.empty(rows.size, np.float32)
+    zero = approx[rows, cols] == 0
+    if zero.any() and not zeros_done:   # all products zero (disjoint supports after relu)
+        where = np.nonzero(zero)[0]
+        products = a64[rows[where], :] * b64[:, cols[where]].T
+        all_zero = ~products.any(axis=1)
+        out[where[all_zero]] = np.where(np.all(np.signbit(products[all_zero]), axis=1),
+                                        -0.0, 0.0)
+        rest = np.ones(rows.size, bool)
+        rest[where[all_zero]] = False
+        if not rest.all():
+            out[rest] = _exact_elements(a, b, a64, b64, approx, row_norm, col_norm,
+                                        rows[rest], cols[rest], g, zeros_done=True)
+        return out
     m, n = a.shape[0], b.shape[1]
     upper = row_norm[rows] * col_norm[cols] * (1 + 2 * g)        # >= sum |a_ik b_kj|
     qa = _per_line(rows, lambda u: a[u, :], lambda: _lowest_bit_exponent(a, axis=1), m)
     qb = _per_line(cols, lambda u: b[:, u].T, lambda: _lowest_bit_exponent(b, axis=0), n)
     exact = upper < np.ldexp(1.0, np.minimum(qa + qb + 53, 1023))
     values = approx[rows, cols]
-    out = np.empty(rows.size, np.float32)
     nonzero = exact & (values != 0)
     with np.errstate(over="ignore"):
         out[nonzero] = values[nonzero]                               # exact: one rounding
