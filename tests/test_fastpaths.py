@@ -219,3 +219,18 @@ def test_fast_matmul_reports_the_same_underflow_as_the_general_path(kind, monkey
     slow = [_counts(lambda: accumulation.matmul(x, y, out_fmt=f)) for x, y, f in cases]
     for (out_fast, count_fast), (out_slow, count_slow) in zip(fast, slow):
         assert same_bits(out_fast, out_slow) and count_fast == count_slow
+
+
+def test_round_array_small_fp16_nans_follow_round_to():
+    from fpsim.autograd.numerics import round_array
+    from fpsim.formats import FP16
+    from fpsim.rounding import round_to
+
+    bits = np.array([0x7F800001, 0xFF812345, 0x7FC00001, 0x7FA00000, 0x3F800000], np.uint32)
+    x32 = bits.view(np.float32)
+    with np.errstate(invalid="ignore"):
+        x64 = x32.astype(np.float64)
+    for x in (x32, x64):
+        ours = round_array(x, FP16)
+        expected = round_to(x, FP16).astype(np.float32)
+        assert np.array_equal(ours.view(np.uint32), expected.view(np.uint32))

@@ -87,8 +87,11 @@ def round_array(x, fmt):
     else:
         raise TypeError(f"round_array takes float32/float64 arrays, got {x.dtype}")
     if x.size < _SMALL and (fmt is FP16 or fmt == FP16):
-        with np.errstate(over="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"):
             out = x.astype(np.float16).astype(np.float32)
+        nans = np.isnan(out)
+        if nans.any():  # NumPy's NaN payloads differ from round_to's rule: let it decide
+            out[nans] = round_to(x[nans], fmt)
     else:
         out = round_to(x, fmt)
         out = out if out.dtype == np.float32 else out.astype(np.float32)
