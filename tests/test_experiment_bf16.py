@@ -4,7 +4,7 @@ import json
 
 from fpsim.experiments import reproduce
 
-PINNED = "b19a908d5917a1966510adab2e141938e3c8a1ba1ebdade847d17d8bb3be1a04"
+PINNED = "8767db296b8a0f0358f5356a7709d90e48bc550789ac2b304765fc35f08ee6bf"
 
 
 def test_bf16_numbers(tmp_path):

@@ -4,7 +4,7 @@ import json
 
 from fpsim.experiments import reproduce
 
-PINNED = "81dba266b76d8dbb5433b130ff42c2e1853f4ce628b6905b394f1f7eb571afdc"
+PINNED = "e66865a0394614cab0495b1cd4023d9be8be2f3e036932637edf9e7c7bcbb7f8"
 
 
 def test_overflow_numbers(tmp_path):

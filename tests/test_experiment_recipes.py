@@ -5,7 +5,7 @@ import json
 from fpsim.experiments import reproduce
 from fpsim.experiments._tasks import teacher_label_margin
 
-PINNED = "6c96ba93122a803a32403b574f2f98e29d5c468c7fd88ba8521705c279871d62"
+PINNED = "3185c98b7ca1e79d718dc48ef266088612bb2dac769378b17a082d88d0d83652"
 
 
 def test_recipes_numbers(tmp_path):

@@ -173,7 +173,7 @@ def first_stalled_step(lost_fraction) -> int | None:
 
 
 # --- the classification task ---------------------------------------------------------------
-def classification_split(n_train: int = 2048, n_test: int = 1024, features: int = 16,
+def classification_split(n_train: int = 8192, n_test: int = 2048, features: int = 16,
                          classes: int = 4, seed: int = 0) -> tuple[Dataset, Dataset]:
     """One teacher data set of ``n_train + n_test`` samples (one teacher network), split."""
     full = make_dataset("teacher", n=n_train + n_test, features=features, classes=classes,
@@ -183,7 +183,7 @@ def classification_split(n_train: int = 2048, n_test: int = 1024, features: int 
     return train, test
 
 
-def teacher_label_margin(n: int = 3072, features: int = 16, classes: int = 4,
+def teacher_label_margin(n: int = 8192 + 2048, features: int = 16, classes: int = 4,
                          seed: int = 0, hidden: int = 32) -> float:
     """The smallest gap between the top two teacher scores over the data set, relative to
     the largest score magnitude: how far each label is from depending on rounding."""

@@ -40,7 +40,7 @@ def _mean(values) -> float:
 
 @register("bf16", TITLE)
 def run(ctx: Context) -> Result:
-    steps_classifier, steps_regression = (300, 600) if ctx.quick else (800, 1000)
+    steps_classifier, steps_regression = (300, 600) if ctx.quick else (1500, 1000)
     data, _ = classification_split()
     classifier, mixed_losses = {}, {}
     for label, policy in MIXED.items():

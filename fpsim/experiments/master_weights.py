@@ -69,6 +69,9 @@ def run(ctx: Context) -> Result:
         ctx.out / "master_weights")
     a, b = runs_numbers[list(RUNS)[0]], runs_numbers[list(RUNS)[1]]
     ref = runs_numbers[list(RUNS)[2]]
+    exact = (", exactly: the targets are fp16(x . w*), and once the fp16 weights equal w* the "
+             "fp16 forward pass rounds its predictions to the same values"
+             if b["final_loss"] == 0 else "")
     summary = (
         f"Least squares on one linear layer ({problem.x.shape[1]} fp16 weights of magnitude "
         f"1-2, full-batch SGD, lr = {LR}, {steps} steps) in fp16 (`16-true`), once updating the "
@@ -76,7 +79,7 @@ def run(ctx: Context) -> Result:
         f"the run freezes at step {a['first_stalled_step']}: from there every update is lost, "
         f"the loss stays at {a['final_loss']:.3g} and the weights {100 * a['final_weight_error']:.2f}% "
         f"from the solution; with the master copy the same fp16 model reaches loss "
-        f"{b['final_loss']:.3g} (weight error {b['final_weight_error']:.2g}), and fp32 "
+        f"{b['final_loss']:.3g} and weight error {b['final_weight_error']:.2g}{exact}; fp32 "
         f"reaches {ref['final_loss']:.2g}. Why: near the solution the update lr * grad shrinks "
         f"with the error, and an fp16 weight absorbs any update below half its ulp, i.e. when "
         f"|w|/|u| exceeds 2^11 = 2048 (for w = 1) up to 4096 (for w just below 2). The "

@@ -61,7 +61,7 @@ def scale_changes(scales) -> list[list[int]]:
 
 @register("overflow", TITLE)
 def run(ctx: Context) -> Result:
-    steps, interval = (300, 50) if ctx.quick else (800, 100)
+    steps, interval = (300, 50) if ctx.quick else (1500, 100)
     data, _ = classification_split()
     initial = build_mlp(POLICY).state_dict()
     runs, numbers_runs = {}, {}

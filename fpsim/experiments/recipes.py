@@ -73,7 +73,7 @@ def first_step_moments(policy: str, data, eps: float) -> dict:
 
 @register("recipes", TITLE)
 def run(ctx: Context) -> Result:
-    steps = 200 if ctx.quick else 600
+    steps = 200 if ctx.quick else 1500
     train_data, test_data = classification_split()
     rows, numbers_rows, speed = {}, {}, {}
     for label, (policy, master, scaler, _, _, eps) in RECIPES.items():
@@ -111,7 +111,7 @@ def run(ctx: Context) -> Result:
         "16_true_moments_after_step_1": first_step_moments("16-true", train_data, EPS),
     }
     figures = plot_recipes(rows, ctx.out / "recipes")
-    numbers = {"task": {"model": "MLP 16-64-4 (ReLU)", "data": "teacher, 2048 train / 1024 "
+    numbers = {"task": {"model": "MLP 16-64-4 (ReLU)", "data": "teacher, 8192 train / 2048 "
                         "held out", "optimizer": f"Adam lr {LR}", "batch": BATCH,
                         "steps": steps},
                "recipes": numbers_rows, "diagnosis": diagnosis}

@@ -20,9 +20,12 @@ def plot_bf16(mixed: dict, reference: str, regression: dict, windows: dict, stem
         fig, axes = new_figure(10.0, 7.0, nrows=2, ncols=2)
         (loss_ax, gap_ax), (reg_ax, ratio_ax) = axes
         base = np.asarray(mixed[reference], np.float64)
+        styles = iter([("-", 2.4), ("--", 1.4), (":", 1.4)] * len(mixed))
         for label, losses in mixed.items():
             losses = np.asarray(losses, np.float64)
-            loss_ax.plot(running_mean(losses, window), label=label)
+            style, width = next(styles)  # the curves coincide: styles keep each visible
+            loss_ax.plot(running_mean(losses, window), label=label, linestyle=style,
+                         linewidth=width)
             if label != reference:
                 gap_ax.plot(losses - base, label=f"{label} minus {reference}", linewidth=0.8)
             else:
