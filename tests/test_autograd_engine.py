@@ -248,3 +248,15 @@ def test_numpy_arrays_on_the_left_defer_to_tensor_operators():
     assert isinstance(y, Tensor) and y.requires_grad
     y.sum().backward()
     np.testing.assert_array_equal(t.grad.data, [0.5, 0.5])
+
+
+def test_linear_with_infinite_inputs_gives_nan_without_warnings():
+    import numpy as np
+
+    from fpsim.autograd import Tensor, linear, use_policy
+
+    with use_policy("16-true"):
+        out = linear(Tensor(np.ones((2, 3), np.float32)),
+                     Tensor(np.full((2, 3), np.inf, np.float32)),
+                     Tensor(np.full((2,), -np.inf, np.float32)))
+    assert np.isnan(out.data).all()

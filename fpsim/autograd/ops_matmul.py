@@ -164,7 +164,8 @@ def linear(x, weight, bias=None, *, accumulation=None) -> Tensor:
         pass
     else:
         acc = acc_matmul(x.data, weight.data.T, _fp32(), model)
-        acc += bias.data  # float32 addition: the epilogue's fp32 rounding
+        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN, as in IEEE
+            acc += bias.data  # float32 addition: the epilogue's fp32 rounding
         out = round_array(acc, fmt)
 
     def backward(g, g_fmt):
