@@ -157,12 +157,18 @@ def _summary(steps: int, fp32: dict, none: dict, s128: dict, dyn: dict) -> str:
     else:
         stall = (f"stays on it until step {none['escape_step']}, "
                  f"{none['escape_step'] / fp32['escape_step']:.1f} times as long,")
-        release = (f", and they grow until the lower gradients cross fp16's limit: then the "
-                   f"run leaves the plateau and its underflow falls (middle panel)")
+        release = (", and they grow until the lower gradients cross fp16's limit: then the "
+                   "run leaves the plateau and its underflow falls (middle panel)")
     moved = ", ".join(f"{100 * m:.0f}%" for m in fp32["weights_moved_at_snapshot"][:3])
     frozen = [i + 1 for i, m in enumerate(none["weights_moved_at_snapshot"]) if m == 0]
-    frozen_text = (f"layers {frozen[0]}-{frozen[-1]}" if len(frozen) > 1
-                   else f"layer {frozen[0]}" if frozen else "any layer")
+    if not frozen:
+        frozen_text = "any layer"
+    elif len(frozen) == 1:
+        frozen_text = f"layer {frozen[0]}"
+    elif frozen == list(range(frozen[0], frozen[-1] + 1)):
+        frozen_text = f"layers {frozen[0]}-{frozen[-1]}"
+    else:
+        frozen_text = "layers " + ", ".join(map(str, frozen))
     if dyn["skipped_steps"]:
         dynamic = (f"dynamic scaling (65536 at first, halved at each of its "
                    f"{dyn['skipped_steps']} overflowing, skipped steps, to "
@@ -179,7 +185,8 @@ def _summary(steps: int, fp32: dict, none: dict, s128: dict, dyn: dict) -> str:
         f"precision without loss scaling it {stall} with {100 * on_plateau:.0f}% of the nonzero "
         f"gradient values flushed to zero in every backward pass meanwhile, and ends at "
         f"{none['final_loss']:.3f}. The cause is what experiment 1 measures: each small layer "
-        f"shrinks the gradient by about 2^-2.6 on its way down, so the first layers' activation "
+        f"shrinks the gradient by two to three octaves on its way down, so the first layers' "
+        f"activation "
         f"gradients lie below 2^-25 and round to zero; by step {SNAPSHOT}, when fp32 has "
         f"changed {moved} of the weights of layers 1-3, the unscaled run has not changed a "
         f"single weight of {frozen_text} (right panel). Adam would move them however small a "

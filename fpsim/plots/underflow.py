@@ -47,7 +47,8 @@ def plot_underflow(hist: dict, fractions: dict, layers: list[str], quantiles: li
         ax.set_ylim(0, top)
         ticks = list(range(4 * math.ceil(low / 4), high + 1, 4))
         ax.set_xticks(ticks, _power_ticks(ticks))
-        ax.set_xlabel("|activation gradient| (the bar at $2^e$ counts values in [$2^e$, $2^{e+1}$))")
+        ax.set_xlabel("|activation gradient| (the bar at $2^e$ counts values in "
+                      "[$2^e$, $2^{e+1}$))")
         ax.set_ylabel("% of nonzero values")
         ax.set_title("Activation gradients recorded in fp32, against fp16's range")
         ax.text(0.01, 0.97,
