@@ -11,7 +11,7 @@ def test_accumulation_numbers(tmp_path):
     (result,) = reproduce(tmp_path, quick=True, only=["accumulation"])
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "accumulation_error.png", "accumulation_error.svg", "summary.json", "summary.md",
-        "timings.json"]
+        "timings.json", "timings.md"]
     positive = result.numbers["median_relative_error"]["positive (like sums of probabilities)"]
     fp16, fp32 = positive["fp16 accumulate"], positive["fp32 accumulate"]
     exact = positive["exact, rounded once to fp32"]

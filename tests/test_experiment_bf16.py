@@ -10,7 +10,7 @@ PINNED = "8767db296b8a0f0358f5356a7709d90e48bc550789ac2b304765fc35f08ee6bf"
 def test_bf16_numbers(tmp_path):
     (result,) = reproduce(tmp_path, quick=True, only=["bf16"])
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "bf16.png", "bf16.svg", "summary.json", "summary.md", "timings.json"]
+        "bf16.png", "bf16.svg", "summary.json", "summary.md", "timings.json", "timings.md"]
     c = result.numbers["classifier"]
     fp32, bf16 = c["fp32 (32-true)"], c["bf16-mixed, no loss scaling"]
     fp16 = c["16-mixed, no loss scaling"]

@@ -20,7 +20,7 @@ def test_helpers():
 def test_loss_curves_numbers(tmp_path):
     (result,) = reproduce(tmp_path, quick=True, only=["loss_curves"])
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "loss_curves.png", "loss_curves.svg", "summary.json", "summary.md", "timings.json"]
+        "loss_curves.png", "loss_curves.svg", "summary.json", "summary.md", "timings.json", "timings.md"]
     runs = result.numbers["runs"]
     fp32, none, s128, dyn = (runs[k] for k in runs)
     assert [r["policy"] for r in (fp32, none, s128, dyn)] == ["32-true"] + ["16-mixed"] * 3

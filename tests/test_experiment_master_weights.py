@@ -11,7 +11,7 @@ def test_master_weights_numbers(tmp_path):
     (result,) = reproduce(tmp_path, quick=True, only=["master_weights"])
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "master_weights.png", "master_weights.svg", "summary.json", "summary.md",
-        "timings.json"]
+        "timings.json", "timings.md"]
     runs = result.numbers["runs"]
     fp16_only = runs["fp16 weights, no master copy"]
     master = runs["fp16 weights + fp32 master copy"]

@@ -10,7 +10,7 @@ PINNED = "e66865a0394614cab0495b1cd4023d9be8be2f3e036932637edf9e7c7bcbb7f8"
 def test_overflow_numbers(tmp_path):
     (result,) = reproduce(tmp_path, quick=True, only=["overflow"])
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "overflow.png", "overflow.svg", "summary.json", "summary.md", "timings.json"]
+        "overflow.png", "overflow.svg", "summary.json", "summary.md", "timings.json", "timings.md"]
     steps = result.numbers["task"]["steps"]
     runs = result.numbers["runs"]
     skip, noskip = runs["static 2^24, skip on overflow"], runs["static 2^24, no skip"]

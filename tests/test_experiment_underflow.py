@@ -37,7 +37,7 @@ def test_histogram_bins_by_exact_binary_exponent():
 def test_underflow_numbers(tmp_path):
     (result,) = reproduce(tmp_path, quick=True, only=["underflow"])
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "summary.json", "summary.md", "timings.json", "underflow_histogram.png",
+        "summary.json", "summary.md", "timings.json", "timings.md", "underflow_histogram.png",
         "underflow_histogram.svg"]
     f = result.numbers["fractions"]
     scales = f["by_scale"]

@@ -4,7 +4,7 @@ Each experiment is a function ``run(ctx) -> Result`` registered under a short na
 writes its figures (PNG and SVG, through ``fpsim.plots``) into ``ctx.out`` and returns every
 number it shows. ``reproduce`` runs the chosen experiments in order and writes
 ``summary.md`` and ``summary.json``. Everything but wall-clock timings is identical on every
-machine; timings go to ``timings.json`` alone.
+machine; timings go to ``timings.json`` and ``timings.md`` alone.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class Result:
     """``numbers``: every number an experiment shows (JSON-serialisable, deterministic);
     ``figures``: file names written into the output folder; ``summary``: a markdown paragraph
     (what was run, what it shows, why); ``timings``: wall-clock numbers (machine-dependent,
-    kept out of ``numbers``)."""
+    kept out of ``numbers``; ``timing_table`` shows them, in ``timings.md``)."""
 
     name: str
     title: str
@@ -41,6 +41,7 @@ class Result:
     summary: str
     table: str = ""
     timings: dict = field(default_factory=dict)
+    timing_table: str = ""
 
 
 @dataclass(frozen=True)
@@ -127,3 +128,10 @@ def _write_summaries(out: Path, results: list[Result], quick: bool, timings: dic
             lines += [r.table.strip(), ""]
         lines += [f"![{r.title}]({fig})" for fig in r.figures if fig.endswith(".png")] + [""]
     (out / "summary.md").write_text("\n".join(lines))
+    timing_lines = ["# Wall-clock timings (these, and only these, differ between machines)", "",
+                    "| experiment | seconds |", "|---|---|"]
+    timing_lines += [f"| {name} | {t['seconds']} |" for name, t in timings.items()]
+    for r in results:
+        if r.timing_table:
+            timing_lines += ["", f"## {r.title}", "", r.timing_table.strip()]
+    (out / "timings.md").write_text("\n".join(timing_lines) + "\n")

@@ -20,7 +20,7 @@ on a held-out set under its own policy. One extra row, not a Lightning recipe, r
 ``16-true`` with Adam's ``eps`` raised to 1e-4, to show what breaks the fp16 recipe.
 
 Steps per second measure this simulator, not a GPU: emulating a 16-bit format costs extra
-roundings here, so they go to ``Result.timings`` and the table, never to ``numbers``.
+roundings here, so they go to ``Result.timings`` and ``timings.md``, never to ``numbers``.
 """
 from __future__ import annotations
 
@@ -115,15 +115,18 @@ def run(ctx: Context) -> Result:
                         "held out", "optimizer": f"Adam lr {LR}", "batch": BATCH,
                         "steps": steps},
                "recipes": numbers_rows, "diagnosis": diagnosis}
-    table = _table(numbers_rows, speed)
+    table = _table(numbers_rows)
+    speed_table = "\n".join(["| recipe | steps/s (this machine) |", "|---|---|"]
+                            + [f"| {label} | {value:.0f} |" for label, value in speed.items()])
     return Result("recipes", TITLE, numbers, [f.name for f in figures],
                   _summary(numbers_rows, diagnosis, steps), table,
-                  {"steps_per_second": {k: round(v, 1) for k, v in speed.items()}})
+                  {"steps_per_second": {k: round(v, 1) for k, v in speed.items()}},
+                  timing_table=speed_table)
 
 
-def _table(rows: dict, speed: dict) -> str:
+def _table(rows: dict) -> str:
     lines = ["| recipe | weights | loss scaler | final loss (last 50 steps) | held-out accuracy "
-             "| NaN | steps/s (this machine) |", "|---|---|---|---|---|---|---|"]
+             "| NaN |", "|---|---|---|---|---|---|"]
     for label, row in rows.items():
         weights, scaler = RECIPES[label][3], RECIPES[label][4]
         loss = row["mean_loss_last_50"]
@@ -131,8 +134,7 @@ def _table(rows: dict, speed: dict) -> str:
         nan_text = (f"yes, from step {row['first_nonfinite_loss_step']}" if row["nan"]
                     else "no")
         lines.append(f"| {label} | {weights} | {scaler} | {loss_text} | "
-                     f"{100 * row['heldout_accuracy']:.1f}% | {nan_text} | "
-                     f"{speed[label]:.0f} |")
+                     f"{100 * row['heldout_accuracy']:.1f}% | {nan_text} |")
     return "\n".join(lines)
 
 
@@ -163,5 +165,5 @@ def _summary(rows: dict, diagnosis: dict, steps: int) -> str:
         f"has fp32's range (eps is {diagnosis['adam_eps_in_bf16']:.3g} there), though "
         f"{100 * r['bf16-true']['mean_lost_update_fraction']:.0f}% of its updates are lost to "
         f"rounding without a master copy. Steps per second are the simulator's (emulated "
-        f"16-bit formats cost extra roundings here), not a GPU's; they are in the table and "
-        f"`timings.json` only.")
+        f"16-bit formats cost extra roundings here), not a GPU's; they vary by machine, so they "
+        f"are in `timings.md` and `timings.json` only.")
