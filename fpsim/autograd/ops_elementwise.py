@@ -36,6 +36,7 @@ import numpy as np
 
 from .numerics import round_array
 from .ops_matmul import _model, acc_sum
+from .ops_matmul import sum_to_shape as _unbroadcast
 from .ops_shape import convert, operands
 from .tensor import Tensor, record
 
@@ -51,15 +52,6 @@ def _is_scalar(v) -> bool:
 def _opmath(data, scalar):
     """A Python scalar in the operand's arithmetic type (float32, or float64 in ref mode)."""
     return data.dtype.type(scalar)
-
-
-def _unbroadcast(g, shape, fmt, model):
-    if g.shape == shape:
-        return g
-    lead = g.ndim - len(shape)
-    axes = tuple(range(lead)) + tuple(i + lead for i, n in enumerate(shape)
-                                      if n == 1 and g.shape[i + lead] != 1)
-    return acc_sum(g, axes, True, fmt, model).reshape(shape)
 
 
 def _broadcast_shape(a, b, op):

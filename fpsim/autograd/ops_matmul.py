@@ -96,8 +96,9 @@ def _check_matmul_shapes(a_shape, b_shape, op):
                          f"broadcast") from None
 
 
-def _sum_to(g, shape, fmt, model):
-    """Sum a batched gradient over the broadcast batch axes down to ``shape``."""
+def sum_to_shape(g, shape, fmt, model):
+    """Sum a gradient over the axes that broadcasting added or stretched, down to ``shape``,
+    with the accumulation model, rounded to ``fmt``."""
     if g.shape == shape:
         return g
     lead = g.ndim - len(shape)
@@ -129,10 +130,10 @@ def matmul(a, b, *, accumulation=None) -> Tensor:
         da = db = None
         if a.requires_grad:
             da = acc_matmul(g2, np.swapaxes(b2, -1, -2), a.grad_fmt, model)
-            da = _sum_to(da, a2.shape, a.grad_fmt, model).reshape(a.shape)
+            da = sum_to_shape(da, a2.shape, a.grad_fmt, model).reshape(a.shape)
         if b.requires_grad:
             db = acc_matmul(np.swapaxes(a2, -1, -2), g2, b.grad_fmt, model)
-            db = _sum_to(db, b2.shape, b.grad_fmt, model).reshape(b.shape)
+            db = sum_to_shape(db, b2.shape, b.grad_fmt, model).reshape(b.shape)
         return da, db
 
     return record(out, fmt, (a, b), backward, "matmul")
