@@ -35,7 +35,7 @@ from numbers import Real
 import numpy as np
 
 from .numerics import round_array
-from .ops_matmul import _model, acc_sum
+from .ops_matmul import _model
 from .ops_matmul import sum_to_shape as _unbroadcast
 from .ops_shape import convert, operands
 from .tensor import Tensor, record
