@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import backend
 from . import underflow
-from ..formats import FP16, FP32, get
+from ..formats import FP16, FP32, Format, get
 from ..rounding import round_to
 
 __all__ = ["FP64", "Float64Reference", "resolve", "round_array", "contains", "widest",

@@ -37,7 +37,7 @@ def run(ctx: Context) -> Result:
         ctx.progress(f"  {label}")
         results[label] = run_regression(problem, policy, master, LR, steps)
     bits = PRECISION_BITS["fp16"]
-    fp16_only, with_master = results[list(RUNS)[0]], results[list(RUNS)[1]]
+    fp16_only = results[list(RUNS)[0]]
     window = fp16_only.log.window(bits)
     bins = fp16_only.log.binned()
     runs_numbers = {}
