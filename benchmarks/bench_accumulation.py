@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 
+from _timing import best_seconds
 from fpsim.autograd._certified import exact_matmul
 from fpsim.autograd.accumulation import matmul
 from fpsim.formats import FP32
@@ -26,14 +27,6 @@ from fpsim.rounding import round_to
 SHAPES = [(128, 256, 256), (256, 784, 1024)]
 
 
-def best_seconds(fn, repeat: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def data(m: int, k: int, n: int, seed: int = 0):

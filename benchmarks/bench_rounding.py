@@ -12,12 +12,12 @@ Targets (2 cores): fp16 >= 10x numpy's float16 cast; bf16 and fp8 >= 1x ml_dtype
 from __future__ import annotations
 
 import argparse
-import time
 import warnings
 
 import ml_dtypes
 import numpy as np
 
+from _timing import best_seconds
 from fpsim import round_to
 
 CASES = [  # (fpsim format, oracle dtype, oracle name, target ratio)
@@ -33,14 +33,6 @@ def gradient_like(n: int, seed: int = 0) -> np.ndarray:
     return (rng.standard_normal(n) * np.exp2(rng.integers(-30, 18, n))).astype(np.float32)
 
 
-def best_seconds(fn, repeat: int) -> float:
-    fn()  # warm up: page in buffers, start threads
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def count_wrong(ours: np.ndarray, reference: np.ndarray) -> int:
