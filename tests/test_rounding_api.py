@@ -135,3 +135,20 @@ def test_nan_results_are_nans_the_format_holds(fmt, mode):
     # the bf16 fast path keeps the payload bits that fit, as torch's bf16 cast does
     assert round_to(np.uint32([0xFFFF0000]).view(np.float32), "bf16").view(np.uint32)[0] \
         == 0xFFFF0000
+
+
+def test_work_buffers_are_per_thread_and_grow():
+    """The kernels reuse one set of work buffers per thread: calls from many threads at once,
+    of sizes that make the buffers grow, give NumPy's float16 bits."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(7)
+    inputs = [(rng.standard_normal(n) * 2.0 ** rng.integers(-20, 10)).astype(np.float32)
+              for n in (5, 3000, 40000, 200000, 17, 70000)]
+    with np.errstate(over="ignore"):
+        expected = [x.astype(np.float16).astype(np.float32).view(np.uint32) for x in inputs]
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(5):
+            results = list(pool.map(lambda x: round_to(x, FP16), inputs * 3))
+            for got, want in zip(results, expected * 3):
+                np.testing.assert_array_equal(got.view(np.uint32), want)

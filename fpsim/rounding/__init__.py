@@ -29,7 +29,8 @@ from numbers import Real
 import numpy as np
 
 from ..formats import BF16, Format, get
-from ._kernels import Rules, Scratch, magic_applies, round_any_mode, round_nearest_even_magic
+from ._kernels import (Rules, magic_applies, round_any_mode, round_nearest_even_magic,
+                       thread_scratch)
 
 __all__ = ["round_to", "MODES"]
 
@@ -143,7 +144,7 @@ def _chunks(n: int):
 
 
 def _magic_chunks(src: np.ndarray, dst: np.ndarray, rules: Rules, widen: bool = False) -> None:
-    scratch = Scratch(min(_CHUNK, max(1, src.size)))
+    scratch = thread_scratch()
     with np.errstate(over="ignore", invalid="ignore"):
         for lo, hi in _chunks(src.size):
             if widen:

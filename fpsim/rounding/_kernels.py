@@ -21,6 +21,7 @@ Both rely on IEEE arithmetic without flush-to-zero, which is NumPy's default on 
 """
 from __future__ import annotations
 
+import threading
 from typing import NamedTuple
 
 import numpy as np
@@ -74,18 +75,33 @@ def magic_applies(rules: Rules, dtype: np.dtype) -> bool:
 
 
 class Scratch:
-    """Reusable per-thread work buffers, so chunks allocate nothing."""
+    """Reusable work buffers, so chunks allocate nothing. One per thread (``thread_scratch``):
+    a fresh buffer of a few hundred KiB is fresh pages, and on a virtual machine the page
+    faults cost more than the arithmetic (measured: 96 faults, ~250 us, per 32K-element fp16
+    rounding, against ~60-90 us with reused buffers)."""
 
-    def __init__(self, size: int):
+    def __init__(self, size: int = 0):
         self.size = size
         self._buffers: dict[tuple, np.ndarray] = {}
 
     def get(self, slot: int, dtype, n: int) -> np.ndarray:
         key = (slot, np.dtype(dtype))
         buf = self._buffers.get(key)
-        if buf is None:
-            buf = self._buffers[key] = np.empty(self.size, dtype)
+        if buf is None or buf.size < n:
+            buf = self._buffers[key] = np.empty(max(n, self.size), dtype)
         return buf[:n]
+
+
+_local = threading.local()
+
+
+def thread_scratch() -> Scratch:
+    """This thread's ``Scratch`` (buffers grow to the largest chunk seen, at most ``_CHUNK``
+    elements per slot)."""
+    scratch = getattr(_local, "scratch", None)
+    if scratch is None:
+        scratch = _local.scratch = Scratch()
+    return scratch
 
 
 def round_nearest_even_magic(x: np.ndarray, out: np.ndarray, rules: Rules,
