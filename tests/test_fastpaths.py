@@ -234,3 +234,21 @@ def test_round_array_small_fp16_nans_follow_round_to():
         ours = round_array(x, FP16)
         expected = round_to(x, FP16).astype(np.float32)
         assert np.array_equal(ours.view(np.uint32), expected.view(np.uint32))
+
+
+def test_relu_gradient_mask_is_np_where_bit_for_bit():
+    """relu's backward (an AND with a 0 / all-ones mask) gives ``np.where(x > 0, g, 0)``'s
+    bits for every pairing of special values: signed zeros, subnormals, inf, NaN payloads."""
+    from fpsim.autograd.ops_elementwise import _where_positive
+
+    specials = np.array([-np.inf, -1.5, -2.0 ** -149, -0.0, 0.0, 2.0 ** -149, 1.0, 65504.0,
+                         np.inf, np.nan, -np.nan], np.float32)
+    specials = np.concatenate([specials, np.uint32([0x7FC01234, 0xFFA00001]).view(np.float32)])
+    d, g = np.meshgrid(specials, specials)
+    rng = np.random.default_rng(3)
+    d2 = rng.standard_normal((64, 33)).astype(np.float32)
+    g2 = rng.standard_normal((64, 33)).astype(np.float32)
+    for x, grad in ((d, g), (d2, g2), (d2.T, g2.T)):
+        want = np.where(x > 0, grad, np.float32(0))
+        np.testing.assert_array_equal(_where_positive(x, grad).view(np.uint32),
+                                      want.view(np.uint32))

