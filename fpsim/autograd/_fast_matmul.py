@@ -179,15 +179,21 @@ def _f_uncertified(certified, low32, pre_high, out_high, bias, out_fmt):
     f is coarser than rnd32 (an output format or a bias). Few candidates: gathered; many
     (fp16 data makes exact fp32 ties common): checked over the whole matrix."""
     if bias is None and out_fmt == FP32:
-        return np.nonzero(~certified)
-    if 8 * np.count_nonzero(~certified) < certified.size:
-        rows, cols = np.nonzero(~certified)
+        return _where_2d(~certified)
+    uncertified = np.logical_not(certified, out=_scratch("uncertified", certified.shape, bool))
+    if 8 * np.count_nonzero(uncertified) < certified.size:
+        rows, cols = _where_2d(uncertified)
         ok = _f_agree(low32[rows, cols], pre_high[rows, cols], out_high[rows, cols],
                       None if bias is None else bias[cols], out_fmt)
         return rows[~ok], cols[~ok]
     ok = _f_agree(low32, pre_high, out_high, bias, out_fmt)
     ok |= certified
-    return np.nonzero(~ok)
+    return _where_2d(~ok)
+
+
+def _where_2d(mask: np.ndarray):
+    """``np.nonzero`` of a 2-D mask, through the flat indices (several times faster)."""
+    return np.divmod(np.flatnonzero(mask), mask.shape[1])
 
 
 def _f_agree(low32, pre_high, out_high, bias, out_fmt) -> np.ndarray:
