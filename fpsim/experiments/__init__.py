@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["Context", "Result", "Experiment", "REGISTRY", "register", "reproduce", "names"]
+__all__ = ["Context", "Result", "Experiment", "ExperimentsFailed", "REGISTRY", "BROKEN",
+           "register", "reproduce", "names"]
 
 
 @dataclass(frozen=True)
@@ -62,14 +63,41 @@ def register(name: str, title: str):
     return wrap
 
 
-def _load_all() -> None:
-    """Import every experiment module in this package; importing one registers it."""
-    import importlib
+class ExperimentsFailed(RuntimeError):
+    """Some experiments could not be imported or raised while running. ``failures`` maps each
+    name to its error message; the others ran and their outputs are written."""
+
+    def __init__(self, failures: dict[str, str], done: list[str]):
+        self.failures, self.done = failures, done
+        lines = [f"  {name}: {message}" for name, message in failures.items()]
+        super().__init__(f"{len(failures)} experiment(s) failed (the other {len(done)} ran and "
+                         f"their outputs are written):\n" + "\n".join(lines))
+
+
+# Experiment modules that failed to import, name -> message: one broken module must not take
+# ``reproduce`` (or ``--list``) down with it.
+BROKEN: dict[str, str] = {}
+
+
+def _module_names() -> list[str]:
     import pkgutil
 
-    for module in pkgutil.iter_modules(__path__):
-        if not module.name.startswith("_") and module.name != "cli":
-            importlib.import_module(f"{__name__}.{module.name}")
+    return [m.name for m in pkgutil.iter_modules(__path__)
+            if not m.name.startswith("_") and m.name != "cli"]
+
+
+def _load_all() -> None:
+    """Import every experiment module in this package; importing one registers it (a module
+    registers the experiment of its own name). Import errors are kept in ``BROKEN``."""
+    import importlib
+
+    for name in _module_names():
+        if name in REGISTRY or name in BROKEN:
+            continue
+        try:
+            importlib.import_module(f"{__name__}.{name}")
+        except Exception as err:  # noqa: BLE001 - reported by reproduce, not swallowed
+            BROKEN[name] = f"import failed: {type(err).__name__}: {err}"
 
 
 # The paper's order; experiments not listed here come after, by name.
@@ -77,19 +105,25 @@ _ORDER = ["underflow", "loss_curves", "master_weights", "overflow", "bf16", "rec
           "accumulation"]
 
 
-def names() -> list[str]:
+def names(*, include_broken: bool = False) -> list[str]:
+    """The experiments in the paper's order; ``include_broken`` adds those whose module failed
+    to import (``BROKEN``)."""
     _load_all()
-    return sorted(REGISTRY, key=lambda n: (_ORDER.index(n) if n in _ORDER else len(_ORDER), n))
+    found = set(REGISTRY) | (set(BROKEN) if include_broken else set())
+    return sorted(found, key=lambda n: (_ORDER.index(n) if n in _ORDER else len(_ORDER), n))
 
 
 def reproduce(out: "str | Path" = "figures", *, quick: bool = False,
               only: list[str] | None = None,
               progress: Callable[[str], None] | None = None) -> list[Result]:
     """Run the experiments (all, or those named in ``only``) and write their figures,
-    ``summary.md``, ``summary.json`` and ``timings.json`` into ``out``."""
-    available = names()
+    ``summary.md``, ``summary.json`` and ``timings.json`` into ``out``.
+
+    An experiment that fails to import or raises does not stop the others: they run, their
+    outputs and summaries are written, and then ``ExperimentsFailed`` names every failure."""
+    available = names(include_broken=True)
     chosen = available if not only else list(only)
-    unknown = [n for n in chosen if n not in REGISTRY]
+    unknown = [n for n in chosen if n not in available]
     if unknown:
         raise ValueError(f"unknown experiment(s) {', '.join(map(repr, unknown))}; valid names: "
                          f"{', '.join(available)}")
@@ -100,15 +134,26 @@ def reproduce(out: "str | Path" = "figures", *, quick: bool = False,
         raise ValueError(f"cannot write the output folder {out}: {err.strerror or err}") from None
     report = progress or (lambda message: None)
     ctx = Context(out, quick, report)
-    results, timings = [], {}
+    results, timings, failures = [], {}, {}
     for index, name in enumerate(chosen, start=1):
+        if name in BROKEN:
+            failures[name] = BROKEN[name]
+            report(f"[{index}/{len(chosen)}] {name}: skipped, {BROKEN[name]}")
+            continue
         experiment = REGISTRY[name]
         report(f"[{index}/{len(chosen)}] {experiment.title}")
         began = time.perf_counter()
-        result = experiment.run(ctx)
+        try:
+            result = experiment.run(ctx)
+        except Exception as err:  # noqa: BLE001 - collected, reported, raised at the end
+            failures[name] = f"{type(err).__name__}: {err}"
+            report(f"[{index}/{len(chosen)}] {name} failed: {failures[name]}")
+            continue
         timings[name] = {"seconds": round(time.perf_counter() - began, 2), **result.timings}
         results.append(result)
     _write_summaries(out, results, quick, timings)
+    if failures:
+        raise ExperimentsFailed(failures, [r.name for r in results])
     return results
 
 

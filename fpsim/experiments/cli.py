@@ -22,16 +22,20 @@ def register(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import REGISTRY, names, reproduce
+    from . import BROKEN, REGISTRY, ExperimentsFailed, names, reproduce
 
     if args.list:
-        for name in names():
-            print(f"{name:16} {REGISTRY[name].title}")
+        for name in names(include_broken=True):
+            print(f"{name:16} {REGISTRY[name].title if name in REGISTRY else BROKEN[name]}")
         return 0
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
     progress = None if args.quiet else (lambda message: print(message, file=sys.stderr,
                                                                flush=True))
-    results = reproduce(args.out, quick=args.quick, only=only, progress=progress)
+    try:
+        results = reproduce(args.out, quick=args.quick, only=only, progress=progress)
+    except ExperimentsFailed as err:
+        print(f"fpsim reproduce: {err}", file=sys.stderr)
+        return 1
     if not args.quiet:
         print(f"wrote {len(results)} experiment(s) to {args.out}/: summary.md, summary.json, "
               f"{sum(len(r.figures) for r in results)} figure files")
