@@ -3,7 +3,10 @@ update) under "32-true" and "16-mixed", beside PyTorch's CPU float32 eager step 
 installed, all measured in one run and printed as ratios.
 
 Targets (issue 3): "16-mixed" costs at most 2x the engine's own "32-true" step; on the small
-model, the engine's "16-mixed" step is no slower than PyTorch's float32 step.
+model, the engine's "16-mixed" step is no slower than PyTorch's float32 step. The "f64 floor"
+column times the float64 BLAS products of one exact-model step alone (no engine step can be
+faster); "torch/floor" at or below 1 means the second target is out of reach of the exact
+model on this machine.
 
 Each configuration's time is the fastest of ``--repeat`` rounds, the configurations taking
 turns, so that a shared, loaded machine disturbs them alike (the minimum is the least
