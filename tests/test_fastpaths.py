@@ -237,9 +237,9 @@ def test_round_array_small_fp16_nans_follow_round_to():
 
 
 def test_relu_gradient_mask_is_np_where_bit_for_bit():
-    """relu's backward (an AND with a 0 / all-ones mask) gives ``np.where(x > 0, g, 0)``'s
+    """relu's backward (an AND with a 0 / all-ones mask) gives ``np.where(y <= 0, 0, g)``'s
     bits for every pairing of special values: signed zeros, subnormals, inf, NaN payloads."""
-    from fpsim.autograd.ops_elementwise import _where_positive
+    from fpsim.autograd.ops_elementwise import _zero_where_nonpositive
 
     specials = np.array([-np.inf, -1.5, -2.0 ** -149, -0.0, 0.0, 2.0 ** -149, 1.0, 65504.0,
                          np.inf, np.nan, -np.nan], np.float32)
@@ -249,6 +249,6 @@ def test_relu_gradient_mask_is_np_where_bit_for_bit():
     d2 = rng.standard_normal((64, 33)).astype(np.float32)
     g2 = rng.standard_normal((64, 33)).astype(np.float32)
     for x, grad in ((d, g), (d2, g2), (d2.T, g2.T)):
-        want = np.where(x > 0, grad, np.float32(0))
-        np.testing.assert_array_equal(_where_positive(x, grad).view(np.uint32),
+        want = np.where(x <= 0, np.float32(0), grad)
+        np.testing.assert_array_equal(_zero_where_nonpositive(x, grad).view(np.uint32),
                                       want.view(np.uint32))

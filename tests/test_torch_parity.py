@@ -105,3 +105,15 @@ def test_fp16_linear_forward_matches_torch_bit_for_bit_up_to_accumulation_order(
           f"{unexplained} not explained by accumulation order")
     assert unexplained == 0
     assert differ <= total // 100  # a boundary case is rare: most elements agree exactly
+
+
+def test_relu_gradient_at_zero_and_nan_matches_torch():
+    """0 where the output is <= 0 (x = 0 included), the incoming gradient through a NaN."""
+    values = np.float32([np.nan, -1.0, -0.0, 0.0, 2.0 ** -149, 3.0, -np.inf, np.inf])
+    seed = np.float32([5.0, 5.0, 5.0, 5.0, 5.0, np.inf, np.nan, -2.0])
+    x_t = torch.tensor(values, requires_grad=True)
+    torch.relu(x_t).backward(torch.tensor(seed))
+    with use_policy("32-true"):
+        x = Tensor(values, requires_grad=True)
+        x.relu().backward(Tensor(seed))
+    assert np.array_equal(x.grad.data.view(np.uint32), x_t.grad.numpy().view(np.uint32))

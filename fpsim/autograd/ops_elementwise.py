@@ -157,18 +157,19 @@ def neg(x) -> Tensor:
 
 
 def relu(x) -> Tensor:
-    """max(x, 0); the gradient at 0 is 0 (as PyTorch)."""
+    """max(x, 0) (NaN stays NaN); the gradient is 0 where the output is <= 0, so 0 at x = 0,
+    and passes through a NaN output, as PyTorch's ``threshold_backward`` on the result."""
     return _unary("relu", x, "elementwise", lambda d: np.maximum(d, d.dtype.type(0)),
-                  lambda g, d, o: _where_positive(d, g), exact=True)
+                  lambda g, d, o: _zero_where_nonpositive(o, g), exact=True)
 
 
-def _where_positive(d, g):
-    """``np.where(d > 0, g, +0)`` bit for bit (inf and NaN in g included), as an AND with an
+def _zero_where_nonpositive(o, g):
+    """``np.where(o <= 0, +0, g)`` bit for bit (inf and NaN in g included), as an AND with an
     all-ones / all-zeros mask: five times faster than ``np.where`` on float32."""
-    if g.dtype != np.float32 or g.shape != d.shape:
-        return np.where(d > 0, g, g.dtype.type(0))
-    mask = np.greater(d, 0).astype(np.uint32)
-    np.negative(mask, out=mask)                      # 1 -> 0xFFFFFFFF, 0 -> 0
+    if g.dtype != np.float32 or g.shape != o.shape:
+        return np.where(o <= 0, g.dtype.type(0), g)
+    mask = np.less_equal(o, 0).astype(np.uint32)
+    mask -= 1                                        # 1 -> 0, 0 -> 0xFFFFFFFF
     return np.bitwise_and(g.view(np.uint32), mask, out=mask).view(np.float32)
 
 
