@@ -5,7 +5,7 @@ import json
 from fpsim.experiments import reproduce
 from fpsim.experiments._tasks import teacher_label_margin
 
-PINNED = "3185c98b7ca1e79d718dc48ef266088612bb2dac769378b17a082d88d0d83652"
+PINNED = "30b2480d521161e6481614bd92b18cd3b7194bede9547b0cc72172f449dc2e6c"
 
 
 def test_recipes_numbers(tmp_path):
