@@ -47,12 +47,11 @@ reused per thread (``_scratch``); results are always fresh arrays.
 from __future__ import annotations
 
 import math
-import threading
 
 import numpy as np
 
 from ..formats import FP16, FP32
-from ..rounding import round_to
+from ..rounding import round_to, thread_scratch
 from . import underflow
 from ._certified import _lowest_bit_exponent, _per_line, error_factor
 from ._exact_sum import _ELEMENTS_PER_CHUNK, round_to_odd_sum
@@ -127,17 +126,10 @@ def matmul_2d(a: np.ndarray, b: np.ndarray, out_fmt, bias: np.ndarray | None = N
     return out
 
 
-_local = threading.local()
-
-
 def _scratch(name: str, shape: tuple, dtype) -> np.ndarray:
-    """A reused per-thread work array (fresh large arrays cost page faults on every call)."""
-    buffers = _local.__dict__.setdefault("buffers", {})
-    size = int(np.prod(shape))
-    buf = buffers.get((name, dtype))
-    if buf is None or buf.size < size:
-        buf = buffers[(name, dtype)] = np.empty(max(size, 1), dtype)
-    return buf[:size].reshape(shape)
+    """A reused per-thread work array: ``round_to``'s per-thread buffers (fresh large arrays
+    cost page faults on every call), under names of their own."""
+    return thread_scratch().get(name, dtype, int(np.prod(shape))).reshape(shape)
 
 
 def _widen(x: np.ndarray, name: str) -> np.ndarray:

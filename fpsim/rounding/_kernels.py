@@ -84,7 +84,7 @@ class Scratch:
         self.size = size
         self._buffers: dict[tuple, np.ndarray] = {}
 
-    def get(self, slot: int, dtype, n: int) -> np.ndarray:
+    def get(self, slot: "int | str", dtype, n: int) -> np.ndarray:
         key = (slot, np.dtype(dtype))
         buf = self._buffers.get(key)
         if buf is None or buf.size < n:
