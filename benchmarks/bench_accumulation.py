@@ -19,8 +19,8 @@ import time
 import numpy as np
 
 from _timing import best_seconds
-from fpsim.autograd._certified import exact_matmul
-from fpsim.autograd.accumulation import matmul
+from fpsim.exact.certified import exact_matmul
+from fpsim.exact.accumulation import matmul
 from fpsim.formats import FP32
 from fpsim.rounding import round_to
 

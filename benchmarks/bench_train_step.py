@@ -99,7 +99,7 @@ def float64_floor_step(sizes, batch):
     """The float64 BLAS products alone that one exact-model step needs: per layer the forward
     x @ W.T, the weight gradient g.T @ x and (above the first layer) the input gradient g @ W,
     on float64 operands of the step's shapes. No engine step under the exact accumulation
-    model can be faster than this (``fpsim.autograd._fast_matmul``: a float32 product cannot
+    model can be faster than this (``fpsim.exact.fast_matmul``: a float32 product cannot
     be certified to the fp32 accumulator's bits), so it shows what the torch target asks."""
     rng = np.random.default_rng(0)
     products = []

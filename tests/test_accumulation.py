@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from fpsim.autograd._certified import exact_matmul, exact_rows_sum
-from fpsim.autograd._exact_sum import round_to_odd_sum
-from fpsim.autograd.accumulation import (Accumulation, blocked, exact, get_accumulation,
+from fpsim.exact.certified import exact_matmul, exact_rows_sum
+from fpsim.exact.sums import round_to_odd_sum
+from fpsim.exact.accumulation import (Accumulation, blocked, exact, get_accumulation,
                                          matmul, reduce_sum, sequential, tensor_core)
 from fpsim.formats import BF16, FP16, FP32, get
 from fpsim.rounding import round_to
@@ -501,7 +501,7 @@ def test_get_accumulation_specs_and_errors():
 
 _SCRIPT = """
 import hashlib, numpy as np
-from fpsim.autograd.accumulation import matmul, reduce_sum
+from fpsim.exact.accumulation import matmul, reduce_sum
 rng = np.random.default_rng(7)
 a = (rng.standard_normal((96, 300)) * 2.0 ** rng.integers(-20, 20, (96, 300))).astype(np.float32)
 b = rng.standard_normal((300, 160)).astype(np.float32)
@@ -529,7 +529,7 @@ def test_bits_do_not_depend_on_thread_count():
 
 
 def test_lowest_bit_exponent_against_fractions():
-    from fpsim.autograd._certified import _lowest_bit_exponent
+    from fpsim.exact.certified import lowest_bit_exponent as _lowest_bit_exponent
     rng = np.random.default_rng(14)
     x = f32(rng.standard_normal((40, 30)) * 2.0 ** rng.integers(-160, 120, (40, 30)))
     x[0] = 0

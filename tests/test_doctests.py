@@ -6,7 +6,8 @@ import pytest
 
 MODULES = ["fpsim.formats", "fpsim.rounding", "fpsim.encoding", "fpsim.describe",
            "fpsim.train.trace", "fpsim.train.checkpoint", "fpsim.optim.arith",
-           "fpsim.optim.rules", "fpsim.optim.optimizer", "fpsim.autograd.underflow",
+           "fpsim.optim.rules", "fpsim.optim.optimizer", "fpsim.exact", "fpsim.exact.underflow",
+           "fpsim.exact.accumulation", "fpsim.exact.sums",
            "fpsim.backend", "fpsim.autograd", "fpsim.autograd.numerics",
            "fpsim.autograd.policy", "fpsim.autograd.context", "fpsim.autograd.tensor",
            "fpsim.autograd.ops_shape", "fpsim.autograd.ops_matmul",

@@ -8,11 +8,12 @@ import pytest
 import fpsim.autograd as ag
 from fpsim import nn
 from fpsim.autograd import Tensor, use_policy
-from fpsim.autograd import _fast_matmul, accumulation, ops_matmul
-from fpsim.autograd._certified import exact_matmul
-from fpsim.autograd._exact_sum import round_to_odd_sum
-from fpsim.autograd._fast_matmul import fsum_round_to_odd, matmul_2d, round_out
-from fpsim.autograd.underflow import count_gradient_underflow
+from fpsim.autograd import ops_matmul
+from fpsim.exact import accumulation, fast_matmul as _fast_matmul
+from fpsim.exact.certified import exact_matmul
+from fpsim.exact.sums import round_to_odd_sum
+from fpsim.exact.fast_matmul import fsum_round_to_odd, matmul_2d, round_out
+from fpsim.exact.underflow import count_gradient_underflow
 from fpsim.formats import BF16, FP16, FP32, get
 from fpsim.rounding import round_to
 
@@ -199,7 +200,7 @@ def test_round_out_keeps_every_quiet_nan_as_round_to_does():
 
 
 def _counts(fn):
-    from fpsim.autograd.underflow import in_backward
+    from fpsim.exact.underflow import in_backward
     with count_gradient_underflow() as counts, in_backward(), np.errstate(over="ignore"):
         out = fn()
     return out, (counts.flushed, counts.nonzero, counts.values)

@@ -2,7 +2,7 @@
 import pytest
 
 from fpsim.autograd import FP64, Policy, current_policy, get_policy, use_policy
-from fpsim.autograd.accumulation import sequential
+from fpsim.exact.accumulation import sequential
 from fpsim.formats import BF16, E5M2, FP16, FP32
 
 

@@ -2,7 +2,7 @@
 import numpy as np
 
 from fpsim.autograd import Tensor, matmul, use_policy
-from fpsim.autograd.underflow import count_gradient_underflow
+from fpsim.exact.underflow import count_gradient_underflow
 
 
 def test_matmul_backward_underflow_is_counted():

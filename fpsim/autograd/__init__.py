@@ -11,8 +11,8 @@ themselves stored in a format.
   from Lightning strings ("16-mixed", ...) or jmp strings ("params=fp32,compute=fp16,...").
 - ``use_policy``, ``no_grad``, ``enable_grad`` (``context.py``).
 - ``FP64``: the float64 reference mode's marker ("64-true"), for finite-difference checks.
-- Dot-product accumulation models (``accumulation.py``): ``matmul``, ``linear`` and ``sum``
-  take ``accumulation=``; the policy carries the default.
+- Dot-product accumulation models (``fpsim.exact.accumulation``, the layer below): ``matmul``,
+  ``linear`` and ``sum`` take ``accumulation=``; the policy carries the default.
 
 >>> from fpsim.autograd import Tensor, use_policy, matmul
 >>> with use_policy("16-mixed"):

@@ -24,7 +24,7 @@ from functools import lru_cache
 import numpy as np
 
 from .. import backend
-from . import underflow
+from ..exact import underflow
 from ..formats import FP16, FP32, Format, get
 from ..rounding import round_to
 

@@ -2,7 +2,7 @@
 
 Both are in the policy's ``matmul`` category (autocast's float16 list): inputs are cast to the
 category format, every dot product is formed by the accumulation model
-(``fpsim.autograd.accumulation``; default: the policy's) into an fp32 accumulator and rounded
+(``fpsim.exact.accumulation``; default: the policy's) into an fp32 accumulator and rounded
 once to the output format. ``linear`` adds the bias to the fp32 accumulator before that last
 rounding, as a cuBLAS(Lt) GEMM epilogue does::
 
@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import underflow
-from ._fast_matmul import matmul_2d
-from .accumulation import exact, get_accumulation
-from .accumulation import matmul as _acc_matmul
-from .accumulation import reduce_sum as _acc_sum
+from ..exact import underflow
+from ..exact.fast_matmul import matmul_2d
+from ..exact.accumulation import exact, get_accumulation
+from ..exact.accumulation import matmul as _acc_matmul
+from ..exact.accumulation import reduce_sum as _acc_sum
 from .context import current_policy
 from .numerics import FP64, round_array
 from .ops_shape import operands

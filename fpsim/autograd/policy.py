@@ -26,7 +26,7 @@ Besides the categories: ``param`` (the format ``nn`` creates parameters in), ``i
 made from user data), ``grad`` (``None``: a tensor's gradient is stored in the tensor's own
 format, as in every framework; a format: every gradient is stored in it, as FP8 recipes store
 gradients in E5M2), and ``accumulation`` (the default dot-product/sum model of ``matmul``,
-``linear`` and sums; ``fpsim.autograd.accumulation``).
+``linear`` and sums; ``fpsim.exact.accumulation``).
 
 Policies from the strings users already type:
 
@@ -50,7 +50,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from ..formats import BF16, FP16, FP32, Format
-from .accumulation import exact, get_accumulation
+from ..exact.accumulation import exact, get_accumulation
 from .numerics import FP64, Float64Reference, resolve
 
 __all__ = ["Policy", "get_policy", "PRESETS", "CATEGORIES"]

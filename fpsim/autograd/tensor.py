@@ -35,7 +35,7 @@ import numpy as np
 
 from .. import backend
 from .context import _state, current_policy
-from . import underflow
+from ..exact import underflow
 from .numerics import container_of, resolve, round_array
 
 __all__ = ["Tensor", "record", "as_tensor"]

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from ..autograd.accumulation import exact, matmul, sequential, tensor_core
+from ..exact.accumulation import exact, matmul, sequential, tensor_core
 from ..plots.accumulation import plot_accumulation_error
 from ..rounding import round_to
 from . import Context, Result, register

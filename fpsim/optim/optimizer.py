@@ -33,7 +33,7 @@ from typing import Iterable, NamedTuple
 import numpy as np
 
 from ..autograd import Tensor
-from ..autograd._exact_sum import round_to_odd_sum
+from ..exact import round_to_odd_sum
 from ..formats import FP32, Format, get
 from ..rounding import round_to
 from ..scaling import check_overflow, found_inf, unscale

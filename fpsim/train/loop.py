@@ -28,7 +28,7 @@ import numpy as np
 
 from .._version import __version__ as _fpsim_version
 from ..autograd import Tensor, cross_entropy, get_policy, no_grad, use_policy
-from ..autograd.underflow import count_gradient_underflow
+from ..exact.underflow import count_gradient_underflow
 from ..optim import SGD, Optimizer
 from ..scaling import NoScaler, ScalerState, StaticScaler, preset
 from .checkpoint import load_checkpoint, save_checkpoint

@@ -1,7 +1,7 @@
 """The ``exact`` model's 2-D fast path: one float64 BLAS product, certified straight to the output.
 
 ``matmul_2d(a, b, out_fmt, bias)`` returns the same bits as the general path
-(``_certified.exact_matmul`` with ``acc = fp32``, then ``+ bias`` in float32, then one rounding
+(``certified.exact_matmul`` with ``acc = fp32``, then ``+ bias`` in float32, then one rounding
 to ``out_fmt``), for a 2-D float32 ``a`` (M, K) and ``b`` (K, N) with finite values. Writing
 ``rnd32`` for fp32 nearest-even rounding, ``pre(x) = fl32(x + bias_j)`` (or ``x`` without a bias)
 and ``f = rnd_out o pre``, the result is ``f(rnd32(s))`` with ``s`` the exact dot product::
@@ -16,7 +16,7 @@ and ``f = rnd_out o pre``, the result is ``f(rnd32(s))`` with ``s`` the exact do
                     exact, else round to odd (math.fsum for a few, integer limbs for many)
     out = rnd_out(pre(acc))
 
-Proof. (1) Enclosure. |approx - s| <= g * S with S = sum_k |a_ik b_kj| (``_certified``:
+Proof. (1) Enclosure. |approx - s| <= g * S with S = sum_k |a_ik b_kj| (``certified``:
 products are exact in float64, Higham's bound for any summation order), and
 U = ||a_i|| ||b_j|| (1 + 2g) >= S (Cauchy-Schwarz, the norms' own rounding included; the
 general path's ``_cauchy_schwarz_bound``). The computed w is at least (g + 2**-50) U: its three
@@ -53,8 +53,8 @@ import numpy as np
 from ..formats import FP16, FP32
 from ..rounding import round_to, thread_scratch
 from . import underflow
-from ._certified import _lowest_bit_exponent, _per_line, error_factor
-from ._exact_sum import _ELEMENTS_PER_CHUNK, round_to_odd_sum
+from .certified import error_factor, lowest_bit_exponent, per_line_lowest_bit
+from .sums import ELEMENTS_PER_CHUNK, round_to_odd_sum
 
 __all__ = ["matmul_2d", "round_out", "fsum_round_to_odd"]
 
@@ -219,8 +219,8 @@ def _exact_elements(a, b, a64, b64, approx, row_norm, col_norm, rows, cols, g,
         return out
     m, n = a.shape[0], b.shape[1]
     upper = row_norm[rows] * col_norm[cols] * (1 + 2 * g)        # >= sum |a_ik b_kj|
-    qa = _per_line(rows, lambda u: a[u, :], lambda: _lowest_bit_exponent(a, axis=1), m)
-    qb = _per_line(cols, lambda u: b[:, u].T, lambda: _lowest_bit_exponent(b, axis=0), n)
+    qa = per_line_lowest_bit(rows, lambda u: a[u, :], lambda: lowest_bit_exponent(a, axis=1), m)
+    qb = per_line_lowest_bit(cols, lambda u: b[:, u].T, lambda: lowest_bit_exponent(b, axis=0), n)
     exact = upper < np.ldexp(1.0, np.minimum(qa + qb + 53, 1023))
     values = approx[rows, cols]
     nonzero = exact & (values != 0)
@@ -231,7 +231,7 @@ def _exact_elements(a, b, a64, b64, approx, row_norm, col_norm, rows, cols, g,
         products = a64[rows[zero], :] * b64[:, cols[zero]].T
         out[zero] = np.where(np.all(np.signbit(products), axis=1), -0.0, 0.0)
     todo = np.nonzero(~exact)[0]
-    step = max(1, _ELEMENTS_PER_CHUNK // a.shape[1])
+    step = max(1, ELEMENTS_PER_CHUNK // a.shape[1])
     for lo in range(0, todo.size, step):
         part = todo[lo:lo + step]
         products = a64[rows[part], :] * b64[:, cols[part]].T

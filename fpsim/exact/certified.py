@@ -14,7 +14,7 @@ cannot take (exact ties, exact zeros): if U < 2**(q + 53), q a lower bound on th
 of the lowest set bit of every product (row minimum of a plus column minimum of b), every
 partial sum is a multiple of 2**q below 2**(q + 53), hence exact: approx is the exact value.
 Products are multiples of 2**-298, so nothing underflows. The rest is summed exactly with
-integer limbs (``_exact_sum.round_to_odd_sum``). The bits never depend on the BLAS, its
+integer limbs (``sums.round_to_odd_sum``). The bits never depend on the BLAS, its
 summation order or its thread count: only certified or exactly computed values are used.
 """
 from __future__ import annotations
@@ -23,9 +23,10 @@ import numpy as np
 
 from ..formats import FP32
 from ..rounding import round_to
-from ._exact_sum import _ELEMENTS_PER_CHUNK, round_to_odd_sum
+from .sums import ELEMENTS_PER_CHUNK, round_to_odd_sum
 
-__all__ = ["exact_matmul", "exact_rows_sum", "error_factor"]
+__all__ = ["exact_matmul", "exact_rows_sum", "error_factor", "lowest_bit_exponent",
+           "per_line_lowest_bit"]
 
 _CHUNK = 1 << 14                      # elements per chunk of the certification pass
 
@@ -111,10 +112,10 @@ def exact_matmul(a3: np.ndarray, b3: np.ndarray, acc, *, force_fallback: bool = 
         todo = ~certified & ~zero_sum
         if todo.any():                                 # second certificate: approx is exact
             b_i, m_i, n_i = np.nonzero(todo)
-            qa = _per_line(b_i * m + m_i, lambda u: a3[u // m, u % m, :],
-                           lambda: _lowest_bit_exponent(a3, axis=2), nb * m)
-            qb = _per_line(b_i * n + n_i, lambda u: b3[u // n, :, u % n],
-                           lambda: _lowest_bit_exponent(b3, axis=1), nb * n)
+            qa = per_line_lowest_bit(b_i * m + m_i, lambda u: a3[u // m, u % m, :],
+                           lambda: lowest_bit_exponent(a3, axis=2), nb * m)
+            qb = per_line_lowest_bit(b_i * n + n_i, lambda u: b3[u // n, :, u % n],
+                           lambda: lowest_bit_exponent(b3, axis=1), nb * n)
             limit = np.ldexp(1.0, np.minimum(qa + qb + 53, 1023))
             exact_flag = upper[b_i, m_i, n_i] < limit
             hit = tuple(w[exact_flag] for w in (b_i, m_i, n_i))
@@ -125,7 +126,7 @@ def exact_matmul(a3: np.ndarray, b3: np.ndarray, acc, *, force_fallback: bool = 
     count = int(todo.sum())
     if count:
         where = np.nonzero(todo)
-        step = max(1, _ELEMENTS_PER_CHUNK // max(k, 1))
+        step = max(1, ELEMENTS_PER_CHUNK // max(k, 1))
         for lo in range(0, count, step):
             b_i, m_i, n_i = (w[lo:lo + step] for w in where)
             products = a64[b_i, m_i, :] * b64[b_i, :, n_i]
@@ -158,7 +159,7 @@ def exact_rows_sum(rows: np.ndarray, acc, *, force_fallback: bool = False
         todo = ~certified
         if todo.any():
             idx = np.nonzero(todo)[0]
-            limit = np.ldexp(1.0, np.minimum(_lowest_bit_exponent(rows[idx], axis=1) + 53,
+            limit = np.ldexp(1.0, np.minimum(lowest_bit_exponent(rows[idx], axis=1) + 53,
                                              1023))
             idx = idx[magnitude[idx] * (1 + 2 * g) < limit]
             out[idx] = np.where(approx[idx] == 0, 0.0, _round_acc(approx[idx], acc))
@@ -175,7 +176,7 @@ def exact_rows_sum(rows: np.ndarray, acc, *, force_fallback: bool = False
     return out, count
 
 
-def _lowest_bit_exponent(x: np.ndarray, axis: int) -> np.ndarray:
+def lowest_bit_exponent(x: np.ndarray, axis: int) -> np.ndarray:
     """A lower bound, over ``axis``, on the exponent of the lowest set bit of each nonzero
     float32 (exact except for powers of two, up to 1 low; zeros are ignored; an all-zero
     line gives 2000; non-finite values give garbage, as their results are replaced anyway).
@@ -193,13 +194,13 @@ def _lowest_bit_exponent(x: np.ndarray, axis: int) -> np.ndarray:
     return np.where(np.isinf(smallest), 2000, exponent)
 
 
-def _per_line(keys: np.ndarray, lines, all_lines, total: int) -> np.ndarray:
-    """_lowest_bit_exponent of the line named by each key: over the distinct lines gathered
+def per_line_lowest_bit(keys: np.ndarray, lines, all_lines, total: int) -> np.ndarray:
+    """lowest_bit_exponent of the line named by each key: over the distinct lines gathered
     (few of them) or over every line at once (many), whichever reads less memory."""
     unique, inverse = np.unique(keys, return_inverse=True)
     if unique.size * 8 > total:
         return all_lines().reshape(-1)[keys]
-    return _lowest_bit_exponent(lines(unique), axis=1)[inverse]
+    return lowest_bit_exponent(lines(unique), axis=1)[inverse]
 
 
 def _cauchy_schwarz_bound(a64: np.ndarray, b64: np.ndarray, g: float) -> np.ndarray:

@@ -7,10 +7,10 @@ exact products; the models differ only in where the sum is rounded.
 
 ``exact(acc="fp32")`` (the default)
     Each dot product (or sum) is computed exactly, rounded once to ``acc`` (round to nearest,
-    ties to even), then once to ``out_fmt``. Fast path (``_certified``): a float64 BLAS product
+    ties to even), then once to ``out_fmt``. Fast path (``certified``): a float64 BLAS product
     plus a rigorous error bound that certifies, element by element, that the float64 result
     rounds to the same bits as the exact value; the rare element it cannot certify is summed
-    exactly with integer limbs (``_exact_sum``). The bits do not depend on the BLAS, its
+    exactly with integer limbs (``sums``). The bits do not depend on the BLAS, its
     order or its threads.
 ``sequential(fmt="fp32", fused=True)``
     ``acc = +0; for k in 0..K-1: acc = round_fmt(acc + a[k] * b[k])`` in index order, one
@@ -20,7 +20,7 @@ exact products; the models differ only in where the sum is rounded.
 ``blocked(k, fmt="fp32", alignment_bits=None, rounding="nearest_even")``
     A tensor-core-like multi-term fused add: ``acc = round_fmt(acc + sum of k exact
     products)`` per block of k consecutive products. ``alignment_bits=F`` adds the truncation
-    of NVIDIA's adders (see ``_block_fma``; presets ``blocked.v100()``, ``a100()``,
+    of NVIDIA's adders (see ``block_fma``; presets ``blocked.v100()``, ``a100()``,
     ``h100()`` or ``tensor_core("v100")``, after Fasi, Higham, Mikaitis & Pranesh, PeerJ CS
     7:e330, 2021; one block alone: ``model.block_fma(c, a, b)``).
 
@@ -42,9 +42,9 @@ import numpy as np
 
 from ..formats import FP16, FP32, Format, get
 from ..rounding import MODES, round_to
-from . import _block_fma, underflow
-from ._certified import exact_matmul, exact_rows_sum
-from ._fast_matmul import matmul_2d, round_out
+from . import block_fma as blocks, underflow
+from .certified import exact_matmul, exact_rows_sum
+from .fast_matmul import matmul_2d, round_out
 
 __all__ = ["Accumulation", "exact", "sequential", "blocked", "tensor_core", "get_accumulation",
            "matmul", "reduce_sum"]
@@ -64,7 +64,7 @@ def _format_field(obj, name: str) -> None:
 class exact(Accumulation):  # noqa: N801 - lower case: read as a function, like jmp policies
     """The exact dot product, rounded once to ``acc`` (nearest even), then to the output.
 
-    Fast path proof sketch (``_exact_sum``): C = fl64(A @ B) by BLAS, in whatever order
+    Fast path proof sketch (``sums``): C = fl64(A @ B) by BLAS, in whatever order
     and with however many threads. Any float64 summation of the K exact products errs by at
     most gamma_{K-1} * sum|a_ik b_kj| (Higham, ASNA 2nd ed., section 4.2), and
     U = ||a_i||_2 ||b_j||_2 (1 + 2g) >= sum|a_ik b_kj| (Cauchy-Schwarz, norms' rounding
@@ -73,7 +73,7 @@ class exact(Accumulation):  # noqa: N801 - lower case: read as a function, like 
     the same ``acc`` bits, the exact value does too. Second certificate: if U < 2**(q + 53),
     q the lowest set-bit exponent of any product (from row/column minima), every partial sum
     is exact in float64, so C is exact (this takes exact ties, which no error bound can).
-    The rest is summed exactly (integer limbs, round-to-odd, then rounded: ``_exact_sum``).
+    The rest is summed exactly (integer limbs, round-to-odd, then rounded: ``sums``).
     The bits never depend on the BLAS: only certified or exactly computed values are used.
     """
 
@@ -118,7 +118,7 @@ class blocked(Accumulation):  # noqa: N801
     first aligned to the block's largest exponent and truncated (toward zero) to F fraction
     bits below it; the sum of the truncated terms is exact and rounded with ``rounding``.
     ``input_format``: the inputs' format, used only to read subnormal inputs with that
-    format's minimum exponent, as hardware does (None: float32's). See ``_block_fma``.
+    format's minimum exponent, as hardware does (None: float32's). See ``block_fma``.
 
     Presets (``fmt`` fp32: round toward zero; fp16: nearest even):
     ``blocked.v100()`` k=4, F=23; ``blocked.a100()`` k=8, F=24; ``blocked.h100()`` k=16,
@@ -164,7 +164,7 @@ class blocked(Accumulation):  # noqa: N801
     def block_fma(self, c, a, b) -> np.ndarray:
         """One block: d = c + sum(a * b) over the last axis (length <= k), as this model
         computes it. c: float32 values in ``fmt``; a, b: float32, broadcast together."""
-        return _block_fma.block_fma(np.asarray(c), np.asarray(a), np.asarray(b), self)
+        return blocks.block_fma(np.asarray(c), np.asarray(a), np.asarray(b), self)
 
     @classmethod
     def v100(cls, fmt="fp32") -> "blocked":
@@ -321,7 +321,7 @@ def _accumulate_matmul(a3: np.ndarray, b3: np.ndarray, model: Accumulation) -> n
         return _sequential(lambda k: a64[:, :, k, None] * b64[:, None, k, :], a3.shape[2],
                            shape, model)
     if isinstance(model, blocked):
-        return _block_fma.blocked_matmul(a64, b64, model)
+        return blocks.blocked_matmul(a64, b64, model)
     raise TypeError(f"unknown accumulation model {model!r}")
 
 
@@ -385,7 +385,7 @@ def _accumulate_rows(rows: np.ndarray, model: Accumulation) -> np.ndarray:
     if isinstance(model, sequential):
         return _sequential(lambda k: x64[:, k], rows.shape[1], (rows.shape[0],), model)
     if isinstance(model, blocked):
-        return _block_fma.blocked_rows(x64, model)
+        return blocks.blocked_rows(x64, model)
     raise TypeError(f"unknown accumulation model {model!r}")
 
 

@@ -37,8 +37,8 @@ import numpy as np
 
 from ..formats import FP32
 from ..rounding import round_to
-from ._certified import error_factor
-from ._exact_sum import round_to_odd_sum
+from .certified import error_factor
+from .sums import round_to_odd_sum
 
 _NO_EXPONENT = -np.inf
 
@@ -79,7 +79,7 @@ def block_step(acc: np.ndarray, terms: list, term_exps: list, model) -> np.ndarr
 def _exact_block(acc: np.ndarray, terms: list, fmt, mode: str) -> np.ndarray:
     """round(acc + sum(terms), fmt, mode) of the exact sum, finite float64 inputs.
 
-    As in the exact model (``_certified``): the float64 sum errs by at most g * sum|t|;
+    As in the exact model (``certified``): the float64 sum errs by at most g * sum|t|;
     when both ends of the widened enclosure round to the same bits (every rounding mode is
     monotonic), that is the answer; the few others are summed exactly with integer limbs.
     A sum of zeros comes out of float64 addition with IEEE's sign (-0 only if all are -0).

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["round_to_odd_sum"]
+__all__ = ["round_to_odd_sum", "ELEMENTS_PER_CHUNK"]
 
 _LIMB = 32
 _HEADROOM = 4                         # limbs above the top term's: 2**40 terms' carries, sign
 _TERMS_PER_PASS = 1 << 20             # bincount weights < 2**32: 2**20 of them sum below 2**52
-_ELEMENTS_PER_CHUNK = 1 << 20         # rows * terms per chunk: bounds the scratch memory
+ELEMENTS_PER_CHUNK = 1 << 20         # rows * terms per chunk: bounds the scratch memory
 _MASK32 = np.int64(0xFFFFFFFF)
 
 
@@ -51,7 +51,7 @@ def round_to_odd_sum(terms: np.ndarray) -> np.ndarray:
         raise ValueError("round_to_odd_sum takes finite terms; handle inf/NaN before calling")
     rows, width = terms.shape
     out = np.empty(rows, np.float64)
-    rows_per_chunk = max(1, _ELEMENTS_PER_CHUNK // max(1, min(width, _TERMS_PER_PASS)))
+    rows_per_chunk = max(1, ELEMENTS_PER_CHUNK // max(1, min(width, _TERMS_PER_PASS)))
     for lo in range(0, rows, rows_per_chunk):
         hi = min(rows, lo + rows_per_chunk)
         out[lo:hi] = _rows_round_to_odd(terms[lo:hi])

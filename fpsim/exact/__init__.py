@@ -1,0 +1,40 @@
+"""Exact arithmetic: dot products and sums of float32 values rounded once, whatever the BLAS.
+
+The layer between ``rounding`` / ``backend`` (one value to a format) and ``autograd`` (tensors
+and ops): it takes float32 arrays holding values of any fpsim format and returns sums and
+products whose bits depend only on the inputs, never on the BLAS, its summation order or
+its thread count.
+
+- ``accumulation.py``: the accumulation models ``exact``, ``sequential``, ``blocked`` (and the
+  tensor-core presets), ``get_accumulation`` for spec strings, and ``matmul`` / ``reduce_sum``
+  under a model, the entry points the autograd ops call.
+- ``certified.py``: the ``exact`` model's general path: float64 BLAS plus an error-bound
+  certificate, exact sums for the elements it cannot certify (``exact_matmul``,
+  ``exact_rows_sum``).
+- ``fast_matmul.py``: the ``exact(fp32)`` 2-D fast path, certified straight to the output
+  format (``matmul_2d``, ``round_out``).
+- ``sums.py``: exact sums of float64 terms with integer limbs, rounded to odd
+  (``round_to_odd_sum``).
+- ``block_fma.py``: the ``blocked`` model's multi-term fused additions (NVIDIA tensor cores).
+- ``underflow.py``: the gradient-underflow counter (``count_gradient_underflow``) that the
+  roundings here and in ``autograd`` report to.
+
+>>> import numpy as np
+>>> from fpsim.exact import matmul, sequential
+>>> a, b = np.ones((1, 4096), np.float32), np.ones((4096, 1), np.float32)
+>>> float(matmul(a, b, out_fmt="fp16")[0, 0]), float(matmul(a, b, out_fmt="fp16",
+...       model=sequential("fp16"))[0, 0])
+(4096.0, 2048.0)
+"""
+from . import accumulation, underflow
+from .accumulation import (Accumulation, blocked, exact, get_accumulation, matmul, reduce_sum,
+                           sequential, tensor_core)
+from .certified import error_factor, exact_matmul, exact_rows_sum
+from .fast_matmul import matmul_2d, round_out
+from .sums import round_to_odd_sum
+from .underflow import UnderflowCount, count_gradient_underflow
+
+__all__ = ["accumulation", "underflow", "Accumulation", "exact", "sequential", "blocked",
+           "tensor_core", "get_accumulation", "matmul", "reduce_sum", "exact_matmul",
+           "exact_rows_sum", "error_factor", "matmul_2d", "round_out", "round_to_odd_sum",
+           "UnderflowCount", "count_gradient_underflow"]
