@@ -10,6 +10,7 @@ MODULES = ["fpsim.formats", "fpsim.rounding", "fpsim.encoding", "fpsim.describe"
            "fpsim.exact.accumulation", "fpsim.exact.sums",
            "fpsim.backend", "fpsim.autograd", "fpsim.autograd.numerics",
            "fpsim.autograd.policy", "fpsim.autograd.context", "fpsim.autograd.tensor",
+           "fpsim.autograd.accumulate",
            "fpsim.autograd.ops_shape", "fpsim.autograd.ops_matmul",
            "fpsim.autograd.ops_elementwise", "fpsim.autograd.ops_reduce",
            "fpsim.autograd.ops_loss", "fpsim.nn", "fpsim.nn.module", "fpsim.nn.init",

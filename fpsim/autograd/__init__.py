@@ -21,10 +21,11 @@ themselves stored in a format.
 ...     y.fmt.name, y.data
 ('fp16', array([[9.5367432e-07, 1.9073486e-06]], dtype=float32))
 """
-from .tensor import Tensor, as_tensor  # first: it loads the ops modules in order
+from .tensor import Tensor, as_tensor
 from .context import (current_policy, enable_grad, is_grad_enabled, no_grad,
                       set_default_policy, use_policy)
 from .numerics import FP64
+# Importing the ops modules registers them with Tensor (its operators and methods).
 from .ops_elementwise import (add, div, exp, gelu, log, mul, neg, pow, relu, sigmoid, sqrt,
                               sub, tanh)
 from .ops_loss import cross_entropy, mse_loss

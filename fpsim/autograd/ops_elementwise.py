@@ -35,10 +35,10 @@ from numbers import Real
 import numpy as np
 
 from .numerics import round_array
-from .ops_matmul import _model
-from .ops_matmul import sum_to_shape as _unbroadcast
+from .accumulate import accumulation_model as _model
+from .accumulate import sum_to_shape as _unbroadcast
 from .ops_shape import convert, operands
-from .tensor import Tensor, record
+from .tensor import Tensor, record, register
 
 __all__ = ["add", "sub", "mul", "div", "neg", "pow", "exp", "log", "sqrt", "tanh", "sigmoid",
            "relu", "gelu"]
@@ -234,3 +234,5 @@ def gelu(x) -> Tensor:
                   lambda g, d, o: _f64(g) * (_gelu_cdf(d) + _f64(d) * _INV_SQRT_2PI
                                              * np.exp(-0.5 * _f64(d) ** 2)))
 
+
+register(add, sub, mul, div, neg, pow, exp, log, sqrt, tanh, sigmoid, relu, gelu)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from .numerics import round_array
-from .ops_reduce import _log_softmax64
+from .ops_reduce import log_softmax64 as _log_softmax64
 from .ops_shape import operands
 from .tensor import Tensor, record
 

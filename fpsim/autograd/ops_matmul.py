@@ -26,42 +26,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..exact import underflow
+from ..exact.accumulation import exact
 from ..exact.fast_matmul import matmul_2d
-from ..exact.accumulation import exact, get_accumulation
-from ..exact.accumulation import matmul as _acc_matmul
-from ..exact.accumulation import reduce_sum as _acc_sum
-from .context import current_policy
+from ..formats import FP32
+from .accumulate import acc_matmul, acc_sum, accumulation_model, sum_to_shape
 from .numerics import FP64, round_array
 from .ops_shape import operands
-from .tensor import Tensor, record
+from .tensor import Tensor, record, register
 
-__all__ = ["matmul", "linear", "acc_matmul", "acc_sum"]
-
-_FP32 = None
-
-
-def _fp32():
-    global _FP32
-    if _FP32 is None:
-        from ..formats import FP32
-        _FP32 = FP32
-    return _FP32
-
-
-def acc_matmul(a, b, fmt, model):
-    """a @ b with ``model`` accumulation, rounded to ``fmt`` (float64 in the reference mode)."""
-    if fmt is FP64 or a.dtype == np.float64 or b.dtype == np.float64:
-        return round_array(np.matmul(a.astype(np.float64, copy=False),
-                                     b.astype(np.float64, copy=False)), fmt)
-    return _acc_matmul(a, b, out_fmt=fmt, model=model)
-
-
-def acc_sum(x, axis, keepdims, fmt, model):
-    """sum(x, axis) with ``model`` accumulation, rounded to ``fmt``."""
-    if fmt is FP64 or x.dtype == np.float64:
-        return round_array(np.asarray(np.sum(x, axis=axis, keepdims=keepdims,
-                                             dtype=np.float64)), fmt)
-    return np.asarray(_acc_sum(x, axis=axis, keepdims=keepdims, out_fmt=fmt, model=model))
+__all__ = ["matmul", "linear"]
 
 
 def _fused_linear(x, weight, bias, fmt, model):
@@ -70,15 +43,10 @@ def _fused_linear(x, weight, bias, fmt, model):
     where it does not apply. While gradient underflow is being counted the general path runs,
     so the counter sees exactly its two roundings."""
     if (x.dtype != np.float32 or weight.dtype != np.float32 or bias.dtype != np.float32
-            or not isinstance(model, exact) or model.acc != _fp32() or underflow.active()):
+            or not isinstance(model, exact) or model.acc != FP32 or underflow.active()):
         return None
     out = matmul_2d(x.reshape(-1, x.shape[-1]), weight.T, fmt, bias, note=False)
     return None if out is None else out.reshape(x.shape[:-1] + (weight.shape[0],))
-
-
-def _model(accumulation):
-    return (current_policy().accumulation if accumulation is None
-            else get_accumulation(accumulation))
 
 
 def _check_matmul_shapes(a_shape, b_shape, op):
@@ -96,23 +64,12 @@ def _check_matmul_shapes(a_shape, b_shape, op):
                          f"broadcast") from None
 
 
-def sum_to_shape(g, shape, fmt, model):
-    """Sum a gradient over the axes that broadcasting added or stretched, down to ``shape``,
-    with the accumulation model, rounded to ``fmt``."""
-    if g.shape == shape:
-        return g
-    lead = g.ndim - len(shape)
-    axes = tuple(range(lead)) + tuple(i + lead for i, n in enumerate(shape)
-                                      if n == 1 and g.shape[i + lead] != 1)
-    return acc_sum(g, axes, True, fmt, model).reshape(shape)
-
-
 def matmul(a, b, *, accumulation=None) -> Tensor:
     """``a @ b`` for 2-D or batched (..., M, K) @ (..., K, N) tensors (1-D operands are
     promoted to matrices and the added axis removed again, as in NumPy)."""
     fmt, (a, b) = operands("matmul", a, b)
     _check_matmul_shapes(a.shape, b.shape, "matmul")
-    model = _model(accumulation)
+    model = accumulation_model(accumulation)
     a2 = a.data[None, :] if a.ndim == 1 else a.data
     b2 = b.data[:, None] if b.ndim == 1 else b.data
     out = acc_matmul(a2, b2, fmt, model)
@@ -156,7 +113,7 @@ def linear(x, weight, bias=None, *, accumulation=None) -> Tensor:
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"linear: bias shape {bias.shape} != ({weight.shape[0]},) for weight "
                          f"shape {weight.shape}")
-    model = _model(accumulation)
+    model = accumulation_model(accumulation)
     if bias is None:
         out = acc_matmul(x.data, weight.data.T, fmt, model)
     elif fmt is FP64:
@@ -164,7 +121,7 @@ def linear(x, weight, bias=None, *, accumulation=None) -> Tensor:
     elif (out := _fused_linear(x.data, weight.data, bias.data, fmt, model)) is not None:
         pass
     else:
-        acc = acc_matmul(x.data, weight.data.T, _fp32(), model)
+        acc = acc_matmul(x.data, weight.data.T, FP32, model)
         with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN, as in IEEE
             acc += bias.data  # float32 addition: the epilogue's fp32 rounding
         out = round_array(acc, fmt)
@@ -181,3 +138,6 @@ def linear(x, weight, bias=None, *, accumulation=None) -> Tensor:
         return (dx, dw) if bias is None else (dx, dw, db)
 
     return record(out, fmt, tensors, backward, "linear")
+
+
+register(matmul)

@@ -30,9 +30,10 @@ import numpy as np
 
 from ..formats import FP32
 from .numerics import FP64, round_array
-from .ops_matmul import _model, acc_sum
+from .accumulate import acc_sum
+from .accumulate import accumulation_model as _model
 from .ops_shape import convert, operands
-from .tensor import Tensor, record
+from .tensor import Tensor, record, register
 
 __all__ = ["sum", "mean", "max", "softmax", "log_softmax"]
 
@@ -140,7 +141,7 @@ def softmax(x, axis: int = -1) -> Tensor:
     return record(out, fmt, (x,), backward, "softmax")
 
 
-def _log_softmax64(d, ax):
+def log_softmax64(d, ax):
     shifted = d - d.max(axis=ax, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=ax, keepdims=True))
 
@@ -149,7 +150,7 @@ def log_softmax(x, axis: int = -1) -> Tensor:
     fmt, (x,) = operands("wide", x)
     ax = _check_axis(x, axis, "log_softmax")
     with np.errstate(invalid="ignore", under="ignore"):
-        out = round_array(_log_softmax64(x.data.astype(np.float64), ax), fmt)
+        out = round_array(log_softmax64(x.data.astype(np.float64), ax), fmt)
 
     def backward(g, g_fmt):
         g64 = g.astype(np.float64)
@@ -158,3 +159,6 @@ def log_softmax(x, axis: int = -1) -> Tensor:
                                 * g64.sum(axis=ax, keepdims=True), x.grad_fmt),)
 
     return record(out, fmt, (x,), backward, "log_softmax")
+
+
+register(sum, mean, max, softmax, log_softmax)

@@ -22,7 +22,7 @@ import numpy as np
 
 from .context import current_policy
 from .numerics import container_of, contains, resolve, round_array, widest
-from .tensor import Tensor, as_tensor, record
+from .tensor import Tensor, as_tensor, record, register
 
 __all__ = ["cast", "convert", "operands", "reshape", "transpose", "getitem", "concatenate",
            "stack"]
@@ -160,3 +160,6 @@ def stack(tensors, axis: int = 0) -> Tensor:
                      for p, t in zip(parts, tensors))
 
     return record(data, fmt, tensors, backward, "stack")
+
+
+register(reshape, transpose, getitem, cast)

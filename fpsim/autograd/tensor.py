@@ -10,6 +10,11 @@ the op's (already rounded) output and, when grad mode is on and a parent require
 the parents and the op's ``backward(g, g_fmt)`` closure, which returns one gradient per parent
 (``None`` for parents that need none), each already rounded to that parent's ``grad_fmt``.
 
+The ops (``ops_*.py``) import this module, never the other way round: each ops module hands
+its functions to ``register`` when it is imported (``fpsim.autograd`` imports them all), and
+``Tensor``'s operators and methods (``x + y``, ``x.sum()``, ...) call the registered function
+of that name.
+
 ``Tensor.backward`` walks the graph in reverse topological order::
 
     grads = {root: seed rounded to root.grad_fmt}
@@ -34,11 +39,26 @@ from __future__ import annotations
 import numpy as np
 
 from .. import backend
-from .context import _state, current_policy
 from ..exact import underflow
+from .context import current_policy, is_grad_enabled
 from .numerics import container_of, resolve, round_array
 
-__all__ = ["Tensor", "record", "as_tensor"]
+__all__ = ["Tensor", "record", "as_tensor", "register"]
+
+
+class _Registry(dict):
+    def __missing__(self, name):
+        raise RuntimeError(f"the op {name!r} is not registered: import fpsim.autograd (it "
+                           f"imports every ops module) before using Tensor operators")
+
+
+_OPS = _Registry()  # op name -> function, filled by register()
+
+
+def register(*ops) -> None:
+    """Make each function the implementation ``Tensor`` dispatches to under its ``__name__``."""
+    for op in ops:
+        _OPS[op.__name__] = op
 
 
 class Tensor:
@@ -160,41 +180,41 @@ class Tensor:
             seed = round_array(seed, self.grad_fmt)
         _run_backward(self, seed, retain_graph)
 
-    # --- operators (the ops live in ops_*.py) ------------------------------------------------
-    def __add__(self, other): return _ew.add(self, other)
-    def __radd__(self, other): return _ew.add(other, self)
-    def __sub__(self, other): return _ew.sub(self, other)
-    def __rsub__(self, other): return _ew.sub(other, self)
-    def __mul__(self, other): return _ew.mul(self, other)
-    def __rmul__(self, other): return _ew.mul(other, self)
-    def __truediv__(self, other): return _ew.div(self, other)
-    def __rtruediv__(self, other): return _ew.div(other, self)
-    def __neg__(self): return _ew.neg(self)
-    def __pow__(self, exponent): return _ew.pow(self, exponent)
-    def __matmul__(self, other): return _mm.matmul(self, other)
-    def __rmatmul__(self, other): return _mm.matmul(other, self)
-    def __getitem__(self, index): return _sh.getitem(self, index)
+    # --- operators and methods: the registered ops (ops_*.py) ----------------------------
+    def __add__(self, other): return _OPS["add"](self, other)
+    def __radd__(self, other): return _OPS["add"](other, self)
+    def __sub__(self, other): return _OPS["sub"](self, other)
+    def __rsub__(self, other): return _OPS["sub"](other, self)
+    def __mul__(self, other): return _OPS["mul"](self, other)
+    def __rmul__(self, other): return _OPS["mul"](other, self)
+    def __truediv__(self, other): return _OPS["div"](self, other)
+    def __rtruediv__(self, other): return _OPS["div"](other, self)
+    def __neg__(self): return _OPS["neg"](self)
+    def __pow__(self, exponent): return _OPS["pow"](self, exponent)
+    def __matmul__(self, other): return _OPS["matmul"](self, other)
+    def __rmatmul__(self, other): return _OPS["matmul"](other, self)
+    def __getitem__(self, index): return _OPS["getitem"](self, index)
 
-    def exp(self): return _ew.exp(self)
-    def log(self): return _ew.log(self)
-    def sqrt(self): return _ew.sqrt(self)
-    def tanh(self): return _ew.tanh(self)
-    def sigmoid(self): return _ew.sigmoid(self)
-    def relu(self): return _ew.relu(self)
-    def gelu(self): return _ew.gelu(self)
+    def exp(self): return _OPS["exp"](self)
+    def log(self): return _OPS["log"](self)
+    def sqrt(self): return _OPS["sqrt"](self)
+    def tanh(self): return _OPS["tanh"](self)
+    def sigmoid(self): return _OPS["sigmoid"](self)
+    def relu(self): return _OPS["relu"](self)
+    def gelu(self): return _OPS["gelu"](self)
     def sum(self, axis=None, keepdims=False, *, accumulation=None):
-        return _rd.sum(self, axis, keepdims, accumulation=accumulation)
+        return _OPS["sum"](self, axis, keepdims, accumulation=accumulation)
     def mean(self, axis=None, keepdims=False, *, accumulation=None):
-        return _rd.mean(self, axis, keepdims, accumulation=accumulation)
-    def max(self, axis=None, keepdims=False): return _rd.max(self, axis, keepdims)
-    def softmax(self, axis=-1): return _rd.softmax(self, axis)
-    def log_softmax(self, axis=-1): return _rd.log_softmax(self, axis)
-    def reshape(self, *shape): return _sh.reshape(self, *shape)
-    def transpose(self, *axes): return _sh.transpose(self, *axes)
-    def cast(self, fmt): return _sh.cast(self, fmt)
+        return _OPS["mean"](self, axis, keepdims, accumulation=accumulation)
+    def max(self, axis=None, keepdims=False): return _OPS["max"](self, axis, keepdims)
+    def softmax(self, axis=-1): return _OPS["softmax"](self, axis)
+    def log_softmax(self, axis=-1): return _OPS["log_softmax"](self, axis)
+    def reshape(self, *shape): return _OPS["reshape"](self, *shape)
+    def transpose(self, *axes): return _OPS["transpose"](self, *axes)
+    def cast(self, fmt): return _OPS["cast"](self, fmt)
 
     @property
-    def T(self): return _sh.transpose(self)
+    def T(self): return _OPS["transpose"](self)
 
 
 def as_tensor(value, fmt=None) -> Tensor:
@@ -207,7 +227,7 @@ def record(data, fmt, parents, backward, op: str) -> Tensor:
     """The dispatch point of every op: wrap the output and, if needed, the graph edge."""
     grad_fmt = current_policy().grad or fmt
     out = Tensor._wrap(data, fmt, grad_fmt)
-    if _state.grad_enabled:
+    if is_grad_enabled():
         for parent in parents:
             if parent.requires_grad:
                 out.requires_grad = True
@@ -274,10 +294,3 @@ def _accumulate_leaf(node: Tensor, g) -> None:
         node.grad = Tensor._wrap(g.copy(), node.grad_fmt)
     else:
         node.grad.data = _add_grads(node.grad.data, g, node.grad_fmt)
-
-
-from . import ops_elementwise as _ew  # noqa: E402  (the ops need Tensor and record first)
-from . import ops_matmul as _mm  # noqa: E402
-from . import ops_reduce as _rd  # noqa: E402
-from . import ops_shape as _sh  # noqa: E402
-
