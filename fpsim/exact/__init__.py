@@ -8,9 +8,12 @@ its thread count.
 - ``accumulation.py``: the accumulation models ``exact``, ``sequential``, ``blocked`` (and the
   tensor-core presets), ``get_accumulation`` for spec strings, and ``matmul`` / ``reduce_sum``
   under a model, the entry points the autograd ops call.
-- ``certified.py``: the ``exact`` model's general path: float64 BLAS plus an error-bound
-  certificate, exact sums for the elements it cannot certify (``exact_matmul``,
-  ``exact_rows_sum``).
+- ``certificate.py``: the interval certificate (when a float64 sum provably rounds like the
+  exact one), written once with its proof: ``certify``, ``error_factor``, ``sums_exactly``.
+- ``odd.py``: rounding to odd at 53 bits, written once (``round_to_odd``,
+  ``add_round_to_odd``): the exact sum rounded to odd, then rounded once to any format.
+- ``certified.py``: the ``exact`` model's general path: float64 BLAS plus the certificate,
+  exact sums for the elements it cannot certify (``exact_matmul``, ``exact_rows_sum``).
 - ``fast_matmul.py``: the ``exact(fp32)`` 2-D fast path, certified straight to the output
   format (``matmul_2d``, ``round_out``).
 - ``sums.py``: exact sums of float64 terms with integer limbs, rounded to odd
@@ -29,12 +32,15 @@ its thread count.
 from . import accumulation, underflow
 from .accumulation import (Accumulation, blocked, exact, get_accumulation, matmul, reduce_sum,
                            sequential, tensor_core)
-from .certified import error_factor, exact_matmul, exact_rows_sum
+from .certificate import certify, error_factor, sums_exactly, width_factor
+from .certified import exact_matmul, exact_rows_sum
 from .fast_matmul import matmul_2d, round_out
+from .odd import add_round_to_odd, round_to_odd
 from .sums import round_to_odd_sum
 from .underflow import UnderflowCount, count_gradient_underflow
 
 __all__ = ["accumulation", "underflow", "Accumulation", "exact", "sequential", "blocked",
            "tensor_core", "get_accumulation", "matmul", "reduce_sum", "exact_matmul",
-           "exact_rows_sum", "error_factor", "matmul_2d", "round_out", "round_to_odd_sum",
+           "exact_rows_sum", "error_factor", "width_factor", "certify", "sums_exactly",
+           "matmul_2d", "round_out", "round_to_odd", "add_round_to_odd", "round_to_odd_sum",
            "UnderflowCount", "count_gradient_underflow"]

@@ -45,6 +45,7 @@ from ..rounding import MODES, round_to
 from . import block_fma as blocks, underflow
 from .certified import exact_matmul, exact_rows_sum
 from .fast_matmul import matmul_2d, round_out
+from .odd import add_round_to_odd
 
 __all__ = ["Accumulation", "exact", "sequential", "blocked", "tensor_core", "get_accumulation",
            "matmul", "reduce_sum"]
@@ -64,17 +65,9 @@ def _format_field(obj, name: str) -> None:
 class exact(Accumulation):  # noqa: N801 - lower case: read as a function, like jmp policies
     """The exact dot product, rounded once to ``acc`` (nearest even), then to the output.
 
-    Fast path proof sketch (``sums``): C = fl64(A @ B) by BLAS, in whatever order
-    and with however many threads. Any float64 summation of the K exact products errs by at
-    most gamma_{K-1} * sum|a_ik b_kj| (Higham, ASNA 2nd ed., section 4.2), and
-    U = ||a_i||_2 ||b_j||_2 (1 + 2g) >= sum|a_ik b_kj| (Cauchy-Schwarz, norms' rounding
-    included), so the exact value lies in [C - gU, C + gU] with g = K * 2**-52. Widen that
-    interval a little to cover the rounding of its ends; round-to-nearest-even is monotonic, so if both ends round to
-    the same ``acc`` bits, the exact value does too. Second certificate: if U < 2**(q + 53),
-    q the lowest set-bit exponent of any product (from row/column minima), every partial sum
-    is exact in float64, so C is exact (this takes exact ties, which no error bound can).
-    The rest is summed exactly (integer limbs, round-to-odd, then rounded: ``sums``).
-    The bits never depend on the BLAS: only certified or exactly computed values are used.
+    How, whatever the BLAS: a float64 product certified element by element
+    (``certificate``: an error-bound interval whose ends round to the same bits), the exact
+    integer-limb sum rounded to odd (``sums``) where it cannot certify (``certified``).
     """
 
     acc: Format | str = FP32
@@ -92,9 +85,8 @@ class sequential(Accumulation):  # noqa: N801
 
     ``fused=True``: ``acc = round_fmt(acc + a_k*b_k)``, the product exact, ONE rounding per
     step (a fused multiply-add). ``fused=False``: ``acc = round_fmt(acc + round_fmt(a_k*b_k))``.
-    In float64 the sum acc + p may itself round, so each step computes it with TwoSum
-    (s + e == acc + p exactly), rounds s to odd using the sign of e, then rounds to ``fmt``:
-    one correct rounding, no double rounding.
+    In float64 the sum acc + p may itself round, so each step rounds it to odd
+    (``odd.add_round_to_odd``), then to ``fmt``: one correct rounding, no double rounding.
     """
 
     fmt: Format | str = FP32
@@ -401,21 +393,3 @@ def _sequential(term, count: int, shape: tuple, model: sequential) -> np.ndarray
                 p = round_to(p, fmt)
             acc = round_to(add_round_to_odd(acc, p), fmt)
     return acc
-
-
-def add_round_to_odd(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """x + y rounded to odd in float64 (exact sum: TwoSum; inexact: the odd neighbour).
-
-    Non-finite sums are returned as IEEE addition gives them.
-    """
-    s = x + y
-    y_virtual = s - x
-    error = (x - (s - y_virtual)) + (y - y_virtual)   # Knuth's TwoSum: s + error == x + y
-    bits = s.view(np.uint64)
-    inexact = np.isfinite(s) & (error != 0) & ((bits & np.uint64(1)) == 0)
-    if inexact.any():
-        away = np.signbit(error) == np.signbit(s)       # the exact value is farther from 0
-        step = np.where(away, np.uint64(1), np.uint64(2 ** 64 - 1))   # +1 or -1, wrapping
-        bits = np.where(inexact, bits + step, bits)
-        s = bits.view(np.float64)
-    return s

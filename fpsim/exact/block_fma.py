@@ -37,7 +37,7 @@ import numpy as np
 
 from ..formats import FP32
 from ..rounding import round_to
-from .certified import error_factor
+from .certificate import certify, width_factor
 from .sums import round_to_odd_sum
 
 _NO_EXPONENT = -np.inf
@@ -79,21 +79,18 @@ def block_step(acc: np.ndarray, terms: list, term_exps: list, model) -> np.ndarr
 def _exact_block(acc: np.ndarray, terms: list, fmt, mode: str) -> np.ndarray:
     """round(acc + sum(terms), fmt, mode) of the exact sum, finite float64 inputs.
 
-    As in the exact model (``certified``): the float64 sum errs by at most g * sum|t|;
-    when both ends of the widened enclosure round to the same bits (every rounding mode is
-    monotonic), that is the answer; the few others are summed exactly with integer limbs.
+    As in the exact model: the interval certificate (``certificate``, N = the float64 sum of
+    |acc| and |t|; every rounding mode is monotonic), else the exact integer-limb sum rounded
+    to odd, then rounded once.
     A sum of zeros comes out of float64 addition with IEEE's sign (-0 only if all are -0).
     """
     total, magnitude = acc.copy(), np.abs(acc)
     for t in terms:
         total += t
         magnitude += np.abs(t)
-    bound = magnitude * error_factor(len(terms) + 1)
-    widen = bound * (1 + 2.0 ** -40) + np.abs(total) * 2.0 ** -50
-    with np.errstate(over="ignore", invalid="ignore"):
-        low = round_to(total - widen, fmt, mode)
-        rounded = round_to(total + widen, fmt, mode)
-    todo = low.view(np.uint64) != rounded.view(np.uint64)
+    _, rounded, certified = certify(total, magnitude * width_factor(len(terms) + 1),
+                                    round_end=lambda x: round_to(x, fmt, mode))
+    todo = ~certified
     if todo.any():
         stacked = np.stack([acc[todo]] + [np.broadcast_to(t, acc.shape)[todo] for t in terms],
                            axis=-1)

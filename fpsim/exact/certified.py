@@ -1,21 +1,14 @@
-"""The ``exact`` model's fast path: float64 BLAS plus a certificate; exact sums where it fails.
+"""The ``exact`` model's general path: float64 BLAS plus a certificate; exact sums where it fails.
 
-Proof sketch. Products of float32 values are exact in float64, so a float64 BLAS sum of K
-of them errs only through its additions: in any order, blocked, vectorised or with FMA,
-|approx - exact| <= gamma_{K-1} * sum|p|, gamma_n = n u / (1 - n u), u = 2**-53 (Higham,
-Accuracy and Stability of Numerical Algorithms, 2nd ed., section 4.2 and Lemma 8.4).
-U >= sum|p| is a rigorous upper bound: for matmul ||a_i|| ||b_j|| (Cauchy-Schwarz, its own
-rounding covered, see ``_cauchy_schwarz_bound``), for sums fl(sum|x|) (1 + 2g). With
-g = K * 2**-52 (see ``error_factor``) the exact value lies in [approx - gU, approx + gU];
-widening the ends (see ``_interval_round``) covers the rounding of computing them. Rounding
-to nearest even is monotonic: if both ends round to the same bits, so does every point
-between them, the exact value included. Second certificate, for the elements the first
-cannot take (exact ties, exact zeros): if U < 2**(q + 53), q a lower bound on the exponent
-of the lowest set bit of every product (row minimum of a plus column minimum of b), every
-partial sum is a multiple of 2**q below 2**(q + 53), hence exact: approx is the exact value.
-Products are multiples of 2**-298, so nothing underflows. The rest is summed exactly with
-integer limbs (``sums.round_to_odd_sum``). The bits never depend on the BLAS, its
-summation order or its thread count: only certified or exactly computed values are used.
+Products of float32 values are exact in float64 (multiples of 2**-298: nothing underflows),
+so a float64 BLAS product or sum errs only through its additions. Each element is taken by
+the interval certificate (``certificate.certify``: N = ||a_i|| ||b_j|| for matmul, by
+Cauchy-Schwarz, N = fl(sum|x|) for sums), else by the second certificate
+(``certificate.sums_exactly``: q, the lowest set bit of every product, from the row minimum
+of a plus the column minimum of b), else summed exactly with integer limbs and rounded to
+odd (``sums.round_to_odd_sum``), then rounded once to ``acc``. The bits never depend on the
+BLAS, its summation order or its thread count: only certified or exactly computed values are
+used.
 """
 from __future__ import annotations
 
@@ -23,21 +16,11 @@ import numpy as np
 
 from ..formats import FP32
 from ..rounding import round_to
+from .certificate import certify, error_factor, sums_exactly, width_factor
 from .sums import ELEMENTS_PER_CHUNK, round_to_odd_sum
 
-__all__ = ["exact_matmul", "exact_rows_sum", "error_factor", "lowest_bit_exponent",
-           "per_line_lowest_bit"]
-
-_CHUNK = 1 << 14                      # elements per chunk of the certification pass
-
-
-def error_factor(terms: int) -> float:
-    """g with |fl(sum p) - sum p| <= g * fl(sum |p|) for every summation order of ``terms``
-    exact float64 terms: g = n * 2**-52 exceeds gamma_{n-1} / (1 - gamma_{n-1}) * (1 + u),
-    which also covers the rounding of g * fl(sum|p|), for every n < 2**40."""
-    if terms >= 1 << 40:
-        raise ValueError(f"sums of {terms} terms are beyond the certified range (2**40)")
-    return max(terms, 1) * 2.0 ** -52
+__all__ = ["exact_matmul", "exact_rows_sum", "lowest_bit_exponent", "per_line_lowest_bit",
+           "cauchy_schwarz_bound"]
 
 
 def _round_acc(x: np.ndarray, acc) -> np.ndarray:
@@ -48,43 +31,13 @@ def _round_acc(x: np.ndarray, acc) -> np.ndarray:
     return round_to(x, acc)
 
 
-def _interval_round(approx, bound, acc):
-    """(rounded approx-side value, certified mask) from the enclosure [approx +- bound].
-
-    The ends are computed as approx -+ w with w = bound * (1 + 2**-40) + |approx| * 2**-50,
-    which contains [approx - bound, approx + bound] despite the rounding of every operation:
-    each end errs by at most u * (|approx| + w) (u = 2**-53), and w - bound exceeds that by a
-    wide margin even after w's own three roundings. (np.nextafter would do the same job 40x
-    slower.)
-    """
-    if acc != FP32:
-        with np.errstate(invalid="ignore", over="ignore"):
-            widen = bound * (1 + 2.0 ** -40) + np.abs(approx) * 2.0 ** -50
-            low, high = _round_acc(approx - widen, acc), _round_acc(approx + widen, acc)
-        return high, low.view(np.uint64) == high.view(np.uint64)
-    # fp32: the hardware cast, chunk by chunk so the temporaries stay in cache.
-    flat_approx, flat_bound = approx.reshape(-1), bound.reshape(-1)
-    rounded = np.empty(flat_approx.size, np.float64)
-    certified = np.empty(flat_approx.size, bool)
-    size = min(flat_approx.size, _CHUNK)
-    widen, end = np.empty(size, np.float64), np.empty(size, np.float64)
-    low32, high32 = np.empty(size, np.float32), np.empty(size, np.float32)
-    with np.errstate(invalid="ignore", over="ignore"):
-        for lo in range(0, flat_approx.size, _CHUNK):
-            hi = min(lo + _CHUNK, flat_approx.size)
-            x, n = flat_approx[lo:hi], hi - lo
-            w, e, l32, h32 = widen[:n], end[:n], low32[:n], high32[:n]
-            np.abs(x, out=w)
-            np.multiply(w, 2.0 ** -50, out=w)
-            np.multiply(flat_bound[lo:hi], 1 + 2.0 ** -40, out=e)
-            np.add(w, e, out=w)
-            np.subtract(x, w, out=e)
-            l32[...] = e
-            np.add(x, w, out=e)
-            h32[...] = e
-            np.equal(l32.view(np.uint32), h32.view(np.uint32), out=certified[lo:hi])
-            rounded[lo:hi] = h32
-    return rounded.reshape(approx.shape), certified.reshape(approx.shape)
+def _certify_acc(approx, width, width_cols, acc):
+    """(approx's rounding to ``acc`` where certified, as float64; certified mask)."""
+    if acc == FP32:
+        _, high, certified = certify(approx, width, width_cols)
+        return high.astype(np.float64), certified
+    _, high, certified = certify(approx, width, width_cols, lambda x: round_to(x, acc))
+    return high, certified
 
 
 def exact_matmul(a3: np.ndarray, b3: np.ndarray, acc, *, force_fallback: bool = False
@@ -106,9 +59,10 @@ def exact_matmul(a3: np.ndarray, b3: np.ndarray, acc, *, force_fallback: bool = 
     else:
         approx = np.matmul(a64, b64)
         g = error_factor(k)
-        upper = _cauchy_schwarz_bound(a64, b64, g)     # >= sum |a_ik b_kj|, rigorously
-        out, certified = _interval_round(approx, upper * g, acc)
-        zero_sum = upper == 0                          # an all-zero row or column
+        row_norm, col_norm = _norms(a64, b64)
+        out, certified = _certify_acc(approx, (row_norm * width_factor(k))[:, :, None],
+                                      col_norm[:, None, :], acc)
+        zero_sum = (row_norm[:, :, None] == 0) | (col_norm[:, None, :] == 0)
         todo = ~certified & ~zero_sum
         if todo.any():                                 # second certificate: approx is exact
             b_i, m_i, n_i = np.nonzero(todo)
@@ -116,8 +70,8 @@ def exact_matmul(a3: np.ndarray, b3: np.ndarray, acc, *, force_fallback: bool = 
                            lambda: lowest_bit_exponent(a3, axis=2), nb * m)
             qb = per_line_lowest_bit(b_i * n + n_i, lambda u: b3[u // n, :, u % n],
                            lambda: lowest_bit_exponent(b3, axis=1), nb * n)
-            limit = np.ldexp(1.0, np.minimum(qa + qb + 53, 1023))
-            exact_flag = upper[b_i, m_i, n_i] < limit
+            upper = cauchy_schwarz_bound(row_norm[b_i, m_i], col_norm[b_i, n_i], g)
+            exact_flag = sums_exactly(upper, qa + qb)
             hit = tuple(w[exact_flag] for w in (b_i, m_i, n_i))
             out[hit] = _round_acc(approx[hit], acc)
             todo[hit] = False
@@ -150,7 +104,7 @@ def exact_rows_sum(rows: np.ndarray, acc, *, force_fallback: bool = False
         approx = x64.sum(axis=1)
         magnitude = np.abs(x64).sum(axis=1)
         g = error_factor(k)
-        out, certified = _interval_round(approx, magnitude * g, acc)
+        out, certified = _certify_acc(approx, magnitude * width_factor(k), None, acc)
         zero = magnitude == 0
         if zero.any():
             all_negative = np.all(np.signbit(rows[zero]), axis=1) & (k > 0)
@@ -159,9 +113,8 @@ def exact_rows_sum(rows: np.ndarray, acc, *, force_fallback: bool = False
         todo = ~certified
         if todo.any():
             idx = np.nonzero(todo)[0]
-            limit = np.ldexp(1.0, np.minimum(lowest_bit_exponent(rows[idx], axis=1) + 53,
-                                             1023))
-            idx = idx[magnitude[idx] * (1 + 2 * g) < limit]
+            lowest = lowest_bit_exponent(rows[idx], axis=1)
+            idx = idx[sums_exactly(magnitude[idx] * (1 + 2 * g), lowest)]
             out[idx] = np.where(approx[idx] == 0, 0.0, _round_acc(approx[idx], acc))
             todo[idx] = False
     count = int(todo.sum())
@@ -203,14 +156,18 @@ def per_line_lowest_bit(keys: np.ndarray, lines, all_lines, total: int) -> np.nd
     return lowest_bit_exponent(lines(unique), axis=1)[inverse]
 
 
-def _cauchy_schwarz_bound(a64: np.ndarray, b64: np.ndarray, g: float) -> np.ndarray:
-    """U >= sum_k |a_ik b_kj| for every (i, j): ||a_i||_2 ||b_j||_2 (Cauchy-Schwarz), the
-    norms computed in float64 (relative error below (K/2 + 2) u each) and the product inflated
-    by 1 + 2g, g = K * 2**-52, which covers those errors. One pass over a and b instead of a
+def _norms(a64: np.ndarray, b64: np.ndarray):
+    """||a_i||_2 and ||b_j||_2 in float64, (nb, M) and (nb, N); each errs by less than
+    (K/2 + 2) u relative, which ``cauchy_schwarz_bound``'s 1 + 2g covers."""
+    return (np.sqrt(np.einsum("bmk,bmk->bm", a64, a64)),
+            np.sqrt(np.einsum("bkn,bkn->bn", b64, b64)))
+
+
+def cauchy_schwarz_bound(row_norm, col_norm, g: float) -> np.ndarray:
+    """U >= sum_k |a_ik b_kj|: ||a_i|| ||b_j|| (Cauchy-Schwarz) inflated by 1 + 2g,
+    g = K * 2**-52, which covers the norms' rounding. One pass over a and b instead of a
     second matrix product; about 1.5x looser than sum |a||b| on random data."""
-    row_norms = np.sqrt(np.einsum("bmk,bmk->bm", a64, a64))
-    col_norms = np.sqrt(np.einsum("bkn,bkn->bn", b64, b64))
-    return row_norms[:, :, None] * col_norms[:, None, :] * (1 + 2 * g)
+    return row_norm * col_norm * (1 + 2 * g)
 
 
 def _fix_zero_signs(out, all_zero, a3, b3) -> None:

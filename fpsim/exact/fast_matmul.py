@@ -16,33 +16,26 @@ and ``f = rnd_out o pre``, the result is ``f(rnd32(s))`` with ``s`` the exact do
                     exact, else round to odd (math.fsum for a few, integer limbs for many)
     out = rnd_out(pre(acc))
 
-Proof. (1) Enclosure. |approx - s| <= g * S with S = sum_k |a_ik b_kj| (``certified``:
-products are exact in float64, Higham's bound for any summation order), and
-U = ||a_i|| ||b_j|| (1 + 2g) >= S (Cauchy-Schwarz, the norms' own rounding included; the
-general path's ``_cauchy_schwarz_bound``). The computed w is at least (g + 2**-50) U: its three
-roundings (of the constant, of ||a_i|| times it, of the product) lose at most 4 * 2**-53
-relative, far less than the 2**-39 margin. Each end is computed with one rounding, erring by at
-most 2**-53 (|approx| + w) <= 2**-53 (U (1 + g) + w), and 2**-50 U exceeds that (g < 2**-12),
-so fl64(approx - w) <= approx - g S <= s <= approx + g S <= fl64(approx + w): the exact s
-lies between the computed ends. (2) Monotonicity. rnd32, x -> fl32(x + b) and rnd_out are
-monotonic (non-decreasing), so f(rnd32(low end)) <= f(rnd32(s)) <= f(rnd32(high end)): equal
-bit patterns at both ends give the bits at s. With equal bits at the fp32 level, rnd32(s) is
-that value (as in the general path); at the f level only f(rnd32(s)) is known, so the element
-keeps acc = hi32, whose f is the same and which is nonzero exactly when rnd32(s) is (both
-ends nonzero of one sign after ``pre``): the underflow counter (``underflow.note``) sees the
-same zero / nonzero pattern as on the general path. (3) Signed zeros. An all-zero row of a or
-column of b has w = 0 and a BLAS zero of either sign: never certified at the fp32 level; at
-the f level pre is then +-0 + bias, nonzero only for a nonzero bias, where the zero's sign
-does not matter (+-0 + b = b). Any other exact zero sum has approx = +-0 and w > 0, so lo32
-and hi32 differ in sign: not certified at the fp32 level, and at the f level only when a
-nonzero bias makes both pre values that same nonzero number. (4) The exact step: where
-every product is zero the sum is -0 exactly when every product is -0 (IEEE addition), else
-+0; otherwise the general path's second certificate (if U < 2**(qa + qb + 53), qa and qb
-lower bounds on the lowest set bit of row i and column j, every partial sum is exact, so
-approx is s), else the exact sum rounded to odd (``fsum_round_to_odd`` or
-``round_to_odd_sum``, the same value) and cast once to fp32. Non-finite inputs, K = 0 and
-empty shapes are left to the general path (``matmul_2d`` returns None). Work arrays are
-reused per thread (``_scratch``); results are always fresh arrays.
+Proof. (1) Enclosure: ``certificate`` (the interval certificate, N = ||a_i|| ||b_j||, as on the
+general path): fl64(approx - w) <= s <= fl64(approx + w). (2) Monotonicity. rnd32, x -> fl32(x
++ b) and rnd_out are monotonic (non-decreasing), so f(rnd32(low end)) <= f(rnd32(s)) <=
+f(rnd32(high end)): equal bit patterns at both ends give the bits at s. With equal bits at the
+fp32 level, rnd32(s) is that value (as in the general path); at the f level only f(rnd32(s)) is
+known, so the element keeps acc = hi32, whose f is the same and which is nonzero exactly when
+rnd32(s) is (both ends nonzero of one sign after ``pre``): the underflow counter
+(``underflow.note``) sees the same zero / nonzero pattern as on the general path. (3) Signed
+zeros. An all-zero row of a or column of b has w = 0 and a BLAS zero of either sign: never
+certified at the fp32 level; at the f level pre is then +-0 + bias, nonzero only for a nonzero
+bias, where the zero's sign does not matter (+-0 + b = b). Any other exact zero sum has approx
+= +-0 and w > 0, so lo32 and hi32 differ in sign: not certified at the fp32 level, and at the f
+level only when a nonzero bias makes both pre values that same nonzero number. (4) The exact
+step: where every product is zero the sum is -0 exactly when every product is -0 (IEEE
+addition), else +0; otherwise the second certificate (``certificate.sums_exactly``, with qa +
+qb, lower bounds on the lowest set bit of row i and column j: approx is s), else the exact sum
+rounded to odd (``fsum_round_to_odd`` or ``round_to_odd_sum``, the same value) and cast once to
+fp32. Non-finite inputs, K = 0 and empty shapes are left to the general path (``matmul_2d``
+returns None). Work arrays are reused per thread (``_scratch``); results are always fresh
+arrays.
 """
 from __future__ import annotations
 
@@ -53,13 +46,14 @@ import numpy as np
 from ..formats import FP16, FP32
 from ..rounding import round_to, thread_scratch
 from . import underflow
-from .certified import error_factor, lowest_bit_exponent, per_line_lowest_bit
+from .certificate import certify, error_factor, sums_exactly, width_factor
+from .certified import cauchy_schwarz_bound, lowest_bit_exponent, per_line_lowest_bit
+from .odd import round_to_odd
 from .sums import ELEMENTS_PER_CHUNK, round_to_odd_sum
 
 __all__ = ["matmul_2d", "round_out", "fsum_round_to_odd"]
 
 _SMALL = 1 << 14        # below this, NumPy's float16 cast is cheaper than round_to's setup
-_CHUNK_ROWS = 1 << 15   # elements per certification chunk: temporaries stay in cache
 _FSUM_MAX = 64          # up to this many uncertified elements, math.fsum beats integer limbs
 
 
@@ -99,10 +93,7 @@ def matmul_2d(a: np.ndarray, b: np.ndarray, out_fmt, bias: np.ndarray | None = N
     row_norm = np.sqrt(np.einsum("ik,ik->i", a64, a64))
     col_norm = np.sqrt(np.einsum("kj,kj->j", b64, b64))
     g = error_factor(k)
-    scaled = row_norm * ((g + 2.0 ** -50) * (1 + 2 * g) * (1 + 2.0 ** -39))
-    low32, high32 = _ends(approx, scaled, col_norm)
-    certified = np.equal(low32.view(np.uint32), high32.view(np.uint32),
-                         out=_scratch("certified", (m, n), bool))
+    low32, high32, certified = certify(approx, (row_norm * width_factor(k))[:, None], col_norm)
     zero_rows, zero_cols = row_norm == 0, col_norm == 0
     if zero_rows.any() or zero_cols.any():
         certified[zero_rows, :] = False
@@ -142,28 +133,6 @@ def _widen(x: np.ndarray, name: str) -> np.ndarray:
     return out
 
 
-def _ends(approx: np.ndarray, scaled: np.ndarray, col_norm: np.ndarray):
-    """fl32 of the computed interval ends approx -+ w, w = scaled_i * col_norm_j, by row
-    chunks so the float64 temporaries stay in cache. The high end is a fresh array (it
-    becomes the result), the low end a reused one."""
-    m, n = approx.shape
-    low32 = _scratch("low32", (m, n), np.float32)
-    high32 = np.empty((m, n), np.float32)
-    step = max(1, _CHUNK_ROWS // n)
-    width = _scratch("width", (min(step, m), n), np.float64)
-    end = _scratch("end", (min(step, m), n), np.float64)
-    with np.errstate(over="ignore"):
-        for lo in range(0, m, step):
-            hi = min(m, lo + step)
-            w, e, x = width[:hi - lo], end[:hi - lo], approx[lo:hi]
-            np.multiply(scaled[lo:hi, None], col_norm[None, :], out=w)
-            np.subtract(x, w, out=e)
-            low32[lo:hi] = e
-            np.add(x, w, out=e)
-            high32[lo:hi] = e
-    return low32, high32
-
-
 def _f_uncertified(certified, low32, pre_high, out_high, bias, out_fmt):
     """(rows, cols) of the elements neither certificate takes. The second one holds where
     f = rnd_out(pre(.)) gives one bit pattern at both ends and pre is nonzero of one sign at
@@ -200,7 +169,7 @@ def _f_agree(low32, pre_high, out_high, bias, out_fmt) -> np.ndarray:
 def _exact_elements(a, b, a64, b64, approx, row_norm, col_norm, rows, cols, g,
                     zeros_done: bool = False) -> np.ndarray:
     """The exact sums of elements (rows, cols) rounded once to fp32 (float32), with the
-    IEEE sign of exact zeros; the general path's second certificate, then integer limbs."""
+    IEEE sign of exact zeros; the second certificate, then integer limbs."""
     if rows.size <= _FSUM_MAX:
         return fsum_round_to_odd(a64[rows, :] * b64[:, cols].T).astype(np.float32)
     out = np.empty(rows.size, np.float32)
@@ -218,10 +187,10 @@ def _exact_elements(a, b, a64, b64, approx, row_norm, col_norm, rows, cols, g,
                                         rows[rest], cols[rest], g, zeros_done=True)
         return out
     m, n = a.shape[0], b.shape[1]
-    upper = row_norm[rows] * col_norm[cols] * (1 + 2 * g)        # >= sum |a_ik b_kj|
+    upper = cauchy_schwarz_bound(row_norm[rows], col_norm[cols], g)  # >= sum |a_ik b_kj|
     qa = per_line_lowest_bit(rows, lambda u: a[u, :], lambda: lowest_bit_exponent(a, axis=1), m)
     qb = per_line_lowest_bit(cols, lambda u: b[:, u].T, lambda: lowest_bit_exponent(b, axis=0), n)
-    exact = upper < np.ldexp(1.0, np.minimum(qa + qb + 53, 1023))
+    exact = sums_exactly(upper, qa + qb)
     values = approx[rows, cols]
     nonzero = exact & (values != 0)
     with np.errstate(over="ignore"):
@@ -247,10 +216,8 @@ def fsum_round_to_odd(products: np.ndarray) -> np.ndarray:
 
     r = fsum(row) is RN(s); e = fsum(row + [-r]) is RN(s - r), which has the sign of s - r
     and is zero only when r is exact (terms are multiples of 2**-298: nothing underflows, so
-    RN(x) = 0 only for x = 0). Round to odd keeps an exact r, keeps an inexact r with an odd
-    last bit (it is one of the two neighbours of s, the odd one), and otherwise takes the other
-    neighbour, the next float from r toward s. An exact zero takes the IEEE sign: -0 only when
-    every term is -0 (``round_to_odd_sum``'s rule).
+    RN(x) = 0 only for x = 0): r and e are what ``odd.round_to_odd`` takes. An exact zero
+    takes the IEEE sign: -0 only when every term is -0 (``round_to_odd_sum``'s rule).
     """
     sums = np.empty(products.shape[0], np.float64)
     errors = np.empty_like(sums)
@@ -258,10 +225,7 @@ def fsum_round_to_odd(products: np.ndarray) -> np.ndarray:
         sums[i] = r = math.fsum(row)
         row.append(-r)
         errors[i] = math.fsum(row)
-    even = (sums.view(np.int64) & 1) == 0
-    move = (errors != 0) & even
-    if move.any():
-        sums[move] = np.nextafter(sums[move], np.copysign(np.inf, errors[move]))
+    sums = round_to_odd(sums, errors)
     zero = sums == 0
     if zero.any():
         all_negative = np.all(np.signbit(products[zero]), axis=1) & (products.shape[1] > 0)

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .odd import round_to_odd
+
 __all__ = ["round_to_odd_sum", "ELEMENTS_PER_CHUNK"]
 
 _LIMB = 32
@@ -160,8 +162,9 @@ def _limbs_to_float_round_to_odd(limbs: np.ndarray, first: int) -> np.ndarray:
     lost_wide = ((head & ((one << far) - one)) != 0) | (third != 0)
     lost_near = (third & ((one << near) - one)) != 0
     sticky |= np.where(wide, lost_wide, lost_near)
-    kept |= sticky.astype(np.uint64)
     exponent = _LIMB * (top_index - 2 + first) + drop - 1075
-    value = np.ldexp(kept.astype(np.float64), exponent)
+    # kept holds exactly 53 bits and the result is normal (module docstring), so the float's
+    # last bit is kept's: the truncation plus the sticky bit is the round-to-odd value.
+    value = round_to_odd(np.ldexp(kept.astype(np.float64), exponent), sticky.astype(np.float64))
     value[~any_nonzero] = 0.0
     return value

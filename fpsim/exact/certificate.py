@@ -1,0 +1,133 @@
+"""The interval certificate, written once: when a float64 sum provably rounds like the exact one.
+
+Setting. ``approx`` = fl64(sum of K exact float64 terms p_k), added in any order, blocked,
+vectorised or with FMA (any BLAS, any thread count); s = sum p_k is the exact value and
+S = sum |p_k|. Then |approx - s| <= gamma_{K-1} S, gamma_n = n u / (1 - n u), u = 2**-53
+(Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., section 4.2 and Lemma 8.4);
+``error_factor(K)`` = g = K * 2**-52 bounds that with room to spare (g < 2**-12 below 2**40
+terms). The caller supplies N >= 0 with N (1 + 2g) >= S: ||a_i|| ||b_j|| for a dot product
+(Cauchy-Schwarz; the norms' own rounding errs by less than (K/2 + 2) u each, covered by the
+1 + 2g), fl64(sum |x|) for a sum of values (it errs by at most gamma_{K-1} S, also covered).
+
+First certificate (``certify``). The half-width w = fl(fl(N * c)) with
+c = ``width_factor(K)`` = (g + 2**-50)(1 + 2g)(1 + 2**-39) (N as one factor or as a product
+of two, each multiplication rounded) is at least (g + 2**-50) N (1 + 2g) >= (g + 2**-50) S:
+its roundings lose at most 4 u relative, far less than the 2**-39 margin. Each end
+fl64(approx -+ w) errs by at most u (|approx| + w) <= u (S (1 + g) + w), which 2**-50 S
+exceeds, so fl64(approx - w) <= approx - g S <= s <= approx + g S <= fl64(approx + w): the
+exact s lies between the computed ends. Every rounding of fpsim (``round_to`` in any mode
+but stochastic, the float32 cast) is monotonic: if both ends round to the same bit pattern,
+so does every value between them, s included.
+
+Second certificate (``sums_exactly``), for what the first cannot take (exact ties, exact
+zeros): if every term is a multiple of 2**q and U < 2**(q + 53), U >= S, every partial sum
+is a multiple of 2**q below 2**(q + 53) in magnitude, hence a float64: approx is s itself.
+
+>>> import numpy as np
+>>> approx = np.float64([1.0, 1.0 + 2.0 ** -24])      # fl64 sums of two terms each
+>>> N = np.float64([2.0, 2.0])                         # >= sum |p|
+>>> low, high, certified = certify(approx, N * width_factor(2))
+>>> high.tolist(), certified.tolist()                  # 1 + 2**-24 is an fp32 tie
+([1.0, 1.0000001192092896], [True, False])
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..rounding import thread_scratch
+
+__all__ = ["error_factor", "width_factor", "certify", "sums_exactly"]
+
+_CHUNK = 1 << 15    # elements per chunk of the float32 path: temporaries stay in cache
+
+
+def error_factor(terms: int) -> float:
+    """g with |fl(sum p) - sum p| <= g * fl(sum |p|) for every summation order of ``terms``
+    exact float64 terms: g = n * 2**-52 exceeds gamma_{n-1} / (1 - gamma_{n-1}) * (1 + u),
+    which also covers the rounding of g * fl(sum|p|), for every n < 2**40."""
+    if terms >= 1 << 40:
+        raise ValueError(f"sums of {terms} terms are beyond the certified range (2**40)")
+    return max(terms, 1) * 2.0 ** -52
+
+
+def width_factor(terms: int) -> float:
+    """c with w = N * c the certified half-width of a sum of ``terms`` exact terms, for any
+    N with N (1 + 2g) >= sum |p| (module docstring)."""
+    g = error_factor(terms)
+    return (g + 2.0 ** -50) * (1 + 2 * g) * (1 + 2.0 ** -39)
+
+
+def certify(approx: np.ndarray, width: np.ndarray, width_cols: np.ndarray | None = None,
+            round_end=None):
+    """(low, high, certified): the ends approx -+ w rounded by ``round_end``, and where their
+    bit patterns agree (there the exact sum rounds to ``high``).
+
+    w = ``width`` (shaped like ``approx``, or broadcasting along its first axis) times
+    ``width_cols`` when given (broadcasting against ``approx[i]``), the product rounded once:
+    pass N's two factors, one already times ``width_factor``. ``round_end`` maps float64
+    arrays to rounded arrays (``round_to`` in any mode but stochastic); None is the float32
+    cast, computed chunk by chunk so the temporaries stay in cache: ``low`` and
+    ``certified`` then live in this thread's reused buffers, valid until the next call, and
+    ``high`` is a fresh float32 array. ``approx`` has at least one axis.
+    """
+    if round_end is not None:
+        with np.errstate(invalid="ignore", over="ignore"):
+            w = width if width_cols is None else width * width_cols
+            low, high = round_end(approx - w), round_end(approx + w)
+        return low, high, _same_bits(low, high)
+    scratch = thread_scratch()
+    low = scratch.get("certify.low", np.float32, approx.size).reshape(approx.shape)
+    high = np.empty(approx.shape, np.float32)
+    if approx.ndim > 2 and approx[0].size >= _CHUNK:      # big matrices: one at a time
+        for i in range(approx.shape[0]):
+            _fp32_ends(approx[i], _line(width, approx, i), _line(width_cols, approx, i),
+                       low[i], high[i])
+    else:
+        _fp32_ends(approx, width, width_cols, low, high)
+    certified = scratch.get("certify.same", bool, approx.size).reshape(approx.shape)
+    return low, high, _same_bits(low, high, certified)
+
+
+def _line(x, approx, i):
+    """Operand x's part for approx[i] (x broadcasts against approx)."""
+    if x is None or x.ndim < approx.ndim:
+        return x
+    return x[0] if x.shape[0] == 1 else x[i]
+
+
+def _fp32_ends(approx, width, width_cols, low, high) -> None:
+    """low, high = fl32(fl64(approx -+ w)), chunks of rows along axis 0."""
+    lines = approx.shape[0]
+    step = max(1, _CHUNK // max(1, approx.size // max(1, lines)))
+    chunk = (min(step, lines),) + approx.shape[1:]
+    size = int(np.prod(chunk))
+    scratch = thread_scratch()
+    w_buf = scratch.get("certify.width", np.float64, size).reshape(chunk)
+    end = scratch.get("certify.end", np.float64, size).reshape(chunk)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for lo in range(0, lines, step):
+            hi = min(lines, lo + step)
+            x, e = approx[lo:hi], end[:hi - lo]
+            w = _rows(width, approx, lo, hi)
+            if width_cols is not None:
+                w = np.multiply(w, _rows(width_cols, approx, lo, hi), out=w_buf[:hi - lo])
+            np.subtract(x, w, out=e)
+            low[lo:hi] = e
+            np.add(x, w, out=e)
+            high[lo:hi] = e
+
+
+def _rows(x, approx, lo, hi):
+    """Rows lo:hi of operand x where it has approx's first axis, else x (it broadcasts)."""
+    return x[lo:hi] if x.ndim == approx.ndim and x.shape[0] != 1 else x
+
+
+def _same_bits(low: np.ndarray, high: np.ndarray, out=None) -> np.ndarray:
+    uint = np.uint32 if low.dtype == np.float32 else np.uint64
+    return np.equal(low.view(uint), high.view(uint), out=out)
+
+
+def sums_exactly(upper: np.ndarray, lowest_bit: np.ndarray) -> np.ndarray:
+    """Where the float64 sum is exact (second certificate): ``upper`` >= sum |p| and every
+    term a multiple of 2**``lowest_bit``."""
+    return upper < np.ldexp(1.0, np.minimum(lowest_bit + 53, 1023))

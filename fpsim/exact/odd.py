@@ -1,0 +1,52 @@
+"""Rounding to odd at float64's 53 bits, written once for every exact path.
+
+Why: a value rounded to odd at 53 bits and then rounded once more, in any rounding mode, to
+a format of at most 51 bits gives the correctly rounded exact value: no double rounding
+(Boldo & Melquiond, "Emulation of FMA and correctly rounded sums: proved algorithms using
+rounding to odd", IEEE Transactions on Computers 57(4), 2008). Round to odd keeps an exact
+value and otherwise takes, of the two float64 neighbours of x, the one with an odd last bit.
+
+Users: the integer-limb sums (``sums``: the truncated 53 bits and a sticky flag), their
+``math.fsum`` shortcut (``fast_matmul``: the nearest sum and its residual), the
+``sequential`` model's additions and the optimizers' fused multiply-add (``add_round_to_odd``).
+
+>>> import numpy as np
+>>> x, y = np.float64([1.0, 1.0, 3.0]), np.float64([2.0 ** -60, -(2.0 ** -60), 0.5])
+>>> add_round_to_odd(x, y).tolist() == [1 + 2.0 ** -52, 1 - 2.0 ** -53, 3.5]
+True
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["round_to_odd", "add_round_to_odd"]
+
+
+def round_to_odd(near, residual) -> np.ndarray:
+    """x rounded to odd at 53 bits, given ``near``, one of the two float64 neighbours of x (or
+    x itself when it is a float64), and ``residual``, any number with the sign of x - near
+    that is zero exactly when near == x. Non-finite ``near`` values are returned unchanged.
+
+    The neighbour toward zero is x truncated to 53 bits; setting its last bit (the sticky
+    bit) when x is inexact gives the odd neighbour, or keeps it when it already is odd.
+    """
+    near = np.asarray(near, np.float64)
+    with np.errstate(invalid="ignore"):
+        inexact = (residual != 0) & np.isfinite(near)
+    if not inexact.any():
+        return near
+    bits = near.copy().view(np.uint64)
+    bits -= (inexact & (np.signbit(residual) != np.signbit(near))).astype(np.uint64)
+    bits |= inexact.astype(np.uint64)
+    return bits.view(np.float64)
+
+
+def add_round_to_odd(x, y) -> np.ndarray:
+    """x + y (float64, exact inputs) rounded to odd: the sum s and its rounding error e
+    (s + e == x + y exactly, Knuth's TwoSum) give the residual's sign. Non-finite sums are
+    returned as IEEE addition gives them."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = np.add(x, y)
+        y_virtual = s - x
+        error = (x - (s - y_virtual)) + (y - y_virtual)
+    return round_to_odd(s, error)
