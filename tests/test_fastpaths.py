@@ -102,6 +102,23 @@ def test_matmul_2d_matches_the_exact_fallback(kind, fsum_max, monkeypatch):
                     (kind, trial, out_fmt.name, use_bias)
 
 
+@pytest.mark.parametrize("fsum_max", [0, 64])
+def test_matmul_2d_exact_zeros_that_cancel_without_all_zero_products(fsum_max, monkeypatch):
+    """Sums that cancel to exactly zero while no element's products are all zero, more of them
+    than math.fsum takes: the integer-limb route must fill every element (it once returned
+    uninitialised memory when no zero-approx element had all-zero products)."""
+    monkeypatch.setattr(_fast_matmul, "_FSUM_MAX", fsum_max)
+    a, b = np.float32([[1.0, 1.0]]), np.float32([[1.0], [-1.0]])
+    assert same_bits(matmul_2d(a, b, FP32), np.float32([[0.0]]))
+    rng = np.random.default_rng(5)
+    a = rng.integers(-3, 4, (300, 64)).astype(np.float32)
+    b = rng.integers(-3, 4, (64, 300)).astype(np.float32)
+    exact = (a.astype(np.int64) @ b.astype(np.int64)).astype(np.float32)
+    assert (exact == 0).sum() > 100
+    for out_fmt in (FP32, FP16):
+        assert same_bits(matmul_2d(a, b, out_fmt), slow_reference(a, b, out_fmt))
+
+
 def test_matmul_2d_bias_cancels_the_accumulator():
     # pre = fl32(acc + bias) = 0 exactly: +0 under round to nearest, whatever the signs.
     a = np.float32([[1.0, 2.0 ** -30], [-3.0, 0.0]])

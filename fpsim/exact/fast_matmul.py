@@ -182,7 +182,7 @@ def _exact_elements(a, b, a64, b64, approx, row_norm, col_norm, rows, cols, g,
                                         -0.0, 0.0)
         rest = np.ones(rows.size, bool)
         rest[where[all_zero]] = False
-        if not rest.all():
+        if rest.any():
             out[rest] = _exact_elements(a, b, a64, b64, approx, row_norm, col_norm,
                                         rows[rest], cols[rest], g, zeros_done=True)
         return out
