@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..formats import FP32, Format, get
+from ..exact.odd import add_round_to_odd
 from ..rounding import round_to
 
 __all__ = ["Arith", "fma_round_to_odd"]
@@ -32,21 +33,9 @@ __all__ = ["Arith", "fma_round_to_odd"]
 
 def fma_round_to_odd(a, b, c) -> np.ndarray:
     """a * b + c for float32-representable inputs, rounded to odd at float64 precision."""
-    a64 = np.asarray(a, np.float64)
-    b64 = np.asarray(b, np.float64)
-    c64 = np.asarray(c, np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
-        product = a64 * b64
-        total = product + c64
-        back = total - c64
-        error = (product - back) + (c64 - (total - back))
-    bits = np.array(total, np.float64).view(np.uint64)
-    inexact = (error != 0) & np.isfinite(total)
-    if inexact.any():
-        toward_zero = inexact & (np.signbit(error) != np.signbit(total))
-        bits[toward_zero] -= np.uint64(1)  # the exact value lies between 0 and total
-        bits[inexact] |= np.uint64(1)
-    return bits.view(np.float64)
+        product = np.asarray(a, np.float64) * np.asarray(b, np.float64)   # exact
+    return add_round_to_odd(product, np.asarray(c, np.float64))
 
 
 class Arith:
