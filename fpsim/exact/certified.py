@@ -17,7 +17,7 @@ import numpy as np
 from ..formats import FP32
 from ..rounding import round_to
 from .certificate import certify, error_factor, sums_exactly, width_factor
-from .sums import ELEMENTS_PER_CHUNK, round_to_odd_sum
+from .sums import ELEMENTS_PER_CHUNK, round_to_odd_sum, zero_sum
 
 __all__ = ["exact_matmul", "exact_rows_sum", "lowest_bit_exponent", "per_line_lowest_bit",
            "cauchy_schwarz_bound"]
@@ -107,8 +107,7 @@ def exact_rows_sum(rows: np.ndarray, acc, *, force_fallback: bool = False
         out, certified = _certify_acc(approx, magnitude * width_factor(k), None, acc)
         zero = magnitude == 0
         if zero.any():
-            all_negative = np.all(np.signbit(rows[zero]), axis=1) & (k > 0)
-            out[zero] = np.where(all_negative, -0.0, 0.0)
+            out[zero] = zero_sum(rows[zero])
             certified |= zero
         todo = ~certified
         if todo.any():

@@ -49,7 +49,7 @@ from . import underflow
 from .certificate import certify, error_factor, sums_exactly, width_factor
 from .certified import cauchy_schwarz_bound, lowest_bit_exponent, per_line_lowest_bit
 from .odd import round_to_odd
-from .sums import ELEMENTS_PER_CHUNK, round_to_odd_sum
+from .sums import ELEMENTS_PER_CHUNK, round_to_odd_sum, zero_sum
 
 __all__ = ["matmul_2d", "round_out", "fsum_round_to_odd"]
 
@@ -178,8 +178,7 @@ def _exact_elements(a, b, a64, b64, approx, row_norm, col_norm, rows, cols, g,
         where = np.nonzero(zero)[0]
         products = a64[rows[where], :] * b64[:, cols[where]].T
         all_zero = ~products.any(axis=1)
-        out[where[all_zero]] = np.where(np.all(np.signbit(products[all_zero]), axis=1),
-                                        -0.0, 0.0)
+        out[where[all_zero]] = zero_sum(products[all_zero])
         rest = np.ones(rows.size, bool)
         rest[where[all_zero]] = False
         if rest.any():
@@ -196,9 +195,8 @@ def _exact_elements(a, b, a64, b64, approx, row_norm, col_norm, rows, cols, g,
     with np.errstate(over="ignore"):
         out[nonzero] = values[nonzero]                               # exact: one rounding
     zero = exact & (values == 0)
-    if zero.any():       # an exact zero sum: -0 only when every product is -0 (K > 0 here)
-        products = a64[rows[zero], :] * b64[:, cols[zero]].T
-        out[zero] = np.where(np.all(np.signbit(products), axis=1), -0.0, 0.0)
+    if zero.any():       # an exact zero sum: -0 only when every product is -0
+        out[zero] = zero_sum(a64[rows[zero], :] * b64[:, cols[zero]].T)
     todo = np.nonzero(~exact)[0]
     step = max(1, ELEMENTS_PER_CHUNK // a.shape[1])
     for lo in range(0, todo.size, step):
@@ -228,6 +226,5 @@ def fsum_round_to_odd(products: np.ndarray) -> np.ndarray:
     sums = round_to_odd(sums, errors)
     zero = sums == 0
     if zero.any():
-        all_negative = np.all(np.signbit(products[zero]), axis=1) & (products.shape[1] > 0)
-        sums[zero] = np.where(all_negative, -0.0, 0.0)
+        sums[zero] = zero_sum(products[zero])
     return sums

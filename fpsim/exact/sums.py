@@ -30,7 +30,7 @@ import numpy as np
 
 from .odd import round_to_odd
 
-__all__ = ["round_to_odd_sum", "ELEMENTS_PER_CHUNK"]
+__all__ = ["round_to_odd_sum", "zero_sum", "ELEMENTS_PER_CHUNK"]
 
 _LIMB = 32
 _HEADROOM = 4                         # limbs above the top term's: 2**40 terms' carries, sign
@@ -84,9 +84,15 @@ def _rows_round_to_odd(terms: np.ndarray) -> np.ndarray:
         np.negative(value, out=value, where=negative)
     zero = value == 0
     if zero.any():
-        all_negative_zero = np.all(np.signbit(terms[zero]), axis=1) & (width > 0)
-        value[zero] = np.where(all_negative_zero, -0.0, 0.0)
+        value[zero] = zero_sum(terms[zero])
     return value
+
+
+def zero_sum(terms: np.ndarray) -> np.ndarray:
+    """The IEEE value of each row's sum where it is exactly zero: -0 when every term is -0
+    (and there is one), else +0 (IEEE 754-2019 section 6.3, round to nearest)."""
+    negative = np.all(np.signbit(terms), axis=-1) & (terms.shape[-1] > 0)
+    return np.where(negative, -0.0, 0.0)
 
 
 def _limb_sums(part: np.ndarray, field: np.ndarray, first: int, count: int) -> np.ndarray:
