@@ -6,7 +6,9 @@ themselves stored in a format.
   ``backward``, ``detach``, ``zero_grad``, ``retain_grad``.
 - Ops (``ops_*.py``), each beside its backward: ``add sub mul div neg pow exp log sqrt tanh
   sigmoid relu gelu``; ``matmul linear``; ``sum mean max softmax log_softmax``; ``reshape
-  transpose getitem concatenate stack cast``; ``cross_entropy mse_loss``.
+  transpose getitem concatenate stack cast``; ``cross_entropy mse_loss``. The ops import
+  ``tensor.py`` and register with it (``register``); ``Tensor``'s operators and methods call
+  the registered ops. Their shared array-level accumulation: ``accumulate.py``.
 - ``Policy`` / ``get_policy`` (``policy.py``): the format of each op category (autocast-like),
   from Lightning strings ("16-mixed", ...) or jmp strings ("params=fp32,compute=fp16,...").
 - ``use_policy``, ``no_grad``, ``enable_grad`` (``context.py``).

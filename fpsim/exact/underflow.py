@@ -1,9 +1,11 @@
 """Counting gradients that underflow: values nonzero before their rounding into a format and
 zero after it, during ``backward``.
 
-The engine calls ``note(before, after)`` at the two places a backward gradient is rounded
-into its format (``numerics.round_array`` and the accumulation models' output rounding);
-outside a ``count_gradient_underflow()`` block, or outside backward, it does nothing.
+The engine calls ``note(before, after)`` wherever a backward gradient is rounded into its
+format (``fpsim.autograd.numerics.round_array``, and here the accumulation models' output
+rounding and the 2-D fast path's); ``Tensor.backward`` marks the pass with ``in_backward``.
+Outside a ``count_gradient_underflow()`` block, or outside backward, it does nothing. It lives
+in this layer so that the roundings below ``autograd`` can report to it.
 
 >>> import numpy as np
 >>> from fpsim.autograd import Tensor, use_policy
