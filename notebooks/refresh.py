@@ -3,12 +3,13 @@
 
 Deterministic on purpose: the installed ``python3`` kernel, the working directory
 ``notebooks/`` (as nbval uses), and no volatile metadata (per-cell execution timestamps), so
-refreshing unchanged notebooks leaves ``git diff`` empty. The kernel inherits this process's
-environment: run from a checkout installed with ``pip install -e .`` or with ``PYTHONPATH``
-pointing at it.
+refreshing unchanged notebooks leaves ``git diff`` empty. The kernel imports this checkout's
+fpsim: its root is put first on the kernel's PYTHONPATH, as notebooks/conftest.py does for
+the tests.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ import nbformat
 from nbclient import NotebookClient
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 KERNEL = "python3"
 TIMEOUT_S = 120
 
@@ -37,6 +39,8 @@ def refresh(path: Path) -> float:
 
 
 def main(argv: list[str]) -> int:
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in paths if p != str(ROOT)])
     paths = [HERE / name for name in argv] or sorted(HERE.glob("[0-9][0-9]_*.ipynb"))
     for path in paths:
         print(f"{path.name}: {refresh(path):.1f} s, {path.stat().st_size / 1024:.0f} KB", flush=True)
