@@ -1,37 +1,42 @@
-"""pytest hooks for the notebooks: a lesson whose optional dependency is missing is skipped
-with the reason, instead of failing because its saved outputs (made with the dependency)
-differ from the notes its cells print without it."""
-from __future__ import annotations
-
-import importlib
+"""The lessons run under nbval (see pyproject's addopts), with sanitize.cfg beside this file
+whatever directory pytest starts in, and a kernel that imports this checkout's fpsim (its root
+goes first on the kernel's PYTHONPATH, so an fpsim installed elsewhere is not the one
+tested). A lesson that needs PyTorch is skipped, with the reason,
+where torch does not import."""
+import os
+from pathlib import Path
 
 import pytest
 
-# notebook file name -> (module it needs, how to install it)
-REQUIRES = {
-    "07_check_your_framework.ipynb": ("torch", "pip install torch==2.13.0"),
-}
+NEEDS_TORCH = {"07_check_your_framework.ipynb"}
+SANITIZERS = Path(__file__).resolve().parent / "sanitize.cfg"
+REPO_ROOT = str(Path(__file__).resolve().parents[1])
 
 
-def _missing(module: str) -> str | None:
-    """None if ``module`` imports, else the error (an installed but broken module counts as
-    missing: the notebook's own ``import`` would fail the same way)."""
+def pytest_configure(config):
+    # the kernel is a subprocess: it sees the environment, not this process's sys.path
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if paths[0] != REPO_ROOT:
+        os.environ["PYTHONPATH"] = os.pathsep.join([REPO_ROOT] + [p for p in paths if p])
+    if getattr(config.option, "nbval_sanitize_with", "missing") is None:
+        config.option.nbval_sanitize_with = str(SANITIZERS)
+
+
+def torch_missing() -> str | None:
+    """Why torch cannot be used here, or None when it imports."""
     try:
-        importlib.import_module(module)
-    except ImportError as err:
-        return str(err) or type(err).__name__
+        import torch  # noqa: F401
+    except ImportError as error:
+        return f"{type(error).__name__}: {error}"
     return None
 
 
 def pytest_collection_modifyitems(config, items):
-    checked: dict[str, str | None] = {}
-    for item in items:
-        need = REQUIRES.get(item.path.name)
-        if need is None:
-            continue
-        module, install = need
-        if module not in checked:
-            checked[module] = _missing(module)
-        if checked[module] is not None:
-            item.add_marker(pytest.mark.skip(
-                reason=f"{item.path.name} needs {module} ({install}): {checked[module]}"))
+    needing = [item for item in items if item.path.name in NEEDS_TORCH]
+    why = torch_missing() if needing else None
+    if why is None:
+        return
+    skip = pytest.mark.skip(reason=f"needs PyTorch (pip install -e '.[torch]'), which does not "
+                                   f"import here ({why})")
+    for item in needing:
+        item.add_marker(skip)

@@ -5,7 +5,7 @@ import json
 import numpy as np
 
 from fpsim.experiments import reproduce
-from fpsim.experiments.underflow import exponent_histogram, judge
+from fpsim.experiments.underflow import activation_gradients, exponent_histogram, judge
 
 PINNED = "df0625bb09b3fba658a0649dee28992526398d3f0e93d9079f6d9da57fd8d4a7"
 
@@ -56,3 +56,11 @@ def test_underflow_numbers(tmp_path):
     assert sum(result.numbers["histogram"]["counts"]) == counts["values"] - counts["zero_in_fp32"]
     digest = hashlib.sha256(json.dumps(result.numbers, sort_keys=True).encode()).hexdigest()
     assert digest == PINNED
+
+
+def test_activation_gradients_are_the_experiments_data(tmp_path):
+    """The public entry point the lesson uses gives the very values the experiment judged."""
+    (result,) = reproduce(tmp_path, quick=True, only=["underflow"])
+    per_layer = activation_gradients()
+    assert len(per_layer) == len(result.numbers["layers"])
+    assert judge(np.concatenate(per_layer))["counts"] == result.numbers["counts"]

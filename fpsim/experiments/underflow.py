@@ -38,6 +38,22 @@ NORMAL_MIN = 2.0 ** -14          # fp16's smallest normal
 BAND = (2.0 ** -27, 2.0 ** -24)  # the paper's band: lost in fp16, recovered by a scale of 8
 QUANTILES = (0.1, 0.5, 0.9)
 
+__all__ = ["SCALES", "BAND", "LOST_MAX", "SUBNORMAL_MIN", "NORMAL_MIN", "WARMUP_STEPS", "BATCHES",
+           "MODEL", "activation_gradients", "record_activation_gradients", "judge",
+           "exponent_histogram", "layer_quantiles", "run"]
+MODEL = (f"ReLU MLP {FEATURES}-{WIDTH}x{DEPTH}-8, weights 0.4x PyTorch's default, "
+         f"after {WARMUP_STEPS} fp32 Adam steps")
+
+
+def activation_gradients() -> list[np.ndarray]:
+    """The experiment's data: the small-initialised ten-layer MLP (``MODEL``) trained
+    ``WARMUP_STEPS`` fp32 steps, then every layer's output gradient over ``BATCHES`` batches,
+    per layer from input to logits (float32). Seeded: the same bits on every call."""
+    data, model = blobs(), small_init_mlp(seed=0)
+    train(model, data, optimizer=adam(model), policy="32-true", steps=WARMUP_STEPS,
+          batch_size=BATCH, seed=0, progress=False)
+    return record_activation_gradients(model, data)
+
 
 def record_activation_gradients(model, data, *, batches: int = BATCHES, seed: int = 1):
     """Gradients of every Linear output (fp32 backward of the mean cross-entropy), per layer
@@ -132,12 +148,9 @@ def _ratio(num: int, den: int) -> float:
 
 @register("underflow", TITLE)
 def run(ctx: Context) -> Result:
-    data, model = blobs(), small_init_mlp(seed=0)
     ctx.progress(f"underflow: {WARMUP_STEPS} fp32 training steps, then {BATCHES} recorded "
                  f"backward passes")
-    train(model, data, optimizer=adam(model), policy="32-true", steps=WARMUP_STEPS,
-          batch_size=BATCH, seed=0, progress=False)
-    per_layer = record_activation_gradients(model, data)
+    per_layer = activation_gradients()
     everything = np.concatenate(per_layer)
     verdict = judge(everything)
     hist = exponent_histogram(everything)
@@ -148,8 +161,7 @@ def run(ctx: Context) -> Result:
     f = verdict["fractions"]
     scale = f["by_scale"]
     numbers = {
-        "model": f"ReLU MLP {FEATURES}-{WIDTH}x{DEPTH}-8, weights 0.4x PyTorch's default, "
-                 f"after {WARMUP_STEPS} fp32 Adam steps",
+        "model": MODEL,
         "recorded_values": verdict["counts"]["values"], "counts": verdict["counts"],
         "fractions": f, "histogram": hist, "layers": layers,
         "layer_abs_quantiles_10_50_90": quantiles,
