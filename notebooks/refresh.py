@@ -32,10 +32,26 @@ def refresh(path: Path) -> float:
     seconds = time.perf_counter() - start
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
+        if cell.cell_type == "code":
+            cell.outputs = join_streams(cell.outputs)
     nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": KERNEL}
     nb.metadata.pop("widgets", None)
     nbformat.write(nb, path)
     return seconds
+
+
+def join_streams(outputs: list) -> list:
+    """Consecutive stdout (stderr) chunks as one output: how the kernel splits a stream between
+    messages varies from run to run, and would change the saved file with nothing changed."""
+    joined: list = []
+    for out in outputs:
+        last = joined[-1] if joined else None
+        if (out.output_type == "stream" and last is not None
+                and last.output_type == "stream" and last.name == out.name):
+            last.text += out.text
+        else:
+            joined.append(out)
+    return joined
 
 
 def main(argv: list[str]) -> int:
