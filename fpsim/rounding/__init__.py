@@ -103,15 +103,20 @@ def round_to(x, fmt: "Format | str", mode: str = "nearest_even", *, seed=None, o
     flat_in = np.ascontiguousarray(array).reshape(-1)
     flat_out = out.reshape(-1)
     if mode == "nearest_even" and _is_plain_bf16(fmt, rules, array.dtype):
-        _run_parallel(_bf16_via_ml_dtypes, flat_in, flat_out)
+        _run_parallel(lambda src, dst, start: _bf16_via_ml_dtypes(src, dst), flat_in, flat_out)
     elif mode == "nearest_even" and magic_applies(rules, array.dtype):
-        _run_parallel(lambda src, dst: _magic_chunks(src, dst, rules), flat_in, flat_out)
+        _run_parallel(lambda src, dst, start: _magic_chunks(src, dst, rules), flat_in, flat_out)
     elif mode == "nearest_even" and magic_applies(rules, np.float64):
         # 8-exponent-bit formats (tf32, fp32...) in float32: widen each chunk (exact).
-        _run_parallel(lambda src, dst: _magic_chunks(src, dst, rules, widen=True),
+        _run_parallel(lambda src, dst, start: _magic_chunks(src, dst, rules, widen=True),
                       flat_in, flat_out)
     else:
-        _any_mode_chunks(flat_in, flat_out, rules, mode, seed, offset)
+        if mode == "stochastic" and offset + flat_in.size > 2**64:
+            raise ValueError(f"offset + x.size must not pass 2**64 (offset={offset})")
+        # Threads get global element indices, so the bits do not depend on the split.
+        _run_parallel(lambda src, dst, start: _any_mode_chunks(
+            src, dst, rules, mode, seed, None if offset is None else offset + start),
+            flat_in, flat_out)
     return wrap(out)
 
 
@@ -198,8 +203,6 @@ def _keep_bf16_nan_payloads(src: np.ndarray, dst: np.ndarray) -> None:
 
 
 def _any_mode_chunks(src, dst, rules: Rules, mode: str, seed, offset) -> None:
-    if mode == "stochastic" and offset + src.size > 2**64:
-        raise ValueError(f"offset + x.size must not pass 2**64 (offset={offset})")
     with np.errstate(over="ignore", invalid="ignore"):
         for lo, hi in _chunks(src.size):
             # global element indices: the bits do not depend on the chunking
@@ -209,15 +212,16 @@ def _any_mode_chunks(src, dst, rules: Rules, mode: str, seed, offset) -> None:
 
 
 def _run_parallel(kernel, src: np.ndarray, dst: np.ndarray) -> None:
-    """Split an elementwise kernel over threads; the bits do not depend on the split."""
+    """Split an elementwise kernel over threads; the bits do not depend on the split.
+    ``kernel(src, dst, start)`` gets its slices and the global index of their first element."""
     global _pool
     if _THREADS == 1 or src.size < _PARALLEL_MIN:
-        kernel(src, dst)
+        kernel(src, dst, 0)
         return
     if _pool is None:
         _pool = ThreadPoolExecutor(_THREADS, thread_name_prefix="fpsim-round")
     bounds = [src.size * i // _THREADS for i in range(_THREADS + 1)]
-    futures = [_pool.submit(kernel, src[lo:hi], dst[lo:hi])
+    futures = [_pool.submit(kernel, src[lo:hi], dst[lo:hi], lo)
                for lo, hi in zip(bounds[:-1], bounds[1:])]
     for future in futures:
         future.result()

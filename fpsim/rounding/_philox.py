@@ -26,18 +26,26 @@ ROUNDS = 10
 def philox4x32(counter, key, rounds: int = ROUNDS):
     """Philox4x32-``rounds`` of four uint32 counter words (arrays of one shape) under two
     uint32 key words; returns the four output words as uint32 arrays."""
-    c0, c1, c2, c3 = (np.asarray(c, np.uint32) for c in counter)
+    words = [np.array(c, np.uint64) for c in counter]
+    return tuple(w.astype(np.uint32) for w in _rounds(*words, key, rounds))
+
+
+def _rounds(c0, c1, c2, c3, key, rounds):
+    # Words are held in uint64 arrays (values below 2**32), so the 64-bit products need no
+    # conversion; every op is in place on the caller's arrays.
     k0, k1 = int(key[0]) & 0xFFFFFFFF, int(key[1]) & 0xFFFFFFFF
     for r in range(rounds):
         if r:
             k0, k1 = (k0 + _W0) & 0xFFFFFFFF, (k1 + _W1) & 0xFFFFFFFF
-        p0 = c0.astype(np.uint64) * _M0
-        p1 = c2.astype(np.uint64) * _M1
-        hi0, lo0 = (p0 >> _32).astype(np.uint32), p0.astype(np.uint32)
-        hi1, lo1 = (p1 >> _32).astype(np.uint32), p1.astype(np.uint32)
-        c0 = hi1 ^ c1 ^ np.uint32(k0)
-        c2 = hi0 ^ c3 ^ np.uint32(k1)
-        c1, c3 = lo1, lo0
+        c0 *= _M0                      # c0 becomes the product hi0:lo0
+        c2 *= _M1                      # c2 becomes hi1:lo1
+        c1 ^= c2 >> _32                # new c0 = hi1 ^ c1 ^ k0
+        c1 ^= np.uint64(k0)
+        c3 ^= c0 >> _32                # new c2 = hi0 ^ c3 ^ k1
+        c3 ^= np.uint64(k1)
+        c0 &= _LOW                     # lo0: the new c3
+        c2 &= _LOW                     # lo1: the new c1
+        c0, c1, c2, c3 = c1, c2, c3, c0
     return c0, c1, c2, c3
 
 
@@ -66,9 +74,11 @@ def philox_uniforms(seed: int, offset: int, n: int) -> np.ndarray:
                          f"(offset={offset}, n={n})")
     index = np.arange(n, dtype=np.uint64)
     index += np.uint64(offset)
-    w0, w1, _, _ = philox4x32(
-        (index.astype(np.uint32), (index >> _32).astype(np.uint32), np.zeros(n, np.uint32),
-         np.zeros(n, np.uint32)), (seed & 0xFFFFFFFF, seed >> 32))
-    bits = (w0.astype(np.uint64) << _32) | w1
-    bits >>= np.uint64(11)
-    return bits.astype(np.float64) * 2.0**-53
+    high = index >> _32
+    index &= _LOW
+    w0, w1, _, _ = _rounds(index, high, np.zeros(n, np.uint64), np.zeros(n, np.uint64),
+                           (seed & 0xFFFFFFFF, seed >> 32), ROUNDS)
+    w0 <<= _32
+    w0 |= w1
+    w0 >>= np.uint64(11)
+    return w0.astype(np.float64) * 2.0**-53
