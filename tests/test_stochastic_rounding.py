@@ -1,6 +1,7 @@
 """Stochastic rounding: only the two neighbours, the documented draw rule, unbiased, repeatable.
 
-``round_to(x, fmt, "stochastic", rng=g)`` draws u = g.random(x.size) (C order) and rounds |x|
+``round_to(x, fmt, "stochastic", seed=s, offset=o)`` takes u = philox_uniforms(s, o, x.size)
+(Philox4x32-10, checked here against Random123's known answers; C order) and rounds |x|
 away from zero exactly when u < p, p being the distance of |x| from its lower neighbour in units
 of the gap (``round_to``'s docstring). The neighbours and p come from the MPFR oracle
 (``tests/mpfr_oracle.py``), so every check here has an answer we did not compute with fpsim.
@@ -16,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fpsim import round_to
+from fpsim.rounding import philox4x32, philox_uniforms
 from fpsim.formats import BF16, E4M3FN, E5M2, FP16, custom
 
 pytest.importorskip("gmpy2")
@@ -48,9 +50,9 @@ def test_result_is_a_neighbour_chosen_by_the_documented_rule(data):
     seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
     x = np.array(data.draw(st.lists(hard_value(fmt, dtype), min_size=1, max_size=16),
                            label="x"), dtype)
-    got = round_to(x, fmt, "stochastic", rng=np.random.default_rng(seed), **options)
+    got = round_to(x, fmt, "stochastic", seed=seed, offset=seed // 3, **options)
     assert got.dtype == x.dtype and got.shape == x.shape
-    uniforms = np.random.default_rng(seed).random(x.size)
+    uniforms = philox_uniforms(seed, seed // 3, x.size)
     expected = expected_stochastic(x, fmt, uniforms, **options)
     for value, result, answer in zip(x.tolist(), got.tolist(), expected):
         lower, upper, p = stochastic_outcomes(value, fmt, options["saturate"],
@@ -68,7 +70,7 @@ def test_representable_values_never_move(fmt, dtype):
     exact = round_to(everything, fmt)        # representable (inf/NaN for overflow)
     with np.errstate(invalid="ignore"):
         exact = exact[np.isfinite(exact)]
-    got = round_to(exact, fmt, "stochastic", rng=np.random.default_rng(2))
+    got = round_to(exact, fmt, "stochastic", seed=2)
     np.testing.assert_array_equal(got.view(f"u{got.itemsize}"), exact.view(f"u{got.itemsize}"))
 
 
@@ -78,31 +80,51 @@ def test_representable_values_never_move(fmt, dtype):
 @pytest.mark.parametrize("dtype", CONTAINERS, ids=lambda d: np.dtype(d).name)
 def test_seed_determines_the_bits(fmt, dtype):
     x = np.random.default_rng(0).standard_normal(100_000).astype(dtype)
-    first = round_to(x, fmt, "stochastic", rng=np.random.default_rng(42))
-    again = round_to(x, fmt, "stochastic", rng=np.random.default_rng(42))
-    other = round_to(x, fmt, "stochastic", rng=np.random.default_rng(43))
+    first = round_to(x, fmt, "stochastic", seed=42)
+    again = round_to(x, fmt, "stochastic", seed=42, offset=0)
     uint = f"u{x.itemsize}"
     np.testing.assert_array_equal(first.view(uint), again.view(uint))
-    differ = np.count_nonzero(first.view(uint) != other.view(uint))
-    # Most values lie strictly between neighbours; two seeds disagree on a large share.
-    assert differ > x.size // 10, differ
+    # Most values lie strictly between neighbours; another seed or offset disagrees a lot.
+    for other in (round_to(x, fmt, "stochastic", seed=43),
+                  round_to(x, fmt, "stochastic", seed=42, offset=1),
+                  round_to(x, fmt, "stochastic", seed=42 + 2**32)):
+        differ = np.count_nonzero(first.view(uint) != other.view(uint))
+        assert differ > x.size // 10, differ
 
 
-def test_rng_consumes_exactly_one_double_per_element():
+def test_rng_draws_one_64_bit_key_and_rounds_as_that_seed():
     x = np.linspace(-3, 3, 12_345).reshape(3, 4115).astype(np.float32)
     rng, twin = np.random.default_rng(7), np.random.default_rng(7)
-    round_to(x, FP16, "stochastic", rng=rng)
-    twin.random(x.size)
+    got = round_to(x, FP16, "stochastic", rng=rng)
+    key = int(twin.integers(0, 2**64, dtype=np.uint64))
+    np.testing.assert_array_equal(got.view(np.uint32),
+                                  round_to(x, FP16, "stochastic", seed=key).view(np.uint32))
     assert rng.random() == twin.random()
 
 
-def test_rng_is_required_and_only_for_stochastic():
-    with pytest.raises(ValueError, match="rng"):
-        round_to(np.ones(3), FP16, "stochastic")
-    with pytest.raises(ValueError, match="rng"):
-        round_to(np.ones(3), FP16, "stochastic", rng=np.random.RandomState(0))
-    with pytest.raises(ValueError, match="rng"):
-        round_to(np.ones(3), FP16, "nearest_even", rng=np.random.default_rng(0))
+@pytest.mark.parametrize("kwargs,match", [
+    ({}, "exactly one of seed"),
+    ({"seed": 1, "rng": np.random.default_rng(0)}, "exactly one of seed"),
+    ({"offset": 3}, "exactly one of seed"),
+    ({"rng": np.random.RandomState(0)}, "numpy.random.Generator"),
+    ({"rng": np.random.default_rng(0), "offset": 1}, "offset goes with seed"),
+    ({"seed": -1}, "seed must be in"),
+    ({"seed": 2**64}, "seed must be in"),
+    ({"seed": 1.0}, "seed must be an integer"),
+    ({"seed": True}, "seed must be an integer"),
+    ({"seed": 1, "offset": -2}, "offset must be in"),
+    ({"seed": 1, "offset": 2**64 - 2}, "must not pass 2"),
+])
+def test_stochastic_argument_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        round_to(np.ones(3), FP16, "stochastic", **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [{"rng": np.random.default_rng(0)}, {"seed": 0},
+                                    {"offset": 0}])
+def test_seed_offset_rng_only_for_stochastic(kwargs):
+    with pytest.raises(ValueError, match="only used by mode='stochastic'"):
+        round_to(np.ones(3), FP16, "nearest_even", **kwargs)
 
 
 # --- (c) unbiased, with a bound that a biased rounding cannot meet -------------------------------
@@ -136,7 +158,7 @@ def test_unbiased_and_the_check_can_fail(fmt, value, dtype):
     assert 0 < p < 1 and lower != upper
     x = np.full(N_DRAWS, value, dtype)
     seed = 20240601
-    got = round_to(x, fmt, "stochastic", rng=np.random.default_rng(seed))
+    got = round_to(x, fmt, "stochastic", seed=seed)
     assert set(np.unique(got).tolist()) <= {lower, upper}
     ups = int(np.count_nonzero(got == upper))
     assert up_count_is_binomial(ups, p), (ups, N_DRAWS * float(p))
@@ -148,20 +170,20 @@ def test_unbiased_and_the_check_can_fail(fmt, value, dtype):
     for mode in ("nearest_even", "toward_zero"):
         deterministic = round_to(x, fmt, mode)
         assert not up_count_is_binomial(int(np.count_nonzero(deterministic == upper)), p), mode
-    uniforms = np.random.default_rng(seed).random(N_DRAWS)
+    uniforms = philox_uniforms(seed, 0, N_DRAWS)
     assert not up_count_is_binomial(int(np.count_nonzero(uniforms < float(p) + 0.01)), p)
 
 
-# --- (d) chunk independence: one call equals the same array in pieces, same Generator -----------
+# --- (d) chunk independence: one call equals the same array in pieces at their offsets ----------
 
 @pytest.mark.parametrize("fmt", [FP16, BF16, E4M3FN], ids=str)
 @pytest.mark.parametrize("dtype", CONTAINERS, ids=lambda d: np.dtype(d).name)
-def test_pieces_in_sequence_equal_one_call(fmt, dtype):
-    x = np.random.default_rng(5).standard_normal(70_001).astype(dtype)
-    whole = round_to(x, fmt, "stochastic", rng=np.random.default_rng(9))
-    rng = np.random.default_rng(9)
-    cuts = [0, 1, 1000, 16_385, 16_386, 50_000, x.size]  # across the kernel's 16384-chunks
-    pieces = [round_to(x[a:b], fmt, "stochastic", rng=rng) for a, b in zip(cuts, cuts[1:])]
+def test_pieces_at_their_offsets_equal_one_call(fmt, dtype):
+    x = np.random.default_rng(5).standard_normal(300_001).astype(dtype)
+    whole = round_to(x, fmt, "stochastic", seed=9, offset=5)
+    cuts = [0, 1, 1000, 131_073, 131_074, 250_000, x.size]  # across the 131072-chunks
+    pieces = [round_to(x[a:b], fmt, "stochastic", seed=9, offset=5 + a)
+              for a, b in zip(cuts, cuts[1:])]
     uint = f"u{x.itemsize}"
     np.testing.assert_array_equal(np.concatenate(pieces).view(uint), whole.view(uint))
 
@@ -169,14 +191,64 @@ def test_pieces_in_sequence_equal_one_call(fmt, dtype):
 @pytest.mark.parametrize("dtype", CONTAINERS, ids=lambda d: np.dtype(d).name)
 def test_draws_follow_c_order_whatever_the_layout(dtype):
     x = np.random.default_rng(3).standard_normal((300, 257)).astype(dtype)
-    flat = round_to(x.reshape(-1), FP16, "stochastic", rng=np.random.default_rng(4))
+    flat = round_to(x.reshape(-1), FP16, "stochastic", seed=4)
     uint = f"u{x.itemsize}"
     for layout in (x, np.asfortranarray(x), x.T.copy().T):
-        got = round_to(layout, FP16, "stochastic", rng=np.random.default_rng(4))
+        got = round_to(layout, FP16, "stochastic", seed=4)
         assert got.shape == x.shape
         np.testing.assert_array_equal(np.ascontiguousarray(got).reshape(-1).view(uint),
                                       flat.view(uint))
     strided = x[:, ::2]
-    got = round_to(strided, FP16, "stochastic", rng=np.random.default_rng(4))
-    again = round_to(strided.copy(), FP16, "stochastic", rng=np.random.default_rng(4))
+    got = round_to(strided, FP16, "stochastic", seed=4)
+    again = round_to(strided.copy(), FP16, "stochastic", seed=4)
     np.testing.assert_array_equal(got.view(uint), again.view(uint))
+
+
+# --- (e) the generator: Random123's known answers, streams, and statistics a bad one fails ------
+
+# Random123 kat_vectors (Salmon et al.): counter[4], key[2] -> philox4x32-10 output[4].
+KAT = [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+]
+
+
+@pytest.mark.parametrize("counter,key,expected", KAT)
+def test_philox_known_answers(counter, key, expected):
+    words = philox4x32([np.array([c], np.uint32) for c in counter], key)
+    assert tuple(int(w[0]) for w in words) == expected
+
+
+def test_uniforms_follow_the_documented_layout():
+    seed, offset = 0x299F31D0A4093822, 2**32 - 2   # crosses into the counter's high word
+    index = np.arange(offset, offset + 4, dtype=np.uint64)
+    w0, w1, _, _ = philox4x32((index.astype(np.uint32), (index >> np.uint64(32)).astype(
+        np.uint32), np.zeros(4, np.uint32), np.zeros(4, np.uint32)), (0xA4093822, 0x299F31D0))
+    expected = [((int(a) << 32 | int(b)) >> 11) / 2**53 for a, b in zip(w0, w1)]
+    assert philox_uniforms(seed, offset, 4).tolist() == expected
+
+
+def uniform_statistics_ok(u: np.ndarray, v: np.ndarray) -> bool:
+    """Mean 1/2, variance 1/12, no lag-1 correlation, no correlation with ``v``: each within
+    6 standard errors (standard errors of n independent uniforms)."""
+    n = u.size
+    mean_ok = abs(u.mean() - 0.5) <= SIGMAS * math.sqrt(1 / 12 / n)
+    var_ok = abs(u.var() - 1 / 12) <= SIGMAS * math.sqrt(1 / 180 / n)
+    c = u - 0.5
+    lag_ok = abs(np.mean(c[1:] * c[:-1])) <= SIGMAS * (1 / 12) / math.sqrt(n)
+    cross_ok = abs(np.mean(c * (v - 0.5))) <= SIGMAS * (1 / 12) / math.sqrt(n)
+    return bool(mean_ok and var_ok and lag_ok and cross_ok)
+
+
+def test_uniforms_look_independent_and_a_broken_generator_does_not():
+    n = 1_000_000
+    u = philox_uniforms(11, 0, n)
+    assert uniform_statistics_ok(u, philox_uniforms(12, 0, n))   # adjacent seed
+    assert uniform_statistics_ok(u, philox_uniforms(11, n, n))   # next stream
+    # Planted bugs: a counter that ignores the offset (streams repeat), a smoothed stream
+    # (adjacent draws correlated), and a low-resolution generator (variance off).
+    assert not uniform_statistics_ok(u, philox_uniforms(11, 0, n))
+    assert not uniform_statistics_ok((u + np.roll(u, 1)) / 2, philox_uniforms(12, 0, n))
+    assert not uniform_statistics_ok(np.floor(u * 4) / 4, philox_uniforms(12, 0, n))

@@ -31,8 +31,9 @@ import numpy as np
 from ..formats import BF16, Format, get
 from ._kernels import (Rules, magic_applies, round_any_mode, round_nearest_even_magic,
                        thread_scratch)
+from ._philox import check_seed, philox4x32, philox_uniforms
 
-__all__ = ["round_to", "MODES"]
+__all__ = ["round_to", "MODES", "philox_uniforms", "philox4x32"]
 
 MODES = ("nearest_even", "nearest_away", "toward_zero", "up", "down", "stochastic")
 
@@ -42,8 +43,8 @@ _THREADS = max(1, min(2, os.cpu_count() or 1))
 _pool: ThreadPoolExecutor | None = None
 
 
-def round_to(x, fmt: "Format | str", mode: str = "nearest_even", *, rng=None,
-             subnormals: bool | None = None, saturate: bool | None = None,
+def round_to(x, fmt: "Format | str", mode: str = "nearest_even", *, seed=None, offset=None,
+             rng=None, subnormals: bool | None = None, saturate: bool | None = None,
              daz: bool = False):
     """Round ``x`` to the format ``fmt``; return the same kind of container with exact values.
 
@@ -56,9 +57,15 @@ def round_to(x, fmt: "Format | str", mode: str = "nearest_even", *, rng=None,
         ``"toward_zero"``, ``"up"`` (toward +inf), ``"down"`` (toward -inf), ``"stochastic"``
         (to the upper neighbour in magnitude with probability equal to the distance from the
         lower one, in units of the gap; never anything but one of the two neighbours).
-    rng : ``numpy.random.Generator``, required by ``"stochastic"`` and refused otherwise. It
-        draws exactly ``x.size`` float64 values with ``rng.random`` in C order, so the same
-        seed gives the same bits; probabilities are resolved to 2**-53.
+    seed, offset : integers in [0, 2**64), for ``"stochastic"`` only. Element i (C order) is
+        rounded with the uniform ``philox_uniforms(seed, offset + i)`` (Philox4x32-10, 53-bit
+        uniforms, probabilities resolved to 2**-53), so the bits depend only on seed, offset
+        and shape, never on threads or chunking; give successive calls fresh offsets (e.g.
+        advance by ``x.size``) for fresh streams. ``offset`` defaults to 0.
+    rng : ``numpy.random.Generator``, the older way to seed ``"stochastic"``: it draws one key,
+        ``rng.integers(0, 2**64, dtype=uint64)``, and rounds as ``seed=key, offset=0``.
+        (Before Philox, it drew ``x.size`` doubles with ``rng.random``: the bits changed.)
+        ``"stochastic"`` takes exactly one of seed and rng; other modes refuse seed/offset/rng.
     subnormals : False flushes subnormal results to zero of the same sign (after rounding);
         None uses the format's own setting.
     saturate : True sends overflow (and infinite inputs) to the largest finite value of the same
@@ -83,11 +90,10 @@ def round_to(x, fmt: "Format | str", mode: str = "nearest_even", *, rng=None,
     if mode not in MODES:
         raise ValueError(f"unknown rounding mode {mode!r}; accepted: {', '.join(MODES)}")
     if mode == "stochastic":
-        if not isinstance(rng, np.random.Generator):
-            raise ValueError("mode='stochastic' needs rng=numpy.random.Generator "
-                             "(e.g. numpy.random.default_rng(seed)), so that runs repeat")
-    elif rng is not None:
-        raise ValueError(f"rng is only used by mode='stochastic', not by mode={mode!r}")
+        seed, offset = _stochastic_key(seed, offset, rng)
+    elif seed is not None or offset is not None or rng is not None:
+        raise ValueError(f"seed, offset and rng are only used by mode='stochastic', "
+                         f"not by mode={mode!r}")
     rules = Rules.of(fmt, subnormals=fmt.subnormals if subnormals is None else bool(subnormals),
                      saturate=fmt.saturate if saturate is None else bool(saturate),
                      daz=bool(daz))
@@ -97,16 +103,34 @@ def round_to(x, fmt: "Format | str", mode: str = "nearest_even", *, rng=None,
     flat_in = np.ascontiguousarray(array).reshape(-1)
     flat_out = out.reshape(-1)
     if mode == "nearest_even" and _is_plain_bf16(fmt, rules, array.dtype):
-        _run_parallel(_bf16_via_ml_dtypes, flat_in, flat_out)
+        _run_parallel(lambda src, dst, start: _bf16_via_ml_dtypes(src, dst), flat_in, flat_out)
     elif mode == "nearest_even" and magic_applies(rules, array.dtype):
-        _run_parallel(lambda src, dst: _magic_chunks(src, dst, rules), flat_in, flat_out)
+        _run_parallel(lambda src, dst, start: _magic_chunks(src, dst, rules), flat_in, flat_out)
     elif mode == "nearest_even" and magic_applies(rules, np.float64):
         # 8-exponent-bit formats (tf32, fp32...) in float32: widen each chunk (exact).
-        _run_parallel(lambda src, dst: _magic_chunks(src, dst, rules, widen=True),
+        _run_parallel(lambda src, dst, start: _magic_chunks(src, dst, rules, widen=True),
                       flat_in, flat_out)
     else:
-        _any_mode_chunks(flat_in, flat_out, rules, mode, rng)
+        if mode == "stochastic" and offset + flat_in.size > 2**64:
+            raise ValueError(f"offset + x.size must not pass 2**64 (offset={offset})")
+        # Threads get global element indices, so the bits do not depend on the split.
+        _run_parallel(lambda src, dst, start: _any_mode_chunks(
+            src, dst, rules, mode, seed, None if offset is None else offset + start),
+            flat_in, flat_out)
     return wrap(out)
+
+
+def _stochastic_key(seed, offset, rng) -> tuple[int, int]:
+    if (seed is None) == (rng is None):
+        raise ValueError("mode='stochastic' needs exactly one of seed=int (with optional "
+                         "offset=) or rng=numpy.random.Generator, so that runs repeat")
+    if rng is not None:
+        if not isinstance(rng, np.random.Generator):
+            raise ValueError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+        if offset is not None:
+            raise ValueError("offset goes with seed=, not with rng=")
+        return int(rng.integers(0, 2**64, dtype=np.uint64)), 0
+    return check_seed("seed", seed), check_seed("offset", 0 if offset is None else offset)
 
 
 def _as_container(x):
@@ -178,23 +202,26 @@ def _keep_bf16_nan_payloads(src: np.ndarray, dst: np.ndarray) -> None:
         dst.view(np.uint32)[nans] = kept
 
 
-def _any_mode_chunks(src, dst, rules: Rules, mode: str, rng) -> None:
+def _any_mode_chunks(src, dst, rules: Rules, mode: str, seed, offset) -> None:
     with np.errstate(over="ignore", invalid="ignore"):
         for lo, hi in _chunks(src.size):
-            uniforms = rng.random(hi - lo) if mode == "stochastic" else None
+            # global element indices: the bits do not depend on the chunking
+            uniforms = (philox_uniforms(seed, offset + lo, hi - lo) if mode == "stochastic"
+                        else None)
             round_any_mode(src[lo:hi].astype(np.float64), dst[lo:hi], rules, mode, uniforms)
 
 
 def _run_parallel(kernel, src: np.ndarray, dst: np.ndarray) -> None:
-    """Split an elementwise kernel over threads; the bits do not depend on the split."""
+    """Split an elementwise kernel over threads; the bits do not depend on the split.
+    ``kernel(src, dst, start)`` gets its slices and the global index of their first element."""
     global _pool
     if _THREADS == 1 or src.size < _PARALLEL_MIN:
-        kernel(src, dst)
+        kernel(src, dst, 0)
         return
     if _pool is None:
         _pool = ThreadPoolExecutor(_THREADS, thread_name_prefix="fpsim-round")
     bounds = [src.size * i // _THREADS for i in range(_THREADS + 1)]
-    futures = [_pool.submit(kernel, src[lo:hi], dst[lo:hi])
+    futures = [_pool.submit(kernel, src[lo:hi], dst[lo:hi], lo)
                for lo, hi in zip(bounds[:-1], bounds[1:])]
     for future in futures:
         future.result()
