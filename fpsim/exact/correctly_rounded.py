@@ -1,0 +1,110 @@
+"""Correctly rounded transcendentals: certify the float64 evaluation, fall back to Decimal.
+
+Each function takes float32/float64 values and an output ``Format`` and returns a float64
+*proxy* array: a value that ``round_to(., fmt)`` (round to nearest, ties to even) sends to the
+correctly rounded exact result, so callers keep their single ``round_array`` call (and the
+underflow counting on it). Rounding straight into ``fmt`` from float64, never through float32.
+
+Certificate: with v from ``fpsim.exact.elementary`` and its relative bound b, the exact value
+lies in [v - e, v + e], e = |v| (b + 2**-52) (the extra 2**-52 |v| covers the two roundings
+of v -+ e). Rounding is monotonic, so when both ends round to the same value the exact one
+does too, and v is returned. The rest (about 2**-22 of random inputs for fp32 output, fewer
+for narrower formats) goes to ``settle``: a Ziv loop on ``fpsim.exact.decimal_ref`` at 30, 60,
+120, ... digits, until the Decimal enclosure decides the rounding (see ``settle``).
+"""
+from __future__ import annotations
+
+from decimal import Decimal
+
+import numpy as np
+
+from ..rounding import round_to
+from . import decimal_ref as ref
+from . import elementary as el
+
+__all__ = ["certified", "settle", "cr_exp", "cr_log", "cr_tanh", "cr_sigmoid", "cr_gelu",
+           "FALLBACK_COUNT"]
+
+FALLBACK_COUNT = {"elements": 0}   # how many elements ``settle`` decided (tests read it)
+_DIGITS = (30, 60, 120, 240, 480)
+
+
+def certified(v, bound, fmt):
+    """Mask of elements of float64 ``v`` (relative error <= ``bound``, a scalar or array)
+    whose rounding to ``fmt`` is decided; NaN counts as decided."""
+    e = np.abs(v) * (np.asarray(bound, np.float64) + 2.0 ** -52)
+    with np.errstate(invalid="ignore", over="ignore"):
+        lo = round_to(v - e, fmt)
+        hi = round_to(v + e, fmt)
+    return (lo == hi) | np.isnan(v)
+
+
+def _rounds(y: float, fmt) -> float:
+    return float(round_to(np.float64(y), fmt))
+
+
+def settle(value, fmt):
+    """A float64 proxy for the exact value enclosed by ``value(digits) -> (r, eta)``.
+
+    y = float(r) is r's nearest float64. Every midpoint between neighbours of ``fmt`` is a
+    float64, so none lies strictly between y and the exact value once eta |r| is below half
+    of y's float64 spacing; then y works unless y is itself a midpoint (its two float64
+    neighbours round apart). In that case the exact value is on one side of y, decided once
+    |r - y| > eta |r|, and y's float64 neighbour on that side is returned. Otherwise the
+    precision is raised."""
+    FALLBACK_COUNT["elements"] += 1
+    for digits in _DIGITS:
+        r, eta = value(digits)
+        y = float(r)
+        if not np.isfinite(y):
+            return y
+        err = abs(r) * eta
+        spacing = Decimal(float(np.spacing(abs(y))))
+        if err * 4 >= spacing:
+            continue
+        below, above = np.nextafter(y, -np.inf), np.nextafter(y, np.inf)
+        if _rounds(below, fmt) == _rounds(above, fmt):
+            return y
+        gap = r - Decimal(y)
+        if abs(gap) > err:
+            return float(above if gap > 0 else below)
+    raise ArithmeticError("settle: no decision at 480 digits")
+
+
+def _finish(x, v, bound, fmt, dref):
+    ok = certified(v, bound, fmt)
+    if not ok.all():
+        v = v.copy()
+        flat, xs = v.reshape(-1), np.asarray(x, np.float64).reshape(-1)
+        for i in np.flatnonzero(~ok.reshape(-1)):
+            xi = float(xs[i])
+            flat[i] = settle(lambda d, xi=xi: dref(xi, d), fmt)
+    return v
+
+
+def cr_exp(x, fmt):
+    """exp(x) correctly rounded to ``fmt``, as a float64 proxy (see module doc)."""
+    x = np.asarray(x, np.float64)
+    return _finish(x, el.exp(x), el.EXP_BOUND, fmt, ref.dexp)
+
+
+def cr_log(x, fmt):
+    x = np.asarray(x, np.float64)
+    return _finish(x, el.log(x), el.LOG_BOUND, fmt, ref.dln)
+
+
+def cr_tanh(x, fmt):
+    x = np.asarray(x, np.float64)
+    return _finish(x, el.tanh(x), el.TANH_BOUND, fmt, ref.dtanh)
+
+
+def cr_sigmoid(x, fmt):
+    x = np.asarray(x, np.float64)
+    return _finish(x, el.sigmoid(x), el.SIGMOID_BOUND, fmt, ref.dsigmoid)
+
+
+def cr_gelu(x, fmt):
+    x = np.asarray(x, np.float64)
+    # |x| >= 10 and x <= -20 return proxies that round like the exact value (elementary's doc)
+    bound = np.where((x >= 10.0) | (x <= -20.0), 0.0, el.GELU_BOUND)
+    return _finish(x, el.gelu(x), bound, fmt, ref.dgelu)
