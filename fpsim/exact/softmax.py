@@ -1,0 +1,186 @@
+"""Correctly rounded softmax, log-softmax and cross-entropy over rows, libm-free.
+
+Per row x (float32 values, read exactly as float64), with m = max x and j* its first index:
+
+- s_i = x_i - m in float64 with its exact error err_i (TwoSum, + and - only): s_i + err_i is
+  x_i - m exactly, |err_i| <= 2**-53 |s_i| (nonzero only when x_i is far below m).
+- e_i = exp(s_i) within EXP_BOUND + 1.01 |err_i| (``elementary.exp``; e_j* = 1 exactly).
+- t = sum over i != j* of e_i (NumPy's float64 sum, any order: positive terms, so within
+  max eps_e + 1.01 (n - 1) 2**-53); S = 1 + t rounds once more.
+- softmax y_i = e_i / S: within eps_e(i) + eps_t + 2 * 2**-53.
+- log-softmax y_i = (s_i - L) + err_i with L = log1p(t) (no cancellation for the dominant
+  class: y_j* = -L; the others add two quantities of one sign): within LOG1P_BOUND + eps_t
+  + 3 * 2**-53.
+- cross-entropy: loss_r = -y_{r, label_r} >= 0 per row; "sum" adds N nonnegative float64
+  values (+ 1.01 (N - 1) 2**-53), "mean" divides by N (+ 2**-53).
+
+Terms with x_i - m < -400 enter as e**-400 (``elementary``'s clamp): they change t by less
+than 2**-570 and only matter in rows where every result rounds to zero or to s_i anyway.
+Each result is certified against its bound (``correctly_rounded.certified``); uncertified
+elements (rows, for a reduced cross-entropy) are recomputed in Decimal by
+``correctly_rounded.settle``. Non-finite rows give NaN (or -inf for log-softmax of -inf
+entries) with no fallback.
+"""
+from __future__ import annotations
+
+from decimal import Decimal, localcontext
+
+import numpy as np
+
+from . import elementary as el
+from .correctly_rounded import certified, settle
+
+__all__ = ["row_terms", "softmax64", "log_softmax64", "cr_softmax", "cr_log_softmax",
+           "cr_cross_entropy"]
+
+_U = 2.0 ** -53
+
+
+def row_terms(x):
+    """(s, err, e, t, eps_e, eps_t) for float64 rows x of shape (R, n) (see module doc)."""
+    x = np.asarray(x, np.float64)
+    m = x.max(axis=1, keepdims=True)
+    s = x - m
+    bp = s - x
+    err = (x - (s - bp)) + (-m - bp)
+    err = np.where(np.isfinite(s), err, 0.0)
+    e = el.exp(s)
+    top = np.argmax(x, axis=1)
+    rest = e.copy()
+    rest[np.arange(x.shape[0]), top] = 0.0
+    t = rest.sum(axis=1, keepdims=True)
+    eps_e = el.EXP_BOUND + 1.01 * np.abs(err)
+    eps_t = eps_e.max(axis=1, keepdims=True) + 1.01 * x.shape[1] * _U
+    return s, err, e, t, eps_e, eps_t
+
+
+def softmax64(x):
+    """Float64 softmax of rows (R, n), within the module doc's bound."""
+    _, _, e, t, _, _ = row_terms(x)
+    return e / (1.0 + t)
+
+
+def log_softmax64(x):
+    """Float64 log-softmax of rows (R, n), within the module doc's bound."""
+    s, err, _, t, _, _ = row_terms(x)
+    return (s - el.log1p(t)) + err
+
+
+def _drow(xs, digits):
+    """Decimal (x_i - m, log sum_j e^(x_j - m)) of one row at ``digits`` + 10 digits."""
+    m = max(xs)
+    with localcontext() as ctx:
+        ctx.prec = digits + 60          # x_i - m exactly enough: 50 digits below the row's
+        d = [Decimal(v) - Decimal(m) for v in xs]
+        ctx.prec = digits + 10
+        total = sum(di.exp() for di in d)
+        return d, total
+
+
+def _dsoftmax(xs, i):
+    def value(digits):
+        d, total = _drow(xs, digits)
+        with localcontext() as ctx:
+            ctx.prec = digits + 10
+            return d[i].exp() / total, Decimal(10) ** (5 - digits)
+    return value
+
+
+def _dlog_softmax(xs, i):
+    def value(digits):
+        d, total = _drow(xs, digits)
+        with localcontext() as ctx:
+            ctx.prec = digits + 10
+            return d[i] - total.ln(), Decimal(10) ** (5 - digits)
+    return value
+
+
+def _rows_of(x, axis):
+    moved = np.moveaxis(np.asarray(x, np.float64), axis, -1)
+    return moved.reshape(-1, moved.shape[-1]), moved.shape
+
+
+def _back(rows, shape, axis):
+    return np.moveaxis(rows.reshape(shape), -1, axis)
+
+
+def _settle_rows(x_rows, v, ok, fmt, dvalue):
+    if ok.all():
+        return v
+    v = v.copy()
+    for r, i in zip(*np.nonzero(~ok)):
+        v[r, i] = settle(dvalue(x_rows[r].tolist(), int(i)), fmt)
+    return v
+
+
+def cr_softmax(x, axis, fmt):
+    """Softmax along ``axis`` correctly rounded to ``fmt``, as a float64 proxy array."""
+    rows, shape = _rows_of(x, axis)
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        _, _, e, t, eps_e, eps_t = row_terms(rows)
+        v = e / (1.0 + t)
+        ok = certified(v, eps_e + eps_t + 2 * _U, fmt) | ~np.isfinite(t)
+    return _back(_settle_rows(rows, v, ok, fmt, _dsoftmax), shape, axis)
+
+
+def cr_log_softmax(x, axis, fmt):
+    """Log-softmax along ``axis`` correctly rounded to ``fmt``, as a float64 proxy array."""
+    rows, shape = _rows_of(x, axis)
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        s, err, _, t, _, eps_t = row_terms(rows)
+        v = (s - el.log1p(t)) + err
+        bound = el.LOG1P_BOUND + eps_t + 3 * _U
+        ok = certified(v, np.broadcast_to(bound, v.shape), fmt) | ~np.isfinite(v)
+    return _back(_settle_rows(rows, v, ok, fmt, _dlog_softmax), shape, axis)
+
+
+def _dcross_entropy(rows, labels, reduction):
+    def value(digits):
+        losses = []
+        for xs, label in zip(rows, labels):
+            y, _ = _dlog_softmax(xs, label)(digits)
+            losses.append(-y)
+        with localcontext() as ctx:
+            ctx.prec = digits + 10
+            total = sum(losses)
+            return (total / len(losses) if reduction == "mean" else total,
+                    Decimal(10) ** (5 - digits))
+    return value
+
+
+def cr_cross_entropy(logits, labels, reduction, fmt):
+    """Cross-entropy of (N, C) ``logits`` against integer ``labels`` (``reduction`` "mean",
+    "sum" or "none"), correctly rounded to ``fmt``: a float64 proxy (shape () or (N,))."""
+    logits = np.asarray(logits, np.float64)
+    n = logits.shape[0]
+    rows = np.arange(n)
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        s, err, _, t, _, eps_t = row_terms(logits)
+        loss = el.log1p(t[:, 0]) - s[rows, labels] - err[rows, labels]
+        eps = el.LOG1P_BOUND + eps_t[:, 0] + 3 * _U
+        if reduction == "none":
+            ok = certified(loss, eps, fmt) | ~np.isfinite(loss)
+            return loss if ok.all() else _settle_each(logits, labels, loss, ok, fmt)
+        total = loss.sum()
+        bound = eps.max(initial=0.0) + 1.01 * max(n - 1, 0) * _U
+        if reduction == "mean":
+            total, bound = total / n, bound + _U
+        total = np.asarray(total)
+        if certified(total, bound, fmt) | ~np.isfinite(total):
+            return total
+    dvalue = _dcross_entropy([r.tolist() for r in logits], [int(v) for v in labels], reduction)
+    return np.asarray(settle(dvalue, fmt))
+
+
+def _neg(value):
+    def negated(digits):
+        r, eta = value(digits)
+        return -r, eta
+    return negated
+
+
+def _settle_each(logits, labels, loss, ok, fmt):
+    loss = loss.copy()
+    for r in np.flatnonzero(~ok):
+        loss[r] = settle(_neg(_dlog_softmax(logits[r].tolist(), int(labels[r]))), fmt)
+    return loss
