@@ -31,12 +31,14 @@ _DIGITS = (30, 60, 120, 240, 480)
 
 def certified(v, bound, fmt):
     """Mask of elements of float64 ``v`` (relative error <= ``bound``, a scalar or array)
-    whose rounding to ``fmt`` is decided; NaN counts as decided."""
+    whose rounding to ``fmt`` is decided. NaN and +-inf count as decided: the evaluations give
+    them only where they are the exact result (inf input, log 0) or NaN."""
     e = np.abs(v) * (np.asarray(bound, np.float64) + 2.0 ** -52)
     with np.errstate(invalid="ignore", over="ignore"):
         lo = round_to(v - e, fmt)
         hi = round_to(v + e, fmt)
-    return (lo == hi) | np.isnan(v)
+    # both NaN: both ends overflow a format without inf
+    return (lo == hi) | (np.isnan(lo) & np.isnan(hi)) | ~np.isfinite(v)
 
 
 def _rounds(y: float, fmt) -> float:

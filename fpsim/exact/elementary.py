@@ -56,6 +56,9 @@ LN2_HI = float.fromhex("0x1.62e42fee00000p-1")     # 32 significant bits
 LN2_LO = float.fromhex("0x1.a39ef35793c76p-33")    # ln 2 - LN2_HI to float64
 SQRT_HALF = float.fromhex("0x1.6a09e667f3bcdp-1")
 INV_SQRT_2PI = float.fromhex("0x1.9884533d43651p-2")
+# invalid operations (log of x < 0, gelu(-inf) = -inf * 0) give x86's default NaN, sign bit
+# set, as NumPy's float64 functions did before
+DEFAULT_NAN = float(np.uint64(0xFFF8000000000000).view(np.float64))
 _CLAMP = 400.0   # |y| beyond this: exp over/underflows every format by hundreds of binades
 
 
@@ -96,7 +99,7 @@ def exp_parts(y):
 def exp(y):
     """exp(y) for float64 y within 3u (``EXP_BOUND``); inf, -inf, NaN as IEEE exp."""
     y = np.asarray(y, np.float64)
-    k, p = exp_parts(np.clip(y, -_CLAMP, _CLAMP))
+    k, p = exp_parts(np.clip(np.where(np.isfinite(y), y, 0.0), -_CLAMP, _CLAMP))
     out = (1.0 + p) * _pow2(k)
     return np.where(np.isinf(y), np.where(y > 0, np.inf, 0.0), np.where(np.isnan(y), y, out))
 
@@ -121,7 +124,7 @@ def _atanh2(s):
 
 
 def log(x):
-    """Natural log of float64 x within 5.3u (``LOG_BOUND``); 0 -> -inf, x < 0 -> NaN,
+    """Natural log of float64 x within 5.3u (``LOG_BOUND``); 0 -> -inf, x < 0 -> DEFAULT_NAN,
     inf -> inf, NaN -> itself."""
     x = np.asarray(x, np.float64)
     bad = ~(x > 0) | np.isinf(x)
@@ -131,7 +134,7 @@ def log(x):
     e = (e - low).astype(np.float64)
     out = e * LN2_HI + (_log_mantissa(m) + e * LN2_LO)
     special = np.where(x == 0, -np.inf, np.where(x == np.inf, np.inf,
-                                                   np.where(np.isnan(x), x, np.nan)))
+                                                   np.where(np.isnan(x), x, DEFAULT_NAN)))
     return np.where(bad, special, out)
 
 
@@ -186,14 +189,14 @@ def gelu_tail_q(a):
 
 def gelu(x):
     """x Phi(x) of float64 x within 10u (``GELU_BOUND``), see the module doc for |x| >= 10;
-    -inf -> NaN (-inf * 0, as before), inf -> inf, NaN -> itself."""
+    -inf -> DEFAULT_NAN (-inf * 0, as before), inf -> inf, NaN -> itself."""
     x = np.asarray(x, np.float64)
     a = np.abs(x)
     q = gelu_tail_q(np.minimum(np.where(np.isnan(a), 0.0, a), 20.0))
     mid = np.where(x < 0, x * q, x * (1.0 - q))
     out = np.where(x >= 10.0, np.nextafter(x, 0.0), mid)
     out = np.where(x <= -20.0, -(2.0 ** -1000), out)
-    out = np.where(x == np.inf, np.inf, np.where(x == -np.inf, np.nan, out))
+    out = np.where(x == np.inf, np.inf, np.where(x == -np.inf, DEFAULT_NAN, out))
     return np.where(np.isnan(x), x, out)
 
 
