@@ -14,7 +14,7 @@ for narrower formats) goes to ``settle``: a Ziv loop on ``fpsim.exact.decimal_re
 """
 from __future__ import annotations
 
-from decimal import Decimal
+from decimal import Decimal, localcontext
 
 import numpy as np
 
@@ -60,14 +60,15 @@ def settle(value, fmt):
         y = float(r)
         if not np.isfinite(y):
             return y
-        err = abs(r) * eta
-        spacing = Decimal(float(np.spacing(abs(y))))
-        if err * 4 >= spacing:
+        with localcontext() as ctx:
+            ctx.prec = 2 * digits + 40          # exact enough for the comparisons below
+            err = abs(r) * eta
+            gap = r - Decimal(y)
+        if err * 4 >= Decimal(float(np.spacing(abs(y)))):
             continue
         below, above = np.nextafter(y, -np.inf), np.nextafter(y, np.inf)
         if _rounds(below, fmt) == _rounds(above, fmt):
             return y
-        gap = r - Decimal(y)
         if abs(gap) > err:
             return float(above if gap > 0 else below)
     raise ArithmeticError("settle: no decision at 480 digits")

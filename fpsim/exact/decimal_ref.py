@@ -58,7 +58,7 @@ def dtanh(x: float, digits: int):
         ctx.prec = digits + 10 + _small_extra(a)
         e = (-2 * a).exp()
         t = (1 - e) / (1 + e)
-    return (t if x >= 0 else -t), _eta(digits)
+    return (t if x >= 0 else t.copy_negate()), _eta(digits)
 
 
 def dsigmoid(x: float, digits: int):

@@ -30,7 +30,7 @@ import numpy as np
 from . import elementary as el
 from .correctly_rounded import certified, settle
 
-__all__ = ["row_terms", "softmax64", "log_softmax64", "cr_softmax", "cr_log_softmax",
+__all__ = ["row_terms", "settle_rows", "softmax64", "log_softmax64", "cr_softmax", "cr_log_softmax",
            "cr_cross_entropy"]
 
 _U = 2.0 ** -53
@@ -67,31 +67,35 @@ def log_softmax64(x):
 
 
 def _drow(xs, digits):
-    """Decimal (x_i - m, log sum_j e^(x_j - m)) of one row at ``digits`` + 10 digits."""
+    """Decimal (x_i - m list, log sum_j e^(x_j - m)) of one row, ``digits`` + 10 good digits:
+    the sum is 1 + t (t over the non-first-maximal terms) and its log is taken with as many
+    more digits as t is small, so the dominant class's -log(1 + t) keeps them all."""
     m = max(xs)
+    top = xs.index(m)
     with localcontext() as ctx:
         ctx.prec = digits + 60          # x_i - m exactly enough: 50 digits below the row's
         d = [Decimal(v) - Decimal(m) for v in xs]
         ctx.prec = digits + 10
-        total = sum(di.exp() for di in d)
-        return d, total
+        t = sum(di.exp() for j, di in enumerate(d) if j != top)
+        ctx.prec = digits + 10 + (max(0, -t.adjusted()) if t else 0)
+        return d, (1 + t).ln()
 
 
 def _dsoftmax(xs, i):
     def value(digits):
-        d, total = _drow(xs, digits)
+        d, lse = _drow(xs, digits)
         with localcontext() as ctx:
             ctx.prec = digits + 10
-            return d[i].exp() / total, Decimal(10) ** (5 - digits)
+            return (d[i] - lse).exp(), Decimal(10) ** (5 - digits)
     return value
 
 
 def _dlog_softmax(xs, i):
     def value(digits):
-        d, total = _drow(xs, digits)
+        d, lse = _drow(xs, digits)
         with localcontext() as ctx:
             ctx.prec = digits + 10
-            return d[i] - total.ln(), Decimal(10) ** (5 - digits)
+            return d[i] - lse, Decimal(10) ** (5 - digits)
     return value
 
 
@@ -104,9 +108,12 @@ def _back(rows, shape, axis):
     return np.moveaxis(rows.reshape(shape), -1, axis)
 
 
-def _settle_rows(x_rows, v, ok, fmt, dvalue):
+def settle_rows(x_rows, v, ok, fmt, kind):
+    """``v`` (R, n) with each element not ``ok`` replaced by ``settle``'s proxy for the
+    ``kind`` ("softmax" or "log_softmax") of its row of ``x_rows``."""
     if ok.all():
         return v
+    dvalue = {"softmax": _dsoftmax, "log_softmax": _dlog_softmax}[kind]
     v = v.copy()
     for r, i in zip(*np.nonzero(~ok)):
         v[r, i] = settle(dvalue(x_rows[r].tolist(), int(i)), fmt)
@@ -120,7 +127,7 @@ def cr_softmax(x, axis, fmt):
         _, _, e, t, eps_e, eps_t = row_terms(rows)
         v = e / (1.0 + t)
         ok = certified(v, eps_e + eps_t + 2 * _U, fmt) | ~np.isfinite(t)
-    return _back(_settle_rows(rows, v, ok, fmt, _dsoftmax), shape, axis)
+    return _back(settle_rows(rows, v, ok, fmt, "softmax"), shape, axis)
 
 
 def cr_log_softmax(x, axis, fmt):
@@ -131,7 +138,7 @@ def cr_log_softmax(x, axis, fmt):
         v = (s - el.log1p(t)) + err
         bound = el.LOG1P_BOUND + eps_t + 3 * _U
         ok = certified(v, np.broadcast_to(bound, v.shape), fmt) | ~np.isfinite(v)
-    return _back(_settle_rows(rows, v, ok, fmt, _dlog_softmax), shape, axis)
+    return _back(settle_rows(rows, v, ok, fmt, "log_softmax"), shape, axis)
 
 
 def _dcross_entropy(rows, labels, reduction):
@@ -175,7 +182,7 @@ def cr_cross_entropy(logits, labels, reduction, fmt):
 def _neg(value):
     def negated(digits):
         r, eta = value(digits)
-        return -r, eta
+        return r.copy_negate(), eta
     return negated
 
 
