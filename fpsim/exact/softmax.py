@@ -163,7 +163,8 @@ def cr_cross_entropy(logits, labels, reduction, fmt):
     rows = np.arange(n)
     with np.errstate(invalid="ignore", over="ignore", under="ignore"):
         s, err, _, t, _, eps_t = row_terms(logits)
-        loss = el.log1p(t[:, 0]) - s[rows, labels] - err[rows, labels]
+        # -y, y as log-softmax computes it (same operations, so the same NaN as before too)
+        loss = -((s[rows, labels] - el.log1p(t[:, 0])) + err[rows, labels])
         eps = el.LOG1P_BOUND + eps_t[:, 0] + 3 * _U
         if reduction == "none":
             ok = certified(loss, eps, fmt) | ~np.isfinite(loss)
