@@ -117,7 +117,28 @@ def test_the_fallback_row_path():
     f = get("fp32")
     before = fx.FALLBACK_COUNT["elements"]
     ok = np.zeros(x.shape, bool)
-    _, _, e, t, _, _ = fx.row_terms(x.astype(np.float64))
-    v = fx.settle_rows(x.astype(np.float64), e / (1.0 + t), ok, f, "softmax")
+    _, _, e, t, _, _, top = fx.row_terms(x.astype(np.float64))
+    v = fx.settle_rows(x.astype(np.float64), e / (top + t), ok, f, "softmax")
     assert fx.FALLBACK_COUNT["elements"] - before == x.size
     _same(round_to(v, f), _grid(soft, "fp32").reshape(x.shape), "settled softmax")
+
+
+def test_non_finite_rows_give_the_nans_they_gave_before():
+    """Rows holding inf, -inf or NaN: the NaN bits of the earlier libm formulas."""
+    x = np.float32([[np.inf, 1.0, 2.0], [-np.inf, 1.0, 2.0], [np.nan, 1.0, 2.0],
+                    [-np.inf, -np.inf, -np.inf], [1.0, np.inf, np.inf], [0.5, 1.0, 2.0]])
+    d = x.astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        shifted = d - d.max(axis=1, keepdims=True)
+        e = np.exp(shifted)
+        soft = e / e.sum(axis=1, keepdims=True)
+        logs = shifted - np.log(e.sum(axis=1, keepdims=True))
+        f = get("fp32")
+        bits = [(fx.cr_softmax(x, 1, f), soft), (fx.cr_log_softmax(x, 1, f), logs)]
+        ce = fx.cr_cross_entropy(x, np.arange(6) % 3, "none", f)
+        bits.append((ce, -logs[np.arange(6), np.arange(6) % 3]))
+    for got, want in bits:
+        got, want = round_to(got, f), round_to(want, f)
+        bad = np.isnan(want)
+        assert np.array_equal(got[bad].view(np.uint32), want[bad].view(np.uint32))
+        assert np.array_equal(got[~bad], want[~bad])

@@ -1,7 +1,7 @@
 """Correctly rounded transcendentals (``fpsim.exact``) against MPFR, libm-free.
 
-The oracle: MPFR (gmpy2) evaluates each exact function at 200 bits (128 in the slow test),
-rounds that once to the format's significand grid with its subnormals, and fpsim's documented
+The oracle: MPFR (gmpy2) evaluates each exact function at 200 bits (not 128: gelu of a
+subnormal x is x/2 + 0.4 x*x, which 128 bits would round onto the tie x/2), rounds that once to the format's significand grid with its subnormals, and fpsim's documented
 overflow rule (``round_to`` of a value already on the grid) finishes it. fpsim must give the
 same bits for every input: random float32 inputs over each function's whole range, tails
 (overflow and underflow edges, subnormal results, x near 0, large |x|), special values, and

@@ -40,7 +40,7 @@ from functools import lru_cache
 
 import numpy as np
 
-__all__ = ["exp_parts", "exp", "expm1_neg", "log", "log1p", "tanh", "sigmoid", "gelu",
+__all__ = ["pow2", "exp_parts", "exp", "expm1_neg", "log", "log1p", "tanh", "sigmoid", "gelu",
            "gelu_tail_q", "normal_cdf", "normal_pdf", "EXP_BOUND", "LOG_BOUND", "LOG1P_BOUND", "TANH_BOUND",
            "SIGMOID_BOUND", "GELU_BOUND"]
 
@@ -84,7 +84,7 @@ def _horner(x, coeffs):
     return acc
 
 
-def _pow2(k):
+def pow2(k):
     """2.0**k for integer-valued float64 k in [-1022, 1023], built from its bits (exact)."""
     return ((k.astype(np.int64) + 1023) << 52).view(np.float64)
 
@@ -99,15 +99,19 @@ def exp_parts(y):
 def exp(y):
     """exp(y) for float64 y within 3u (``EXP_BOUND``); inf, -inf, NaN as IEEE exp."""
     y = np.asarray(y, np.float64)
-    k, p = exp_parts(np.clip(np.where(np.isfinite(y), y, 0.0), -_CLAMP, _CLAMP))
-    out = (1.0 + p) * _pow2(k)
-    return np.where(np.isinf(y), np.where(y > 0, np.inf, 0.0), np.where(np.isnan(y), y, out))
+    finite = bool(np.isfinite(y).all())
+    k, p = exp_parts(np.clip(y if finite else np.where(np.isfinite(y), y, 0.0), -_CLAMP, _CLAMP))
+    p += 1.0
+    p *= pow2(k)
+    if finite:
+        return p
+    return np.where(np.isinf(y), np.where(y > 0, np.inf, 0.0), np.where(np.isnan(y), y, p))
 
 
 def expm1_neg(y):
     """expm1(y) for float64 y <= 0 within 3u (finite y; clamped at -400)."""
     k, p = exp_parts(np.maximum(y, -_CLAMP))
-    scale = _pow2(k)
+    scale = pow2(k)
     return np.where(k == 0, p, (scale - 1.0) + scale * p)
 
 
