@@ -9,11 +9,11 @@ u = 2**-53 (one float64 rounding):
 
 - ``exp_parts(y)``: k = rint(y / ln 2); r = (y - k*LN2_HI) - k*LN2_LO with LN2_HI of 32
   significant bits, so k*LN2_HI is exact for |k| < 2**21 and y - k*LN2_HI is exact whenever
-  k = 0 or y is a multiple of 2**-50 (true for every caller: float32 x with |x| >= 0.34, 2x,
-  a*a/2 with a >= 0.83) (Cody-Waite). |r| <= 0.3466; the reduced argument is off by at most
-  0.35u + |k| 2**-85. expm1(r) = r + r*r*q(r), q the Taylor series to r**12/14!
+  k = 0 or y is a multiple of 2**-50 (float32 x with |x| >= 0.34, 2x, a*a/2 with a >= 0.83;
+  a softmax shift x_i - m need not be, and then adds one more rounding, 0.35u) (Cody-Waite).
+  |r| <= 0.3466; the reduced argument is off by at most 0.7u + |k| 2**-85. expm1(r) = r + r*r*q(r), q the Taylor series to r**12/14!
   (truncation < 2**-60 |r|): q carries <= 3u, r*r*q <= 0.07|r| so it adds <= 0.4u, the final
-  sum u: expm1(r) within 1.5u (relative), and exp(y) = 2**k (1 + expm1(r)) within 3u.
+  sum u: expm1(r) within 1.5u (relative), and exp(y) = 2**k (1 + expm1(r)) within 3.5u.
 - ``log`` of a positive float64: x = 2**e m, m in [1/sqrt 2, sqrt 2), f = m - 1 exact
   (Sterbenz), s = f / (2 + f) within 2u, log m = 2 atanh s = 2s + s z w(z), z = s*s, the
   series to s**23 (truncation < 2**-60): log m within 3.2u; with e*LN2_HI exact and
@@ -30,7 +30,9 @@ u = 2**-53 (one float64 rounding):
   x Q within 8u; x >= 0: x (1 - Q) within 10u. x >= 10: the value is x (1 - Q) with
   Q < 2**-76, returned as the float64 just below x, which rounds like it in every format of
   at most 24 bits (nothing a format can round to lies strictly between them); x <= -20:
-  |gelu| < 2**-280, returned as -2**-1000 (both round to -0).
+  |gelu| < 2**-280, returned as -2**-1000 (both round to -0). 0 < |x| < 2**-60: the value
+  x/2 + x*x/sqrt(2 pi) - ... lies strictly between x/2 (a tie when x is an odd subnormal
+  multiple) and the next float64 above it, which is returned (it rounds like the value).
 
 The stated bounds below are these with a margin of 2 to 8 (the MPFR tests check them).
 """
@@ -97,7 +99,7 @@ def exp_parts(y):
 
 
 def exp(y):
-    """exp(y) for float64 y within 3u (``EXP_BOUND``); inf, -inf, NaN as IEEE exp."""
+    """exp(y) for float64 y within 3.5u (``EXP_BOUND``); inf, -inf, NaN as IEEE exp."""
     y = np.asarray(y, np.float64)
     finite = bool(np.isfinite(y).all())
     k, p = exp_parts(np.clip(y if finite else np.where(np.isfinite(y), y, 0.0), -_CLAMP, _CLAMP))
@@ -200,6 +202,8 @@ def gelu(x):
     mid = np.where(x < 0, x * q, x * (1.0 - q))
     out = np.where(x >= 10.0, np.nextafter(x, 0.0), mid)
     out = np.where(x <= -20.0, -(2.0 ** -1000), out)
+    tiny = (a < 2.0 ** -60) & (x != 0)
+    out = np.where(tiny, np.nextafter(x * 0.5, np.inf), out)
     out = np.where(x == np.inf, np.inf, np.where(x == -np.inf, DEFAULT_NAN, out))
     return np.where(np.isnan(x), x, out)
 
