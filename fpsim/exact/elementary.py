@@ -134,11 +134,14 @@ def log(x):
     inf -> inf, NaN -> itself."""
     x = np.asarray(x, np.float64)
     bad = ~(x > 0) | np.isinf(x)
-    m, e = np.frexp(np.where(bad, 1.0, x))
+    any_bad = bool(bad.any())
+    m, e = np.frexp(np.where(bad, 1.0, x) if any_bad else x)
     low = m < SQRT_HALF
-    m = np.where(low, 2.0 * m, m)
+    m *= low + 1.0                                   # exact doubling where low
     e = (e - low).astype(np.float64)
     out = e * LN2_HI + (_log_mantissa(m) + e * LN2_LO)
+    if not any_bad:
+        return out
     special = np.where(x == 0, -np.inf, np.where(x == np.inf, np.inf,
                                                    np.where(np.isnan(x), x, DEFAULT_NAN)))
     return np.where(bad, special, out)
@@ -155,9 +158,11 @@ def log1p(t):
 def tanh(x):
     """tanh of float64 x within 8u (``TANH_BOUND``); sign of zero kept, NaN -> itself."""
     x = np.asarray(x, np.float64)
-    big = expm1_neg(-2.0 * np.minimum(np.abs(np.where(np.isnan(x), 0.0, x)), _CLAMP))
-    t = -big / (2.0 + big)
-    return np.where(np.isnan(x), x, np.copysign(t, x))
+    nan = np.isnan(x)
+    any_nan = bool(nan.any())
+    big = expm1_neg(-2.0 * np.minimum(np.abs(np.where(nan, 0.0, x) if any_nan else x), _CLAMP))
+    t = np.copysign(-big / (2.0 + big), x)
+    return np.where(nan, x, t) if any_nan else t
 
 
 def sigmoid(x):
