@@ -1,7 +1,8 @@
 """Correctly rounded transcendentals (``fpsim.exact``) against MPFR, libm-free.
 
-The oracle: MPFR (gmpy2) evaluates each exact function at 200 bits (not 128: gelu of a
-subnormal x is x/2 + 0.4 x*x, which 128 bits would round onto the tie x/2), rounds that once to the format's significand grid with its subnormals, and fpsim's documented
+The oracle: MPFR (gmpy2) evaluates each exact function at 200 bits (128 in the slow test;
+gelu of |x| < 2**-30 through its Taylor series at 400 bits: for an odd subnormal x, x/2 is a
+tie that only the x*x/sqrt(2 pi) term, 2**-150 relative, decides), rounds that once to the format's significand grid with its subnormals, and fpsim's documented
 overflow rule (``round_to`` of a value already on the grid) finishes it. fpsim must give the
 same bits for every input: random float32 inputs over each function's whole range, tails
 (overflow and underflow edges, subnormal results, x near 0, large |x|), special values, and
@@ -32,6 +33,12 @@ def _sigmoid(x):
 
 
 def _gelu(x):
+    if 0 < abs(x) < 2 ** -30:
+        # x Phi(x) = x/2 + x^2/sqrt(2 pi) - x^4/(6 sqrt(2 pi)) + O(x^6): for an odd subnormal
+        # x, x/2 is a tie that only the x^2 term (2**-150 relative) decides, so 400 bits
+        with gmpy2.context(precision=400):
+            k = 1 / gmpy2.sqrt(2 * gmpy2.const_pi())
+            return x / 2 + x * x * k - x ** 4 * k / 6
     return x * gmpy2.erfc(-x / gmpy2.sqrt(2)) / 2
 
 
@@ -239,8 +246,8 @@ def test_results_ignore_a_broken_numpy_libm(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(EXACT))
 def test_ten_million_inputs_against_mpfr(name):
-    """>= 10**7 inputs per function, fp32 output, MPFR at 200 bits, in chunks of 10**6."""
+    """>= 10**7 inputs per function, fp32 output, MPFR at 128 bits, in chunks of 10**6."""
     for chunk in range(10):
         x = draw(name, 1_000_000, 100 + chunk)
         _assert_same(name, "fp32", x, ours(name, x, "fp32"),
-                     mpfr_rounded(exact_values(name, x), "fp32"))
+                     mpfr_rounded(exact_values(name, x, 128), "fp32"))
