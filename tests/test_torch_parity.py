@@ -117,3 +117,27 @@ def test_relu_gradient_at_zero_and_nan_matches_torch():
         x = Tensor(values, requires_grad=True)
         x.relu().backward(Tensor(seed))
     assert np.array_equal(x.grad.data.view(np.uint32), x_t.grad.numpy().view(np.uint32))
+
+
+@pytest.mark.parametrize("fmt, dtype", [("fp32", "float32"), ("fp16", "float16"),
+                                        ("bf16", "bfloat16")])
+def test_relu_forward_matches_torch_bit_for_bit(fmt, dtype):
+    """-0.0 stays -0.0, NaNs keep sign and payload, subnormals pass or become +0."""
+    values = np.concatenate([
+        np.float32([-0.0, 0.0, -1.0, 1.0, -np.inf, np.inf, 2.0 ** -149, -2.0 ** -149,
+                    2.0 ** -133, -2.0 ** -133, 6e-8, -6e-8, 1e-40, -1e-40]),
+        np.array([0x7FC00000, 0xFFC00000, 0x7FC12000, 0xFFD10000], np.uint32).view(np.float32)])
+    x = Tensor(values, fmt)
+    theirs = torch.from_numpy(x.data).to(getattr(torch, dtype))
+    for fn in (torch.relu, torch.nn.functional.relu):
+        want = fn(theirs).to(torch.float32).numpy()
+        with use_policy("32-true"):
+            got = x.relu()
+        assert got.fmt.name == fmt
+        real = ~np.isnan(want)
+        assert np.array_equal(got.data[real].view(np.uint32), want[real].view(np.uint32))
+        # torch's float16/bfloat16 casts change NaN payloads; relu itself keeps NaN and sign
+        assert np.isnan(got.data[~real]).all()
+        assert np.array_equal(np.signbit(got.data[~real]), np.signbit(x.data[~real]))
+        if fmt == "fp32":
+            assert np.array_equal(got.data.view(np.uint32), want.view(np.uint32))

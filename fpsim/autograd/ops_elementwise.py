@@ -8,14 +8,13 @@ Where each rounds (``fmt`` is the op's output format from the policy, see ``ops_
   with precision p <= 11 bits (fp16, bf16, fp8) the two roundings equal one correct rounding in
   the normal range (double rounding is innocuous when 24 >= 2p + 2). A Python scalar operand is
   converted to float32 first, like PyTorch's opmath scalar.
-- Transcendental ops (exp, log, tanh, sigmoid, gelu, pow): evaluated in float64 from the exact
-  operand values and rounded once to ``fmt``, so the bits do not depend on the float32 SIMD
-  math library. NumPy's float64 functions are within an ulp or so of exact: the result can
-  differ from the correctly rounded one only when the float64 value lies within those ulps of a
-  rounding boundary of ``fmt`` (about 2**-28 relative for fp32 output).
+- Transcendental ops (exp, log, tanh, sigmoid, gelu): correctly rounded to ``fmt`` from the
+  exact operand values (``fpsim.exact``: a float64 evaluation with + - * / only, certified by
+  its error bound, a Decimal fallback for the rare uncertified element), so the bits depend on
+  no math library. ``pow`` is still NumPy's float64 ``np.power`` rounded once.
 - Backward: single-operation gradients (g, -g, g*y, g/y, relu's mask) in float32 opmath,
-  composite formulas (tanh's g*(1-y*y), div's -g*x/y**2, ...) in float64; each rounded once to
-  the input's ``grad_fmt``. Where an input was broadcast, the full-shape gradient is then
+  composite formulas (tanh's g*(1-t*t) with t the libm-free float64 tanh, div's -g*x/y**2,
+  ...) in float64; each rounded once to the input's ``grad_fmt``. Where an input was broadcast, the full-shape gradient is then
   summed over the broadcast axes by the accumulation model and rounded to ``grad_fmt`` again
   (PyTorch: ``sum_to_size`` on the gradient).
 
@@ -29,12 +28,13 @@ are ``elementwise`` (promote by default).
 """
 from __future__ import annotations
 
-import math
 from numbers import Real
 
 import numpy as np
 
-from .numerics import round_array
+from .numerics import FP64, round_array
+from ..exact import cr_exp, cr_gelu, cr_log, cr_sigmoid, cr_tanh
+from ..exact import elementary as f64
 from .accumulate import accumulation_model as _model
 from .accumulate import sum_to_shape as _unbroadcast
 from .ops_shape import convert, operands
@@ -136,13 +136,18 @@ def div(a, b) -> Tensor:
                    lambda g, x, y, o: -_f64(g) * _f64(x) / (_f64(y) * _f64(y)))
 
 
-def _unary(op, x, category, forward, grad, *, exact=False):
+def _unary(op, x, category, forward, grad, *, exact=False, correctly_rounded=None):
     """``forward(data) -> float array``; ``grad(g, data, out) -> float array`` (x's gradient,
     before rounding). ``exact``: forward values are already in the input format and gradient
-    values in the output's gradient format (neg, relu), so neither is rounded."""
+    values in the output's gradient format (neg, relu), so neither is rounded.
+    ``correctly_rounded(data, fmt)``: a float64 proxy that rounds to the correctly rounded
+    result (``fpsim.exact``); ``forward`` then serves the float64 reference mode only."""
     fmt, (x,) = operands(category, x)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-        value = forward(x.data)
+        if correctly_rounded is not None and fmt is not FP64:
+            value = correctly_rounded(x.data, fmt)
+        else:
+            value = forward(x.data)
         out = convert(value, x.fmt, fmt) if exact else round_array(value, fmt)
 
     def backward(g, g_fmt):
@@ -157,10 +162,16 @@ def neg(x) -> Tensor:
 
 
 def relu(x) -> Tensor:
-    """max(x, 0) (NaN stays NaN); the gradient is 0 where the output is <= 0, so 0 at x = 0,
-    and passes through a NaN output, as PyTorch's ``threshold_backward`` on the result."""
-    return _unary("relu", x, "elementwise", lambda d: np.maximum(d, d.dtype.type(0)),
+    """x where x < 0 is false, else +0: NaN stays NaN (its payload too) and -0.0 stays -0.0,
+    as PyTorch 2.13's ``torch.relu`` / ``F.relu`` (``clamp_min(x, 0)``) on CPU for fp16, bf16
+    and fp32 (the tests compare bit for bit). The gradient is 0 where the output is <= 0, so
+    0 at x = +-0, and passes through a NaN output, as PyTorch's ``threshold_backward``."""
+    return _unary("relu", x, "elementwise", _relu_values,
                   lambda g, d, o: _zero_where_nonpositive(o, g), exact=True)
+
+
+def _relu_values(d):
+    return np.where(d < 0, d.dtype.type(0), d)
 
 
 def _zero_where_nonpositive(o, g):
@@ -180,16 +191,27 @@ def sqrt(x) -> Tensor:
 
 
 def exp(x) -> Tensor:
-    return _unary("exp", x, "wide", lambda d: np.exp(_f64(d)),
-                  lambda g, d, o: _f64(g) * np.exp(_f64(d)))
+    """e**x correctly rounded to the output format (``fpsim.exact``, no libm). Backward:
+    g * exp(x), the float64 product of g and exp(x) within 2**-50, rounded once (not always
+    the correctly rounded gradient)."""
+    return _unary("exp", x, "wide", f64.exp, lambda g, d, o: _f64(g) * f64.exp(_f64(d)),
+                  correctly_rounded=cr_exp)
 
 
 def log(x) -> Tensor:
-    return _unary("log", x, "wide", lambda d: np.log(_f64(d)), lambda g, d, o: _f64(g) / _f64(d))
+    """Natural log correctly rounded (``fpsim.exact``). Backward: g / x in float64, rounded
+    once (correctly rounded: one float64 division of exact values, then one rounding to a
+    format of at most 24 bits, is innocuous double rounding)."""
+    return _unary("log", x, "wide", f64.log, lambda g, d, o: _f64(g) / _f64(d),
+                  correctly_rounded=cr_log)
 
 
 def pow(x, exponent) -> Tensor:
-    """``x ** exponent`` for a real scalar exponent (autocast's float32 list: ``wide``)."""
+    """``x ** exponent`` for a real scalar exponent (autocast's float32 list: ``wide``).
+
+    Still NumPy's float64 ``np.power`` (libm for non-integer exponents), rounded once: unlike
+    exp, log, tanh, sigmoid and gelu it is not certified correctly rounded, and its bits may
+    differ between platforms by the last float64 ulp in rare near-midpoint cases."""
     if not _is_scalar(exponent):
         raise TypeError(f"pow takes a real scalar exponent, got {type(exponent).__name__}")
     p = float(exponent)
@@ -198,41 +220,31 @@ def pow(x, exponent) -> Tensor:
 
 
 def tanh(x) -> Tensor:
-    return _unary("tanh", x, "elementwise", lambda d: np.tanh(_f64(d)),
-                  lambda g, d, o: _f64(g) * (1.0 - np.tanh(_f64(d)) ** 2))
-
-
-def _sigmoid64(d):
-    d = _f64(d)
-    # exp of a non-positive argument only, so no overflow for either sign
-    z = np.exp(-np.abs(d))
-    return np.where(d >= 0, 1.0 / (1.0 + z), z / (1.0 + z))
+    """tanh correctly rounded (``fpsim.exact``). Backward: g * (1 - t*t) with t the float64
+    tanh (within 2**-48), in float64, rounded once."""
+    return _unary("tanh", x, "elementwise", f64.tanh,
+                  lambda g, d, o: _f64(g) * (1.0 - f64.tanh(_f64(d)) ** 2),
+                  correctly_rounded=cr_tanh)
 
 
 def sigmoid(x) -> Tensor:
-    return _unary("sigmoid", x, "elementwise", _sigmoid64,
-                  lambda g, d, o: _f64(g) * _sigmoid64(d) * (1.0 - _sigmoid64(d)))
-
-
-_SQRT_HALF = math.sqrt(0.5)
-_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-_erfc = np.frompyfunc(math.erfc, 1, 1)  # libm's float64 erfc, element by element
-
-
-def _gelu_cdf(d):
-    # Phi(x) = erfc(-x / sqrt 2) / 2: no cancellation for negative x, where the textbook
-    # (1 + erf(x / sqrt 2)) / 2 loses every digit (it gives 0 for x <= -8.3, not 1e-16...)
-    return 0.5 * _erfc(_f64(d) * -_SQRT_HALF).astype(np.float64)
+    """1 / (1 + e**-x) correctly rounded (``fpsim.exact``). Backward: g * s * (1 - s) with s
+    the float64 sigmoid (within 2**-48), in float64, rounded once."""
+    return _unary("sigmoid", x, "elementwise", f64.sigmoid,
+                  lambda g, d, o: _f64(g) * f64.sigmoid(d) * (1.0 - f64.sigmoid(d)),
+                  correctly_rounded=cr_sigmoid)
 
 
 def gelu(x) -> Tensor:
-    """Exact GELU, x * Phi(x) with the normal CDF through ``math.erfc`` (PyTorch's default
-    ``approximate='none'``, whose float32 kernel, ``x * 0.5 * (1 + erf(x / sqrt 2))``, flushes
-    GELU to 0 below x = -5.5 and loses relative accuracy before that; here the float64 value
-    is within a few hundred float64 ulps of x * Phi(x) everywhere, then rounded once)."""
-    return _unary("gelu", x, "elementwise", lambda d: _f64(d) * _gelu_cdf(d),
-                  lambda g, d, o: _f64(g) * (_gelu_cdf(d) + _f64(d) * _INV_SQRT_2PI
-                                             * np.exp(-0.5 * _f64(d) ** 2)))
+    """Exact GELU, x * Phi(x), correctly rounded (``fpsim.exact``: no erf from libm), as
+    PyTorch's default ``approximate='none'`` defines it. PyTorch's float32 kernel,
+    ``x * 0.5 * (1 + erf(x / sqrt 2))``, flushes GELU to 0 below x = -5.5 and loses relative
+    accuracy before that; here x * Phi(x) is right down to where it leaves the format (x about
+    -14 for fp32). Backward: g * (Phi(x) + x phi(x)) from the float64 Phi and phi (within
+    2**-49), in float64, rounded once."""
+    return _unary("gelu", x, "elementwise", f64.gelu,
+                  lambda g, d, o: _f64(g) * (f64.normal_cdf(d) + _f64(d) * f64.normal_pdf(d)),
+                  correctly_rounded=cr_gelu)
 
 
 register(add, sub, mul, div, neg, pow, exp, log, sqrt, tanh, sigmoid, relu, gelu)

@@ -1,9 +1,12 @@
 """Losses: cross-entropy from logits with integer labels, and mean squared error.
 
 Both are in the policy's ``loss`` category (autocast's float32 list has ``cross_entropy`` and
-``mse_loss``): inputs are cast to the loss format, and each loss is one fused op computed in
-float64 from the exact input values and rounded once (``reduction="mean"`` divides in float64
-before that one rounding). Backward, in float64, rounded once to each input's gradient format::
+``mse_loss``): inputs are cast to the loss format, and each loss is one fused op rounded once
+from the exact input values. cross_entropy is correctly rounded: the exact real value of the
+whole reduction (``fpsim.exact.cr_cross_entropy``, libm-free, certified, Decimal fallback);
+mse_loss is computed in float64 (``reduction="mean"`` divides in float64) before its one
+rounding. Backward, in float64 (exp libm-free), rounded once to each input's gradient
+format (not certified)::
 
     cross_entropy:  d logits = (softmax(logits) - onehot(labels)) * g / N     (mean)
     mse_loss:       d pred   = 2 * (pred - target) * g / N,   d target = -d pred
@@ -19,8 +22,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .numerics import round_array
-from .ops_reduce import log_softmax64 as _log_softmax64
+from ..exact import cr_cross_entropy
+from ..exact import elementary as f64
+from .numerics import FP64, round_array
+from .ops_reduce import log_softmax_along
 from .ops_shape import operands
 from .tensor import Tensor, record
 
@@ -70,13 +75,17 @@ def cross_entropy(logits, labels, reduction: str = "mean") -> Tensor:
     labels = _labels(labels, n, classes)
     rows = np.arange(n)
     with np.errstate(invalid="ignore", under="ignore", over="ignore"):
-        logp = _log_softmax64(logits.data.astype(np.float64), 1)
-        out = round_array(_reduce(-logp[rows, labels], reduction), fmt)
+        logp = log_softmax_along(logits.data.astype(np.float64), 1)
+        if fmt is FP64:
+            value = _reduce(-logp[rows, labels], reduction)
+        else:
+            value = cr_cross_entropy(logits.data, labels, reduction, fmt)
+        out = round_array(value, fmt)
 
     def backward(g, g_fmt):
         g64 = g.astype(np.float64)
         with np.errstate(invalid="ignore", under="ignore", over="ignore"):
-            d = np.exp(logp)
+            d = f64.exp(logp)
             d[rows, labels] -= 1.0
             if reduction == "none":
                 d *= g64[:, None]

@@ -10,10 +10,11 @@ Where each rounds:
   accumulate in float, divide, cast). Backward: g / count in float32, rounded to ``grad_fmt``.
 - ``max`` (``elementwise``): no rounding (the result is an input value). Backward: the
   gradient goes to the first maximal element along the axis, like ``torch.max(x, dim)``.
-- ``softmax`` / ``log_softmax`` (policy ``wide``): computed in float64 with the max subtracted
-  (NumPy's float64 sum, its fixed pairwise order) and rounded once. Backward from the rounded
-  output y, in float64, rounded once: softmax ``y * (g - sum(g * y))``, log_softmax
-  ``g - exp(y) * sum(g)``.
+- ``softmax`` / ``log_softmax`` (policy ``wide``): correctly rounded to the output format
+  (``fpsim.exact.softmax``: libm-free float64 with the max subtracted, log-softmax as
+  (x_i - m) - log1p(t), certified by an error bound, Decimal for the rare uncertified
+  element). Backward from the rounded output y, in float64 (exp libm-free), rounded once (not
+  certified): softmax ``y * (g - sum(g * y))``, log_softmax ``g - exp(y) * sum(g)``.
 
 >>> from fpsim.autograd import Tensor
 >>> x = Tensor([[1.0, 2.0, 3.0]], "fp16", requires_grad=True)
@@ -28,6 +29,8 @@ import builtins
 
 import numpy as np
 
+from ..exact import cr_log_softmax, cr_softmax, log_softmax64, softmax64
+from ..exact import elementary as f64
 from ..formats import FP32
 from .numerics import FP64, round_array
 from .accumulate import acc_sum
@@ -127,10 +130,12 @@ def _check_axis(x, axis, op):
 def softmax(x, axis: int = -1) -> Tensor:
     fmt, (x,) = operands("wide", x)
     ax = _check_axis(x, axis, "softmax")
-    d = x.data.astype(np.float64)
     with np.errstate(invalid="ignore", under="ignore"):
-        e = np.exp(d - d.max(axis=ax, keepdims=True))
-        out = round_array(e / e.sum(axis=ax, keepdims=True), fmt)
+        if fmt is FP64:
+            value = _along(softmax64, x.data, ax)
+        else:
+            value = cr_softmax(x.data, ax, fmt)
+        out = round_array(np.ascontiguousarray(value), fmt)
 
     def backward(g, g_fmt):
         y, g64 = out.astype(np.float64), g.astype(np.float64)
@@ -141,21 +146,32 @@ def softmax(x, axis: int = -1) -> Tensor:
     return record(out, fmt, (x,), backward, "softmax")
 
 
-def log_softmax64(d, ax):
-    shifted = d - d.max(axis=ax, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=ax, keepdims=True))
+def _along(rowwise, d, ax):
+    """``rowwise`` (on (R, n) float64 rows) applied along axis ``ax`` of ``d``."""
+    moved = np.moveaxis(np.asarray(d, np.float64), ax, -1)
+    rows = rowwise(moved.reshape(-1, moved.shape[-1]))
+    return np.moveaxis(rows.reshape(moved.shape), -1, ax)
+
+
+def log_softmax_along(d, ax):
+    """Libm-free float64 log-softmax along ``ax`` (``fpsim.exact.log_softmax64``)."""
+    return _along(log_softmax64, d, ax)
 
 
 def log_softmax(x, axis: int = -1) -> Tensor:
     fmt, (x,) = operands("wide", x)
     ax = _check_axis(x, axis, "log_softmax")
     with np.errstate(invalid="ignore", under="ignore"):
-        out = round_array(log_softmax64(x.data.astype(np.float64), ax), fmt)
+        if fmt is FP64:
+            value = log_softmax_along(x.data, ax)
+        else:
+            value = cr_log_softmax(x.data, ax, fmt)
+        out = round_array(np.ascontiguousarray(value), fmt)
 
     def backward(g, g_fmt):
         g64 = g.astype(np.float64)
         with np.errstate(invalid="ignore", under="ignore"):
-            return (round_array(g64 - np.exp(out.astype(np.float64))
+            return (round_array(g64 - f64.exp(out.astype(np.float64))
                                 * g64.sum(axis=ax, keepdims=True), x.grad_fmt),)
 
     return record(out, fmt, (x,), backward, "log_softmax")

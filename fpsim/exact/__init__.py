@@ -1,4 +1,5 @@
-"""Exact arithmetic: dot products and sums of float32 values rounded once, whatever the BLAS.
+"""Exact arithmetic: dot products, sums and transcendentals of float32 values rounded once,
+whatever the BLAS or the libm.
 
 The layer between ``rounding`` / ``backend`` (one value to a format) and ``autograd`` (tensors
 and ops): it takes float32 arrays holding values of any fpsim format and returns sums and
@@ -19,6 +20,12 @@ its thread count.
 - ``sums.py``: exact sums of float64 terms with integer limbs, rounded to odd
   (``round_to_odd_sum``).
 - ``block_fma.py``: the ``blocked`` model's multi-term fused additions (NVIDIA tensor cores).
+- ``elementary.py``: libm-free float64 exp, log, log1p, tanh, sigmoid, normal CDF and gelu
+  (only + - * / and exact splits), each with a stated error bound.
+- ``correctly_rounded.py``: those values certified into the output format (``cr_exp``,
+  ``cr_log``, ``cr_tanh``, ``cr_sigmoid``, ``cr_gelu``), with a Decimal fallback
+  (``decimal_ref.py``, ``settle``) for the rare elements the bound cannot decide.
+- ``softmax.py``: correctly rounded softmax, log-softmax and cross-entropy rows.
 - ``underflow.py``: the gradient-underflow counter (``count_gradient_underflow``) that the
   roundings here and in ``autograd`` report to.
 
@@ -38,9 +45,16 @@ from .fast_matmul import matmul_2d, round_out
 from .odd import add_round_to_odd, round_to_odd
 from .sums import round_to_odd_sum
 from .underflow import UnderflowCount, count_gradient_underflow
+from .correctly_rounded import (FALLBACK_COUNT, certified, cr_exp, cr_gelu, cr_log, cr_sigmoid,
+                                cr_tanh, settle)
+from .softmax import (cr_cross_entropy, cr_log_softmax, cr_softmax, log_softmax64, row_terms,
+                      settle_rows, softmax64)
 
 __all__ = ["accumulation", "underflow", "Accumulation", "exact", "sequential", "blocked",
            "tensor_core", "get_accumulation", "matmul", "reduce_sum", "exact_matmul",
            "exact_rows_sum", "error_factor", "width_factor", "certify", "sums_exactly",
            "matmul_2d", "round_out", "round_to_odd", "add_round_to_odd", "round_to_odd_sum",
-           "UnderflowCount", "count_gradient_underflow"]
+           "UnderflowCount", "count_gradient_underflow",
+           "FALLBACK_COUNT", "certified", "cr_cross_entropy", "cr_exp", "cr_gelu", "cr_log",
+           "cr_log_softmax", "cr_sigmoid", "cr_softmax", "cr_tanh", "log_softmax64", "row_terms",
+           "settle", "settle_rows", "softmax64"]

@@ -1,0 +1,117 @@
+"""High-precision reference values in Python's ``decimal``: the fallback of ``correctly_rounded``.
+
+Each ``d*`` function takes a float (converted exactly: ``Decimal(float)`` is exact) and a
+precision of ``digits`` significant decimal digits and returns ``(r, eta)``: a Decimal ``r``
+with ``|r - exact| <= eta * |r|``. ``Decimal.exp`` and ``Decimal.ln`` are correctly rounded at
+the context precision; the composite ones work with 10 guard digits more than the cancellation
+they meet (1 - e**(-2a) for small a; 1/2 - Phi0(a) for the normal tail) and claim ``eta`` =
+10**(5 - digits), far above the few-ulp error of their few hundred roundings.
+"""
+from __future__ import annotations
+
+from decimal import Decimal, localcontext
+
+__all__ = ["dexp", "dln", "dtanh", "dsigmoid", "dgelu", "dnormal_tail", "dpi",
+           "mills_taylor"]
+
+
+def dpi(digits: int) -> Decimal:
+    """pi to ``digits`` digits (the series recipe of the ``decimal`` documentation)."""
+    with localcontext() as ctx:
+        ctx.prec = digits + 5
+        lasts, t, s, n, na, d, da = 0, Decimal(3), 3, 1, 0, 0, 24
+        while s != lasts:
+            lasts = s
+            n, na = n + na, na + 8
+            d, da = d + da, da + 32
+            t = (t * n) / d
+            s += t
+    with localcontext() as ctx:
+        ctx.prec = digits
+        return +s
+
+
+def _eta(digits: int) -> Decimal:
+    return Decimal(10) ** (5 - digits)
+
+
+def dexp(x: float, digits: int):
+    with localcontext() as ctx:
+        ctx.prec = digits
+        return Decimal(x).exp(), _eta(digits)
+
+
+def dln(x: float, digits: int):
+    with localcontext() as ctx:
+        ctx.prec = digits
+        return Decimal(x).ln(), _eta(digits)
+
+
+def _small_extra(a: Decimal) -> int:
+    """Digits lost to cancellation in 1 - e**(-2a) (about -log10 a for small a)."""
+    return max(0, -a.adjusted()) + 2 if a else 0
+
+
+def dtanh(x: float, digits: int):
+    a = abs(Decimal(x))
+    with localcontext() as ctx:
+        ctx.prec = digits + 10 + _small_extra(a)
+        e = (-2 * a).exp()
+        t = (1 - e) / (1 + e)
+    return (t if x >= 0 else t.copy_negate()), _eta(digits)
+
+
+def dsigmoid(x: float, digits: int):
+    with localcontext() as ctx:
+        ctx.prec = digits + 10
+        return 1 / (1 + (-Decimal(x)).exp()), _eta(digits)
+
+
+def dnormal_tail(a, digits: int) -> Decimal:
+    """Q(a) = P(N(0,1) > a) for Decimal or float a >= 0: 1/2 - phi(a) sum a^(2n+1)/(2n+1)!!,
+    positive terms, with the ~a*a/4.6 digits that the subtraction cancels added as guard."""
+    a = Decimal(a)
+    if not a:
+        return Decimal("0.5")
+    with localcontext() as ctx:
+        ctx.prec = digits + 10 + int(a * a / Decimal("4.6")) + _small_extra(a)
+        a2 = a * a
+        term, total, n = a, a, 0
+        while True:
+            n += 1
+            term = term * a2 / (2 * n + 1)
+            total += term
+            if n > a2 and term <= total * Decimal(10) ** (-ctx.prec - 2):
+                break
+        phi = (-a2 / 2).exp() / (2 * dpi(ctx.prec)).sqrt()
+        return Decimal("0.5") - phi * total
+
+
+def dgelu(x: float, digits: int):
+    """x Phi(x); meant for |x| <= 40 (the float64 path settles the rest)."""
+    q = dnormal_tail(abs(x), digits)
+    with localcontext() as ctx:
+        ctx.prec = digits + 10
+        value = Decimal(x) * q if x < 0 else Decimal(x) * (1 - q)
+    return value, _eta(digits)
+
+
+def mills_taylor(c: float, terms: int, radius: float, digits: int = 120):
+    """Taylor coefficients m_0..m_{terms-1} of M(a) = Q(a) e^(a*a/2) around c, from
+    M' = a M - 1/sqrt(2 pi): (n+1) m_{n+1} = c m_n + m_{n-1} - [n = 0]/sqrt(2 pi).
+
+    The recurrence amplifies m_0's error by up to e^(c*c/2)-ish factors, hence 120 digits. Raises
+    if the first omitted term, times ``radius``**terms, exceeds 2**-58 of m_0."""
+    with localcontext() as ctx:
+        ctx.prec = digits
+        cd = Decimal(c)
+        kappa = 1 / (2 * dpi(digits)).sqrt()
+        m = [dnormal_tail(cd, digits) * (cd * cd / 2).exp()]
+        prev = Decimal(0)
+        for n in range(terms):
+            nxt = (cd * m[n] + prev - (kappa if n == 0 else 0)) / (n + 1)
+            prev = m[n]
+            m.append(nxt)
+        if abs(m[terms]) * Decimal(radius) ** terms > abs(m[0]) * Decimal(2) ** -58:
+            raise ArithmeticError(f"Taylor series of M at {c} needs more than {terms} terms")
+        return m[:terms]

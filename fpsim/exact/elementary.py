@@ -1,0 +1,230 @@
+"""Float64 evaluations of exp, expm1, log, log1p, tanh, sigmoid and GELU with stated error bounds.
+
+Every function here uses float64 ``+ - * /`` only, plus exact operations (``rint``, ``frexp``,
+building ``2**k`` from its bits, comparisons, ``where``): no libm, no FMA, so every backend that
+rounds float64 operations to nearest even computes the same bits. Each ``*_bound`` constant is a
+relative error bound, ``|computed - exact| <= bound * |computed|`` (``correctly_rounded``
+inflates it once more by 2**-52 for the computed interval ends). The derivations, in units of
+u = 2**-53 (one float64 rounding):
+
+- ``exp_parts(y)``: k = rint(y / ln 2); r = (y - k*LN2_HI) - k*LN2_LO with LN2_HI of 32
+  significant bits, so k*LN2_HI is exact for |k| < 2**21 and y - k*LN2_HI is exact whenever
+  k = 0 or y is a multiple of 2**-50 (float32 x with |x| >= 0.34, 2x, a*a/2 with a >= 0.83;
+  a softmax shift x_i - m need not be, and then adds one more rounding, 0.35u) (Cody-Waite).
+  |r| <= 0.3466; the reduced argument is off by at most 0.7u + |k| 2**-85. expm1(r) = r + r*r*q(r), q the Taylor series to r**12/14!
+  (truncation < 2**-60 |r|): q carries <= 3u, r*r*q <= 0.07|r| so it adds <= 0.4u, the final
+  sum u: expm1(r) within 1.5u (relative), and exp(y) = 2**k (1 + expm1(r)) within 3.5u.
+- ``log`` of a positive float64: x = 2**e m, m in [1/sqrt 2, sqrt 2), f = m - 1 exact
+  (Sterbenz), s = f / (2 + f) within 2u, log m = 2 atanh s = 2s + s z w(z), z = s*s, the
+  series to s**23 (truncation < 2**-60): log m within 3.2u; with e*LN2_HI exact and
+  |log x| >= |e| ln2 / 2 for e != 0, log x within 5.3u.
+- ``log1p(t)``, t >= 0: t < 0.4 through s = t / (2 + t) as above (t exact, no cancellation);
+  t >= 0.4 through log(1 + t): within 5.3u + u (1+t)/((1+t) log(1+t)) < 9u.
+- ``tanh``: t = -E / (2 + E), E = expm1(-2|x|) within 3u (k = 0: 1.5u; k != 0:
+  E = (2**k - 1) + 2**k p with |E| >= 0.29): 2 + E within 4u, the quotient within 8u.
+- ``sigmoid``: z = exp(-|x|) within 3u; 1 / (1 + z) within 5u, z / (1 + z) within 8u.
+- ``gelu``: x Phi(x) with Phi(-a) = Q(a) = exp(-a*a/2) M(a), a = |x| (a*a exact), and M,
+  entire and smooth (M' = a M - 1/sqrt(2 pi)), from its Taylor series of degree 15 around
+  c = j/4 (|h| <= 1/8, h = a - c exact), coefficients computed once in Decimal
+  (``fpsim.exact.decimal_ref``) and rounded to float64: M within 3u, Q within 7u; x < 0:
+  x Q within 8u; x >= 0: x (1 - Q) within 10u. x >= 10: the value is x (1 - Q) with
+  Q < 2**-76, returned as the float64 just below x, which rounds like it in every format of
+  at most 24 bits (nothing a format can round to lies strictly between them); x <= -20:
+  |gelu| < 2**-280, returned as -2**-1000 (both round to -0). 0 < |x| < 2**-60: the value
+  x/2 + x*x/sqrt(2 pi) - ... lies strictly between x/2 (a tie when x is an odd subnormal
+  multiple) and the next float64 above it, which is returned (it rounds like the value).
+
+The stated bounds below are these with a margin of 2 to 8 (the MPFR tests check them).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+__all__ = ["pow2", "exp_parts", "exp", "expm1_neg", "log", "log1p", "tanh", "sigmoid", "gelu",
+           "gelu_tail_q", "normal_cdf", "normal_pdf", "EXP_BOUND", "LOG_BOUND", "LOG1P_BOUND", "TANH_BOUND",
+           "SIGMOID_BOUND", "GELU_BOUND"]
+
+EXP_BOUND = 2.0 ** -50
+LOG_BOUND = 2.0 ** -49
+LOG1P_BOUND = 2.0 ** -49
+TANH_BOUND = 2.0 ** -48
+SIGMOID_BOUND = 2.0 ** -48
+GELU_BOUND = 2.0 ** -47
+
+LOG2E = float.fromhex("0x1.71547652b82fep+0")
+LN2_HI = float.fromhex("0x1.62e42fee00000p-1")     # 32 significant bits
+LN2_LO = float.fromhex("0x1.a39ef35793c76p-33")    # ln 2 - LN2_HI to float64
+SQRT_HALF = float.fromhex("0x1.6a09e667f3bcdp-1")
+INV_SQRT_2PI = float.fromhex("0x1.9884533d43651p-2")
+# invalid operations (log of x < 0, gelu(-inf) = -inf * 0) give x86's default NaN, sign bit
+# set, as NumPy's float64 functions did before
+DEFAULT_NAN = float(np.uint64(0xFFF8000000000000).view(np.float64))
+_CLAMP = 400.0   # |y| beyond this: exp over/underflows every format by hundreds of binades
+
+
+def _factorial(n: int) -> int:
+    out = 1
+    for i in range(2, n + 1):
+        out *= i
+    return out
+
+
+# expm1(r) = r + r^2 q(r), q(r) = sum_{i=0}^{12} r^i / (i + 2)!  (Python int division rounds
+# correctly, so each coefficient is the float64 nearest 1/(i+2)!)
+_EXPM1_Q = tuple(1 / _factorial(i + 2) for i in range(13))
+# log m = 2s + s z w(z), w(z) = sum_{i=0}^{10} 2 z^i / (2i + 3)
+_ATANH_W = tuple(2 / (2 * i + 3) for i in range(11))
+
+
+def _horner(x, coeffs):
+    acc = np.full_like(x, coeffs[-1])
+    for c in coeffs[-2::-1]:
+        acc *= x
+        acc += c
+    return acc
+
+
+def pow2(k):
+    """2.0**k for integer-valued float64 k in [-1022, 1023], built from its bits (exact)."""
+    return ((k.astype(np.int64) + 1023) << 52).view(np.float64)
+
+
+def exp_parts(y):
+    """(k, p) with exp(y) = 2**k (1 + p), p = expm1(r) within 1.5u; y float64, |y| <= 400."""
+    k = np.rint(y * LOG2E)
+    r = (y - k * LN2_HI) - k * LN2_LO
+    return k, r + (r * r) * _horner(r, _EXPM1_Q)
+
+
+def exp(y):
+    """exp(y) for float64 y within 3.5u (``EXP_BOUND``); inf, -inf, NaN as IEEE exp."""
+    y = np.asarray(y, np.float64)
+    finite = bool(np.isfinite(y).all())
+    k, p = exp_parts(np.clip(y if finite else np.where(np.isfinite(y), y, 0.0), -_CLAMP, _CLAMP))
+    p += 1.0
+    p *= pow2(k)
+    if finite:
+        return p
+    return np.where(np.isinf(y), np.where(y > 0, np.inf, 0.0), np.where(np.isnan(y), y, p))
+
+
+def expm1_neg(y):
+    """expm1(y) for float64 y <= 0 within 3u (finite y; clamped at -400)."""
+    k, p = exp_parts(np.maximum(y, -_CLAMP))
+    scale = pow2(k)
+    return np.where(k == 0, p, (scale - 1.0) + scale * p)
+
+
+def _log_mantissa(m):
+    """log m for m in [1/sqrt 2, sqrt 2) within 3.2u."""
+    f = m - 1.0
+    return _atanh2(f / (2.0 + f))
+
+
+def _atanh2(s):
+    """2 atanh s = log((1+s)/(1-s)) for |s| <= 0.1716."""
+    z = s * s
+    return 2.0 * s + s * (z * _horner(z, _ATANH_W))
+
+
+def log(x):
+    """Natural log of float64 x within 5.3u (``LOG_BOUND``); 0 -> -inf, x < 0 -> DEFAULT_NAN,
+    inf -> inf, NaN -> itself."""
+    x = np.asarray(x, np.float64)
+    bad = ~(x > 0) | np.isinf(x)
+    any_bad = bool(bad.any())
+    m, e = np.frexp(np.where(bad, 1.0, x) if any_bad else x)
+    low = m < SQRT_HALF
+    m *= low + 1.0                                   # exact doubling where low
+    e = (e - low).astype(np.float64)
+    out = e * LN2_HI + (_log_mantissa(m) + e * LN2_LO)
+    if not any_bad:
+        return out
+    special = np.where(x == 0, -np.inf, np.where(x == np.inf, np.inf,
+                                                   np.where(np.isnan(x), x, DEFAULT_NAN)))
+    return np.where(bad, special, out)
+
+
+def log1p(t):
+    """log(1 + t) for float64 t >= 0 within 9u (``LOG1P_BOUND``); inf -> inf."""
+    t = np.asarray(t, np.float64)
+    small = t < 0.4
+    ts = np.where(small, t, 0.0)
+    return np.where(small, _atanh2(ts / (2.0 + ts)), log(1.0 + np.where(small, 0.0, t)))
+
+
+def tanh(x):
+    """tanh of float64 x within 8u (``TANH_BOUND``); sign of zero kept, NaN -> itself."""
+    x = np.asarray(x, np.float64)
+    nan = np.isnan(x)
+    any_nan = bool(nan.any())
+    big = expm1_neg(-2.0 * np.minimum(np.abs(np.where(nan, 0.0, x) if any_nan else x), _CLAMP))
+    t = np.copysign(-big / (2.0 + big), x)
+    return np.where(nan, x, t) if any_nan else t
+
+
+def sigmoid(x):
+    """1 / (1 + exp(-x)) of float64 x within 8u (``SIGMOID_BOUND``); NaN -> -|NaN| (the NaN
+    that exp(-|x|) gives, as before)."""
+    x = np.asarray(x, np.float64)
+    z = exp(-np.abs(x))
+    return np.where(x >= 0, 1.0 / (1.0 + z), z / (1.0 + z))
+
+
+_STEP = 4            # centres j / 4
+_CENTRES = 81        # j = 0 .. 80: a up to 20
+_DEGREE = 15
+
+
+@lru_cache(maxsize=None)
+def _gelu_table():
+    """(degree + 1, centres) float64 Taylor coefficients of M around each centre."""
+    from .decimal_ref import mills_taylor
+
+    cols = [mills_taylor(j / _STEP, _DEGREE + 1, 1 / (2 * _STEP)) for j in range(_CENTRES)]
+    return np.array([[float(c) for c in col[:_DEGREE + 1]] for col in cols]).T.copy()
+
+
+def gelu_tail_q(a):
+    """Q(a) = P(N(0,1) > a) for float64 0 <= a <= 20 within 7u."""
+    table = _gelu_table()
+    j = np.rint(a * _STEP).astype(np.intp)
+    h = a - j / _STEP
+    acc = table[-1, j]
+    for row in table[-2::-1]:
+        acc = acc * h + row[j]
+    return exp(-(a * a) * 0.5) * acc
+
+
+def gelu(x):
+    """x Phi(x) of float64 x within 10u (``GELU_BOUND``), see the module doc for |x| >= 10;
+    -inf -> DEFAULT_NAN (-inf * 0, as before), inf -> inf, NaN -> itself."""
+    x = np.asarray(x, np.float64)
+    a = np.abs(x)
+    q = gelu_tail_q(np.minimum(np.where(np.isnan(a), 0.0, a), 20.0))
+    mid = np.where(x < 0, x * q, x * (1.0 - q))
+    out = np.where(x >= 10.0, np.nextafter(x, 0.0), mid)
+    out = np.where(x <= -20.0, -(2.0 ** -1000), out)
+    tiny = (a < 2.0 ** -60) & (x != 0)
+    out = np.where(tiny, np.nextafter(x * 0.5, np.inf), out)
+    out = np.where(x == np.inf, np.inf, np.where(x == -np.inf, DEFAULT_NAN, out))
+    return np.where(np.isnan(x), x, out)
+
+
+def normal_cdf(x):
+    """Phi(x) of float64 x within 7u (x < 0) or 4u (x >= 0; 1 for x > 20); NaN -> NaN."""
+    x = np.asarray(x, np.float64)
+    a = np.minimum(np.abs(x), 20.0)
+    q = gelu_tail_q(np.where(np.isnan(a), 0.0, a))
+    out = np.where(x < 0, q, 1.0 - q)
+    out = np.where(x < -20.0, 0.0, np.where(x > 20.0, 1.0, out))
+    return np.where(np.isnan(x), x, out)
+
+
+def normal_pdf(x):
+    """exp(-x*x/2) / sqrt(2 pi) of float64 x within 5u (x*x/2 rounds once for |x| beyond float32
+    values); 0 for |x| = inf."""
+    x = np.asarray(x, np.float64)
+    return exp(-(x * x) * 0.5) * INV_SQRT_2PI

@@ -1,0 +1,218 @@
+"""Correctly rounded softmax, log-softmax and cross-entropy over rows, libm-free.
+
+Per row x (float32 values, read exactly as float64), with m = max x and j* its first index:
+
+- s_i = x_i - m in float64 with its exact error err_i (TwoSum, + and - only): s_i + err_i is
+  x_i - m exactly, |err_i| <= 2**-53 |s_i| (nonzero only when x_i is far below m).
+- e_i = exp(s_i) within EXP_BOUND + 1.01 |err_i| (``elementary.exp``; e_j* = 1 exactly).
+- t = sum over i != j* of e_i, within max eps_e + 3 * 2**-53 (an exact split sum, see
+  ``_sum_rows``; beyond 4096 classes NumPy's sum, + 1.01 (n - 1) 2**-53); S = 1 + t rounds
+  once more.
+- softmax y_i = e_i / S: within eps_e(i) + eps_t + 2 * 2**-53.
+- log-softmax y_i = (s_i - L) + err_i with L = log1p(t) (no cancellation for the dominant
+  class: y_j* = -L; the others add two quantities of one sign): within LOG1P_BOUND + eps_t
+  + 3 * 2**-53.
+- cross-entropy: loss_r = -y_{r, label_r} >= 0 per row; "sum" adds N nonnegative float64
+  values (+ 1.01 (N - 1) 2**-53), "mean" divides by N (+ 2**-53).
+
+Terms with x_i - m < -400 enter as e**-400 (``elementary``'s clamp): they change t by less
+than 2**-570 and only matter in rows where every result rounds to zero or to s_i anyway.
+Each result is certified against its bound (``correctly_rounded.certified``); uncertified
+elements (rows, for a reduced cross-entropy) are recomputed in Decimal by
+``correctly_rounded.settle``. Non-finite rows give NaN (or -inf for log-softmax of -inf
+entries) with no fallback.
+"""
+from __future__ import annotations
+
+from decimal import Decimal, localcontext
+
+import numpy as np
+
+from . import elementary as el
+from .correctly_rounded import certified, settle
+
+__all__ = ["row_terms", "settle_rows", "softmax64", "log_softmax64", "cr_softmax", "cr_log_softmax",
+           "cr_cross_entropy"]
+
+_U = 2.0 ** -53
+
+
+def row_terms(x):
+    """(s, err, e, t, eps_e, eps_t, top) for float64 rows x of shape (R, n) (module doc);
+    ``top`` (R, 1) is e at the first maximum: 1 in finite rows, NaN where the row's max is
+    inf or NaN (it then carries that NaN into every result, as e / e.sum() did)."""
+    x = np.asarray(x, np.float64)
+    m = x.max(axis=1, keepdims=True)
+    s = x - m
+    bp = s - x
+    err = (x - (s - bp)) + (-m - bp)
+    err = np.where(np.isfinite(s), err, 0.0)
+    e = el.exp(s)
+    first = (np.arange(x.shape[0]), np.argmax(x, axis=1))
+    top = e[first][:, None]
+    rest = e.copy()
+    rest[first] = 0.0
+    t, exact_sum = _sum_rows(rest)
+    eps_e = el.EXP_BOUND + 1.01 * np.abs(err)
+    eps_t = eps_e.max(axis=1, keepdims=True) + (3 * _U if exact_sum else 1.01 * x.shape[1] * _U)
+    return s, err, e, t, eps_e, eps_t, top
+
+
+def _sum_rows(rest):
+    """(row sums (R, 1), whether they are within 2u). Up to 4096 terms: each e_j splits
+    exactly into hi_j, a multiple of 2**(E - 40) (2**E > the row's largest term), and lo_j;
+    the hi_j add exactly (53 bits), the lo_j (< 2**(E - 40) each) with an error below
+    n*n 2**(E - 92), so hi + lo is within u + 2**-70 of the sum. Beyond 4096 terms, NumPy's
+    sum, within 1.01 (n - 1) u."""
+    if rest.shape[1] > 4096 or not np.isfinite(rest).all():
+        return rest.sum(axis=1, keepdims=True), False
+    _, ex = np.frexp(rest.max(axis=1, keepdims=True))
+    big = 1.5 * el.pow2((ex + 12).astype(np.float64))
+    hi = (rest + big) - big
+    lo = rest - hi
+    return hi.sum(axis=1, keepdims=True) + lo.sum(axis=1, keepdims=True), True
+
+
+def softmax64(x):
+    """Float64 softmax of rows (R, n), within the module doc's bound."""
+    _, _, e, t, _, _, top = row_terms(x)
+    return e / (top + t)
+
+
+def log_softmax64(x):
+    """Float64 log-softmax of rows (R, n), within the module doc's bound."""
+    s, err, _, t, _, _, top = row_terms(x)
+    return (s - _log_sum(t, top)) + err
+
+
+def _log_sum(t, top):
+    """log(top + t) as log1p(t) (top is 1), NaN where top is."""
+    return el.log1p(t) + (top - 1.0)
+
+
+def _drow(xs, digits):
+    """Decimal (x_i - m list, log sum_j e^(x_j - m)) of one row, ``digits`` + 10 good digits:
+    the sum is 1 + t (t over the non-first-maximal terms) and its log is taken with as many
+    more digits as t is small, so the dominant class's -log(1 + t) keeps them all."""
+    m = max(xs)
+    top = xs.index(m)
+    with localcontext() as ctx:
+        ctx.prec = digits + 60          # x_i - m exactly enough: 50 digits below the row's
+        d = [Decimal(v) - Decimal(m) for v in xs]
+        ctx.prec = digits + 10
+        t = sum(di.exp() for j, di in enumerate(d) if j != top)
+        ctx.prec = digits + 10 + (max(0, -t.adjusted()) if t else 0)
+        return d, (1 + t).ln()
+
+
+def _dsoftmax(xs, i):
+    def value(digits):
+        d, lse = _drow(xs, digits)
+        with localcontext() as ctx:
+            ctx.prec = digits + 10
+            return (d[i] - lse).exp(), Decimal(10) ** (5 - digits)
+    return value
+
+
+def _dlog_softmax(xs, i):
+    def value(digits):
+        d, lse = _drow(xs, digits)
+        with localcontext() as ctx:
+            ctx.prec = digits + 10
+            return d[i] - lse, Decimal(10) ** (5 - digits)
+    return value
+
+
+def _rows_of(x, axis):
+    moved = np.moveaxis(np.asarray(x, np.float64), axis, -1)
+    return moved.reshape(-1, moved.shape[-1]), moved.shape
+
+
+def _back(rows, shape, axis):
+    return np.moveaxis(rows.reshape(shape), -1, axis)
+
+
+def settle_rows(x_rows, v, ok, fmt, kind):
+    """``v`` (R, n) with each element not ``ok`` replaced by ``settle``'s proxy for the
+    ``kind`` ("softmax" or "log_softmax") of its row of ``x_rows``."""
+    if ok.all():
+        return v
+    dvalue = {"softmax": _dsoftmax, "log_softmax": _dlog_softmax}[kind]
+    v = v.copy()
+    for r, i in zip(*np.nonzero(~ok)):
+        v[r, i] = settle(dvalue(x_rows[r].tolist(), int(i)), fmt)
+    return v
+
+
+def cr_softmax(x, axis, fmt):
+    """Softmax along ``axis`` correctly rounded to ``fmt``, as a float64 proxy array."""
+    rows, shape = _rows_of(x, axis)
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        _, _, e, t, eps_e, eps_t, top = row_terms(rows)
+        v = e / (top + t)
+        ok = certified(v, eps_e + eps_t + 2 * _U, fmt) | ~np.isfinite(t)
+    return _back(settle_rows(rows, v, ok, fmt, "softmax"), shape, axis)
+
+
+def cr_log_softmax(x, axis, fmt):
+    """Log-softmax along ``axis`` correctly rounded to ``fmt``, as a float64 proxy array."""
+    rows, shape = _rows_of(x, axis)
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        s, err, _, t, _, eps_t, top = row_terms(rows)
+        v = (s - _log_sum(t, top)) + err
+        bound = el.LOG1P_BOUND + eps_t + 3 * _U
+        ok = certified(v, np.broadcast_to(bound, v.shape), fmt) | ~np.isfinite(v)
+    return _back(settle_rows(rows, v, ok, fmt, "log_softmax"), shape, axis)
+
+
+def _dcross_entropy(rows, labels, reduction):
+    def value(digits):
+        losses = []
+        for xs, label in zip(rows, labels):
+            y, _ = _dlog_softmax(xs, label)(digits)
+            losses.append(-y)
+        with localcontext() as ctx:
+            ctx.prec = digits + 10
+            total = sum(losses)
+            return (total / len(losses) if reduction == "mean" else total,
+                    Decimal(10) ** (5 - digits))
+    return value
+
+
+def cr_cross_entropy(logits, labels, reduction, fmt):
+    """Cross-entropy of (N, C) ``logits`` against integer ``labels`` (``reduction`` "mean",
+    "sum" or "none"), correctly rounded to ``fmt``: a float64 proxy (shape () or (N,))."""
+    logits = np.asarray(logits, np.float64)
+    n = logits.shape[0]
+    rows = np.arange(n)
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        s, err, _, t, _, eps_t, top = row_terms(logits)
+        # -y, y as log-softmax computes it (same operations, so the same NaN as before too)
+        loss = -((s[rows, labels] - _log_sum(t, top)[:, 0]) + err[rows, labels])
+        eps = el.LOG1P_BOUND + eps_t[:, 0] + 3 * _U
+        if reduction == "none":
+            ok = certified(loss, eps, fmt) | ~np.isfinite(loss)
+            return loss if ok.all() else _settle_each(logits, labels, loss, ok, fmt)
+        total = loss.sum()
+        bound = eps.max(initial=0.0) + 1.01 * max(n - 1, 0) * _U
+        if reduction == "mean":
+            total, bound = total / n, bound + _U
+        total = np.asarray(total)
+        if certified(total, bound, fmt) | ~np.isfinite(total):
+            return total
+    dvalue = _dcross_entropy([r.tolist() for r in logits], [int(v) for v in labels], reduction)
+    return np.asarray(settle(dvalue, fmt))
+
+
+def _neg(value):
+    def negated(digits):
+        r, eta = value(digits)
+        return r.copy_negate(), eta
+    return negated
+
+
+def _settle_each(logits, labels, loss, ok, fmt):
+    loss = loss.copy()
+    for r in np.flatnonzero(~ok):
+        loss[r] = settle(_neg(_dlog_softmax(logits[r].tolist(), int(labels[r]))), fmt)
+    return loss

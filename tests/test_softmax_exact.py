@@ -1,0 +1,144 @@
+"""Correctly rounded softmax, log-softmax and cross-entropy against MPFR (whole rows exact).
+
+MPFR at 400 bits: every x_i - m of float32 values is exact there (at most 277 bits), the sums
+of exponentials carry ~350 good bits, one rounding to the format's grid finishes it.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+gmpy2 = pytest.importorskip("gmpy2")
+
+import fpsim.exact as fx  # noqa: E402
+from fpsim.autograd import Tensor, cross_entropy, use_policy  # noqa: E402
+from fpsim.formats import get  # noqa: E402
+from fpsim.rounding import round_to  # noqa: E402
+
+FORMATS = ("fp32", "fp16", "bf16")
+_CTX = gmpy2.context(precision=400)
+
+
+def _grid(values, fmt) -> np.ndarray:
+    fmt = get(fmt)
+    ctx = gmpy2.context(precision=fmt.precision, emin=fmt.emin - fmt.man_bits + 1,
+                        emax=1 << 12, subnormalize=True)
+    with ctx:
+        grid = np.array([float(gmpy2.mpfr(v)) for v in values], np.float64)
+    return round_to(grid, fmt).astype(np.float32)
+
+
+def _exact_rows(x):
+    """Per row: (list of x_i - m, log sum exp) as 400-bit mpfr."""
+    out = []
+    with _CTX:
+        for row in x.tolist():
+            m = gmpy2.mpfr(max(row))
+            d = [gmpy2.mpfr(v) - m for v in row]
+            out.append((d, gmpy2.log(gmpy2.fsum([gmpy2.exp(di) for di in d]))))
+    return out
+
+
+def rows(seed: int, n: int, classes: int) -> np.ndarray:
+    rng = np.random.default_rng([seed, classes])
+    x = rng.standard_normal((n, classes)) * rng.choice([0.1, 1, 5, 30], (n, 1))
+    dominant = rng.random(n) < 0.3          # one class far ahead: t tiny, log1p matters
+    x[dominant, 0] += rng.uniform(5, 60, dominant.sum())
+    tiny = rng.random(n) < 0.1
+    x[tiny] *= 2.0 ** -rng.integers(10, 60, (tiny.sum(), 1))
+    return x.astype(np.float32)
+
+
+def _same(got, want, what):
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    wrong = np.flatnonzero(got.view(np.uint32).ravel() != want.view(np.uint32).ravel())
+    assert wrong.size == 0, f"{what}: {wrong.size} differ, e.g. {got.ravel()[wrong[:3]]} " \
+                            f"vs {want.ravel()[wrong[:3]]}"
+
+
+@pytest.mark.parametrize("classes", [1, 2, 10, 100])
+def test_softmax_and_log_softmax(classes):
+    x = rows(0, 4000 // classes + 20, classes)
+    exact = _exact_rows(x)
+    with _CTX:
+        soft = [gmpy2.exp(di - lse) for d, lse in exact for di in d]
+        logs = [di - lse for d, lse in exact for di in d]
+    for fmt in FORMATS:
+        f = get(fmt)
+        _same(round_to(fx.cr_softmax(x, 1, f), f), _grid(soft, fmt).reshape(x.shape),
+              f"softmax {fmt}")
+        _same(round_to(fx.cr_log_softmax(x, 1, f), f), _grid(logs, fmt).reshape(x.shape),
+              f"log_softmax {fmt}")
+
+
+def test_softmax_along_axis_zero_matches_transpose():
+    x = rows(1, 30, 7)
+    f = get("bf16")
+    assert np.array_equal(fx.cr_softmax(x.T, 0, f), fx.cr_softmax(x, 1, f).T)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy(reduction):
+    rng = np.random.default_rng(2)
+    for trial in range(40):
+        x = rows(100 + trial, int(rng.integers(1, 40)), int(rng.integers(2, 30)))
+        labels = rng.integers(0, x.shape[1], x.shape[0])
+        exact = _exact_rows(x)
+        with _CTX:
+            losses = [lse - d[k] for (d, lse), k in zip(exact, labels.tolist())]
+            total = gmpy2.fsum(losses)
+            want = {"none": losses, "sum": [total], "mean": [total / len(losses)]}[reduction]
+        for fmt in FORMATS:
+            f = get(fmt)
+            got = round_to(np.atleast_1d(fx.cr_cross_entropy(x, labels, reduction, f)), f)
+            _same(got, _grid(want, fmt), f"cross_entropy {reduction} {fmt} trial {trial}")
+
+
+def test_ops_round_the_correctly_rounded_values():
+    x = rows(3, 64, 10)
+    labels = np.arange(64) % 10
+    with use_policy("32-true"):
+        t = Tensor(x)
+        _same(t.softmax(-1).data, round_to(fx.cr_softmax(x, 1, get("fp32")), get("fp32")),
+              "Tensor.softmax")
+        _same(t.log_softmax(-1).data,
+              round_to(fx.cr_log_softmax(x, 1, get("fp32")), get("fp32")), "log_softmax")
+        _same(cross_entropy(t, labels).data,
+              round_to(fx.cr_cross_entropy(x, labels, "mean", get("fp32")), get("fp32")),
+              "cross_entropy")
+
+
+def test_the_fallback_row_path():
+    """The Decimal path forced on every element (``ok`` all False), against MPFR."""
+    x = rows(4, 12, 5)
+    exact = _exact_rows(x)
+    with _CTX:
+        soft = [gmpy2.exp(di - lse) for d, lse in exact for di in d]
+    f = get("fp32")
+    before = fx.FALLBACK_COUNT["elements"]
+    ok = np.zeros(x.shape, bool)
+    _, _, e, t, _, _, top = fx.row_terms(x.astype(np.float64))
+    v = fx.settle_rows(x.astype(np.float64), e / (top + t), ok, f, "softmax")
+    assert fx.FALLBACK_COUNT["elements"] - before == x.size
+    _same(round_to(v, f), _grid(soft, "fp32").reshape(x.shape), "settled softmax")
+
+
+def test_non_finite_rows_give_the_nans_they_gave_before():
+    """Rows holding inf, -inf or NaN: the NaN bits of the earlier libm formulas."""
+    x = np.float32([[np.inf, 1.0, 2.0], [-np.inf, 1.0, 2.0], [np.nan, 1.0, 2.0],
+                    [-np.inf, -np.inf, -np.inf], [1.0, np.inf, np.inf], [0.5, 1.0, 2.0]])
+    d = x.astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        shifted = d - d.max(axis=1, keepdims=True)
+        e = np.exp(shifted)
+        soft = e / e.sum(axis=1, keepdims=True)
+        logs = shifted - np.log(e.sum(axis=1, keepdims=True))
+        f = get("fp32")
+        bits = [(fx.cr_softmax(x, 1, f), soft), (fx.cr_log_softmax(x, 1, f), logs)]
+        ce = fx.cr_cross_entropy(x, np.arange(6) % 3, "none", f)
+        bits.append((ce, -logs[np.arange(6), np.arange(6) % 3]))
+    for got, want in bits:
+        got, want = round_to(got, f), round_to(want, f)
+        bad = np.isnan(want)
+        assert np.array_equal(got[bad].view(np.uint32), want[bad].view(np.uint32))
+        assert np.array_equal(got[~bad], want[~bad])
