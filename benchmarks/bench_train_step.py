@@ -16,6 +16,11 @@ disturbed).
 defaults); on a shared, busy machine ``--threads 1`` gives the steadiest comparison, as idle
 BLAS threads spin while other processes hold the cores.
 
+The "whole step" table times the step ``fpsim.train.train`` runs (``whole_step``); targets
+(issue 10): at most 3x the f64 floor on the small model, 1.5x on the large one. For a
+before/after comparison, run this script from two worktrees in turns (A, B, A, B) with
+``--threads 1`` and compare the best of each.
+
 Run: python benchmarks/bench_train_step.py [--repeat N] [--budget S] [--quick] [--threads N]
 """
 from __future__ import annotations
@@ -95,6 +100,38 @@ def engine_step(sizes, batch, policy):
     return step
 
 
+def whole_step(sizes, batch, policy):
+    """The step ``fpsim.train.train`` runs, as a user gets it: forward, cross-entropy, the
+    backward pass seeded with the loss scale under the underflow counter, ``Optimizer.step``
+    (overflow check, scaler update, unscale, global gradient norm, master-weight SGD update,
+    lost-update count) and ``zero_grad``. "16-mixed" runs with the dynamic scaler (what a mixed
+    run asks for), "32-true" without a scaler."""
+    from fpsim.autograd.underflow import count_gradient_underflow
+    from fpsim.optim import SGD, Optimizer
+    from fpsim.train import resolve_scaler
+
+    rng = np.random.default_rng(0)
+    with use_policy(policy):
+        model = nn.MLP(sizes, rng=1)
+        optimizer = Optimizer(model, SGD(lr=LR))
+    x = rng.standard_normal((batch, sizes[0])).astype(np.float32)
+    labels = rng.integers(0, sizes[-1], batch)
+    holder = [resolve_scaler("dynamic" if policy == "16-mixed" else None).init()]
+
+    def step():
+        state = holder[0]
+        with use_policy(policy):
+            loss = ag.cross_entropy(model(Tensor(x)), labels)
+            with count_gradient_underflow():
+                loss.backward(np.full(loss.shape, state.scale, np.float32))
+        report = optimizer.step(state)
+        optimizer.zero_grad()
+        holder[0] = report.scaler_state
+        float(loss.item())
+
+    return step
+
+
 def float64_floor_step(sizes, batch):
     """The float64 BLAS products alone that one exact-model step needs: per layer the forward
     x @ W.T, the weight gradient g.T @ x and (above the first layer) the input gradient g @ W,
@@ -164,9 +201,12 @@ def main(argv=None) -> None:
               f"{'mixed/torch':>11} {'torch/floor':>11}")
     print(header)
     print("-" * len(header))
+    whole_rows = []
     for label, sizes, batch in MODELS[:1] if args.quick else MODELS:
         steps = {"32-true": engine_step(sizes, batch, "32-true"),
                  "16-mixed": engine_step(sizes, batch, "16-mixed"),
+                 "whole 32-true": whole_step(sizes, batch, "32-true"),
+                 "whole 16-mixed": whole_step(sizes, batch, "16-mixed"),
                  "floor": float64_floor_step(sizes, batch)}
         if torch_version:
             steps["torch"] = torch_step(sizes, batch)
@@ -177,6 +217,15 @@ def main(argv=None) -> None:
         tt_ms = f"{tt * 1e3:13.3f}" if tt else f"{'-':>13}"
         print(f"{label:>18} {batch:>5} | {t32 * 1e3:10.3f} {t16 * 1e3:11.3f} {tt_ms} "
               f"{floor * 1e3:12.3f} | {t16 / t32:8.2f} {ratio_t} {ratio_f}")
+        w32, w16 = best["whole 32-true"], best["whole 16-mixed"]
+        whole_rows.append(f"{label:>18} {batch:>5} | {w32 * 1e3:13.3f} {w16 * 1e3:14.3f} "
+                          f"{floor * 1e3:12.3f} | {w32 / floor:10.2f} {w16 / floor:11.2f}")
+    whole = (f"{'model':>18} {'batch':>5} | {'whole 32 ms':>13} {'whole mixed ms':>14} "
+             f"{'f64 floor ms':>12} | {'w32/floor':>10} {'wmix/floor':>11}")
+    print("\nwhole step (trainer's step: scaler, Optimizer.step with norm and master update)")
+    print(whole)
+    print("-" * len(whole))
+    print("\n".join(whole_rows))
     print("targets: mixed/32 <= 2.0 on both models; mixed/torch <= 1.0 on the small model")
     print("f64 floor: the float64 BLAS products alone of one exact-model step; where "
           "torch/floor <= 1,\n  torch's whole step is no slower than that floor and the "

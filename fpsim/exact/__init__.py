@@ -26,6 +26,8 @@ its thread count.
   ``cr_log``, ``cr_tanh``, ``cr_sigmoid``, ``cr_gelu``), with a Decimal fallback
   (``decimal_ref.py``, ``settle``) for the rare elements the bound cannot decide.
 - ``softmax.py``: correctly rounded softmax, log-softmax and cross-entropy rows.
+- ``norm.py``: the global gradient norm, certified in float64, exact sum when undecided
+  (``global_norm``).
 - ``underflow.py``: the gradient-underflow counter (``count_gradient_underflow``) that the
   roundings here and in ``autograd`` report to.
 
@@ -44,6 +46,7 @@ from .certified import exact_matmul, exact_rows_sum
 from .fast_matmul import matmul_2d, round_out
 from .odd import add_round_to_odd, round_to_odd
 from .sums import round_to_odd_sum
+from .norm import exact_global_norm, global_norm
 from .underflow import UnderflowCount, count_gradient_underflow
 from .correctly_rounded import (FALLBACK_COUNT, certified, cr_exp, cr_gelu, cr_log, cr_sigmoid,
                                 cr_tanh, settle)
@@ -54,7 +57,7 @@ __all__ = ["accumulation", "underflow", "Accumulation", "exact", "sequential", "
            "tensor_core", "get_accumulation", "matmul", "reduce_sum", "exact_matmul",
            "exact_rows_sum", "error_factor", "width_factor", "certify", "sums_exactly",
            "matmul_2d", "round_out", "round_to_odd", "add_round_to_odd", "round_to_odd_sum",
-           "UnderflowCount", "count_gradient_underflow",
+           "UnderflowCount", "count_gradient_underflow", "global_norm", "exact_global_norm",
            "FALLBACK_COUNT", "certified", "cr_cross_entropy", "cr_exp", "cr_gelu", "cr_log",
            "cr_log_softmax", "cr_sigmoid", "cr_softmax", "cr_tanh", "log_softmax64", "row_terms",
            "settle", "settle_rows", "softmax64"]

@@ -81,8 +81,24 @@ class Arith:
             return self.round(np.sqrt(np.asarray(a, np.float64)))
 
     def fma(self, a, b, c):
-        """round(a * b + c), one rounding."""
-        return self.round(fma_round_to_odd(a, b, c))
+        """round(a * b + c), one rounding.
+
+        Fast path: t = a*b + c in float64 (the product is exact) rounds once more to the
+        same value as the exact sum unless t is a midpoint of the format's grid (or its
+        overflow threshold); every such point has its float64 significand's low
+        51 - man_bits bits zero, so only elements with that pattern, rare on real data,
+        take the round-to-odd sum."""
+        a64, b64, c64 = np.broadcast_arrays(np.asarray(a, np.float64), np.asarray(b, np.float64),
+                                            np.asarray(c, np.float64))
+        with np.errstate(over="ignore", invalid="ignore"):
+            total = np.asarray(a64 * b64 + c64, np.float64)
+        mask = np.uint64((1 << (51 - self.fmt.man_bits)) - 1)
+        # inf and NaN stay as the full-array sum made them (the reference returns that sum
+        # too; recomputing a subarray may give a NaN another sign bit)
+        suspect = ((total.view(np.uint64) & mask) == 0) & np.isfinite(total)
+        if suspect.any():
+            total[suspect] = fma_round_to_odd(a64[suspect], b64[suspect], c64[suspect])
+        return self.round(total)
 
     def lerp(self, start, end, weight: float):
         """PyTorch's ``start.lerp_(end, weight)``: ``fma(w, end - start, start)`` for w < 0.5,

@@ -33,7 +33,7 @@ from typing import Iterable, NamedTuple
 import numpy as np
 
 from ..autograd import Tensor
-from ..exact import round_to_odd_sum
+from ..exact import global_norm
 from ..formats import FP32, Format, get
 from ..rounding import round_to
 from ..scaling import check_overflow, found_inf, unscale
@@ -172,17 +172,6 @@ class Optimizer:
                           if f"state/{name}/{f}" in arrays else None)
                       for f in template._fields}
             self.states[name] = type(template)(**fields)
-
-
-def global_norm(grads: list[np.ndarray]) -> np.float32:
-    """fp32 L2 norm of all gradients: the exact sum of squares (squares of float32 values are
-    exact in float64) rounded to odd, its float64 square root, rounded to fp32. The same bits
-    on every machine and thread count; NaN if any gradient is NaN, inf if any is inf."""
-    flat = np.concatenate([np.asarray(g, np.float64).reshape(-1) for g in grads])
-    if not np.isfinite(flat).all():
-        return np.float32(np.nan if np.isnan(flat).any() else np.inf)
-    squares = round_to_odd_sum((flat * flat).reshape(1, -1))[0]
-    return np.float32(round_to(float(np.sqrt(squares)), FP32))
 
 
 def _grad_array(p: Tensor) -> np.ndarray:

@@ -1,0 +1,78 @@
+"""The exact global L2 norm in fp32, with a certified float64 fast path.
+
+The reference value is ``fp32(sqrt(rodd53(S)))``, ``S`` the exact sum of the squares (a
+float32 value squared is exact in float64: 48 significant bits, exponent within range),
+rounded to odd at 53 bits, its float64 square root, rounded to fp32 by ``round_to``.
+
+Fast path: ``s`` = the float64 sum of the squares in any order. All terms are non-negative,
+so whatever the order, |s - S| <= (n - 1) u S / (1 - (n - 1) u) with u = 2**-53 (Higham,
+Accuracy and Stability of Numerical Algorithms, 2nd ed., eq. 4.4); additions that land in
+the subnormal range are exact, so underflow adds nothing. ``[lo, hi] = s (1 -+ 2 n u)``,
+widened by one float64 step each way, therefore encloses S for n u < 1/4. The map
+S -> fp32(sqrt(rodd53(S))) is non-decreasing, and for a float64 value v, rodd53(v) = v; so
+when lo and hi give the same fp32 value, S gives it too, and that is returned. Otherwise
+(S lies within about n u of a point where the fp32 result changes) the exact round-to-odd
+sum decides, so the result is the reference's bits in every case, on every machine.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .sums import round_to_odd_sum
+from ..formats import FP32
+from ..rounding import round_to
+
+__all__ = ["global_norm", "exact_global_norm"]
+
+_U = 2.0 ** -53
+
+
+def _fp32_sqrt(value: float) -> np.float32:
+    return np.float32(round_to(float(np.sqrt(value)), FP32))
+
+
+def _squares(grads) -> list[np.ndarray]:
+    out = []
+    for g in grads:
+        flat = np.asarray(g, np.float32).reshape(-1).astype(np.float64)
+        np.multiply(flat, flat, out=flat)
+        out.append(flat)
+    return out
+
+
+def _nonfinite(squares) -> np.float32 | None:
+    """NaN if any gradient is NaN, else inf if any is inf (as the reference), else None."""
+    bad = [sq for sq in squares if not np.isfinite(sq.sum())]
+    if not bad:
+        return None
+    return np.float32(np.nan if any(np.isnan(sq).any() for sq in bad) else np.inf)
+
+
+def exact_global_norm(grads) -> np.float32:
+    """The reference: the exact round-to-odd sum of all squares, no fast path."""
+    squares = _squares(grads)
+    special = _nonfinite(squares)
+    if special is not None:
+        return special
+    flat = np.concatenate(squares) if squares else np.zeros(0)
+    return _fp32_sqrt(round_to_odd_sum(flat.reshape(1, -1))[0])
+
+
+def global_norm(grads) -> np.float32:
+    """fp32 L2 norm of all gradients, the same bits as ``exact_global_norm``: a float64 sum
+    certified by an error bound when it decides the fp32 result, the exact sum otherwise."""
+    squares = _squares(grads)
+    n = sum(sq.size for sq in squares)
+    partial = [float(sq.sum()) for sq in squares]
+    total = float(np.sum(partial))
+    if not np.isfinite(total):  # finite squares cannot overflow: n 2**256 < float64 max
+        return _nonfinite(squares)
+    if n * _U < 0.25:
+        slack = 2.0 * n * _U * total
+        lo = max(np.nextafter(total - slack, -np.inf), 0.0)
+        hi = np.nextafter(total + slack, np.inf)
+        low = _fp32_sqrt(lo)
+        if low == _fp32_sqrt(hi):
+            return low
+    flat = np.concatenate(squares) if squares else np.zeros(0)
+    return _fp32_sqrt(round_to_odd_sum(flat.reshape(1, -1))[0])
