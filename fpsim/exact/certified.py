@@ -141,7 +141,10 @@ def lowest_bit_exponent(x: np.ndarray, axis: int) -> np.ndarray:
     cleared = bits - np.uint32(1)          # zeros wrap around; they are masked out below
     cleared &= bits
     low = bits.view(np.float32) - cleared.view(np.float32)      # exact (Sterbenz)
-    smallest = np.minimum.reduce(low, axis=axis, where=bits != 0, initial=np.inf)
+    if low.shape[axis] == 0:
+        return np.full(np.delete(low.shape, axis), 2000, np.int64)
+    # a plain where + min (not ufunc.reduce(where=, initial=)): every array library has both
+    smallest = np.where(bits != 0, low, np.float32(np.inf)).min(axis=axis)
     exponent = np.frexp(smallest)[1].astype(np.int64) - 1
     return np.where(np.isinf(smallest), 2000, exponent)
 
