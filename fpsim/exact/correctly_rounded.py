@@ -22,6 +22,7 @@ import numpy as np
 from ..formats import FP32
 from ..rounding import round_to
 from . import decimal_ref as ref
+from .certificate import certify
 from . import elementary as el
 
 __all__ = ["certified", "settle", "cr_exp", "cr_log", "cr_tanh", "cr_sigmoid", "cr_gelu",
@@ -40,12 +41,15 @@ def certified(v, bound, fmt):
     # the exact value) needs none: v -+ 0 is exact
     with np.errstate(invalid="ignore", over="ignore"):      # inf * 0: v = inf is decided
         e = np.abs(v) * np.where(bound > 0, bound + 2.0 ** -52, 0.0)
-        if fmt == FP32:    # NumPy's IEEE cast is round_to(., FP32) bit for bit, 10x faster
-            lo, hi = (v - e).astype(np.float32), (v + e).astype(np.float32)
-        else:
-            lo, hi = round_to(v - e, fmt), round_to(v + e, fmt)
-    # both NaN: both ends overflow a format without inf
-    return (lo == hi) | (np.isnan(lo) & np.isnan(hi)) | ~np.isfinite(v)
+    # the one interval certificate (``certificate.certify``); for FP32 its default end
+    # rounding is NumPy's IEEE cast, round_to(., FP32) bit for bit and 10x faster
+    round_end = None if fmt == FP32 else (lambda y: round_to(y, fmt))
+    lo, hi, same = certify(np.atleast_1d(v), np.atleast_1d(e), round_end=round_end)
+    # both NaN: both ends overflow a format without inf; v = -0 has e = 0 but -0 + 0 = +0,
+    # so a zero (exact: a zero input, or far below every format) is decided as it stands
+    v1 = np.atleast_1d(v)
+    decided = same | (np.isnan(lo) & np.isnan(hi)) | ~np.isfinite(v1) | (v1 == 0)
+    return decided.reshape(np.shape(v))
 
 
 def _rounds(y: float, fmt) -> float:
