@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..exact import scatter_sum
 from .context import current_policy
 from .numerics import container_of, contains, resolve, round_array, widest
 from .tensor import Tensor, as_tensor, record, register
@@ -101,9 +102,9 @@ def getitem(x: Tensor, index) -> Tensor:
     """NumPy indexing: ints, slices, ``None``, ``...``, integer or boolean arrays.
 
     Backward scatters the gradient into zeros (no rounding: each element receives at most one
-    value) except where integer-array indices may repeat (an embedding lookup): there the
-    repeated gradients are added in float64 in index order (``numpy.add.at``) and each total is
-    rounded once to ``x.grad_fmt``.
+    value) except where integer-array indices may repeat (an embedding lookup): there each
+    element's total is the exact sum of its repeated gradients (``fpsim.exact.scatter_sum``:
+    no order, so no atomics on any array library), rounded once to ``x.grad_fmt``.
     """
     if isinstance(index, Tensor):
         index = index.data.astype(np.int64)
@@ -116,8 +117,8 @@ def getitem(x: Tensor, index) -> Tensor:
 
     def backward(g, g_fmt):
         if advanced:
-            full = np.zeros(x.shape, np.float64)
-            np.add.at(full, index, g)
+            targets = np.arange(x.size).reshape(x.shape)[index]
+            full = scatter_sum(targets, g, x.size).reshape(x.shape)
             return (round_array(full, x.grad_fmt),)
         full = np.zeros(x.shape, g.dtype)
         full[index] = g

@@ -17,6 +17,8 @@ its thread count.
   exact sums for the elements it cannot certify (``exact_matmul``, ``exact_rows_sum``).
 - ``fast_matmul.py``: the ``exact(fp32)`` 2-D fast path, certified straight to the output
   format (``matmul_2d``, ``round_out``).
+- ``scatter.py``: scatter-add with exact, order-free totals (``scatter_sum``), the
+  gradient of a gather with repeated indices.
 - ``sums.py``: exact sums of float64 terms with integer limbs, rounded to odd
   (``round_to_odd_sum``).
 - ``block_fma.py``: the ``blocked`` model's multi-term fused additions (NVIDIA tensor cores).
@@ -45,6 +47,7 @@ from .certificate import certify, error_factor, sums_exactly, width_factor
 from .certified import exact_matmul, exact_rows_sum
 from .fast_matmul import matmul_2d, round_out
 from .odd import add_round_to_odd, round_to_odd
+from .scatter import scatter_sum
 from .sums import round_to_odd_sum
 from .norm import exact_global_norm, global_norm
 from .underflow import UnderflowCount, count_gradient_underflow
@@ -57,6 +60,7 @@ __all__ = ["accumulation", "underflow", "Accumulation", "exact", "sequential", "
            "tensor_core", "get_accumulation", "matmul", "reduce_sum", "exact_matmul",
            "exact_rows_sum", "error_factor", "width_factor", "certify", "sums_exactly",
            "matmul_2d", "round_out", "round_to_odd", "add_round_to_odd", "round_to_odd_sum",
+           "scatter_sum",
            "UnderflowCount", "count_gradient_underflow", "global_norm", "exact_global_norm",
            "FALLBACK_COUNT", "certified", "cr_cross_entropy", "cr_exp", "cr_gelu", "cr_log",
            "cr_log_softmax", "cr_sigmoid", "cr_softmax", "cr_tanh", "log_softmax64", "row_terms",
