@@ -1,8 +1,14 @@
 """The array library the engine computes with: the one place its differences live.
 
-Everything above this layer (tensors, ops, layers) reaches the array library only through
-``xp`` and the helpers here, so another library with NumPy's interface (CuPy is planned) can be
-dropped in by changing this file alone. Today the backend is NumPy on the CPU.
+Today the backend is NumPy on the CPU, and this module is only the start of the seam: the
+tensor class creates and exports its arrays through ``asarray`` / ``to_numpy`` and containers
+come from ``CONTAINER``, but the exact-arithmetic kernels (``fpsim.exact``), the rounding
+kernels, the ops, the optimizers and the scalers still call NumPy directly. A second array
+library (CuPy, torch) needs those calls behind a kernel interface first; until then,
+``name`` is always ``"numpy"``. What is already independent of the array library: stochastic
+rounding's uniforms (Philox4x32-10 keyed by seed and element position,
+``fpsim.rounding.philox_uniforms``), the transcendentals (no libm, ``fpsim.exact``), and the
+gather gradient's scatter-add (exact totals, no order).
 
 Containers: a value of any fpsim ``Format`` lives in a float32 array (every format fits one
 exactly, see ``fpsim.formats``); the float64 reference mode of ``fpsim.autograd`` keeps float64
