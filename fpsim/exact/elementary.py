@@ -99,7 +99,12 @@ def exp_parts(y):
 
 
 def exp(y):
-    """exp(y) for float64 y within 3.5u (``EXP_BOUND``); inf, -inf, NaN as IEEE exp."""
+    """exp(y) for float64 y with |y| <= 400 within 3.5u (``EXP_BOUND``); inf, -inf, NaN as
+    IEEE exp. Beyond +-400 the argument is clamped to +-400: a proxy that overflows or
+    underflows every fpsim format (and float32) as the exact value does, but is not exp(y) in
+    float64 (exp(-760) gives exp(-400), not 0 as libm's float64 exp does). The backward
+    formulas that use it therefore see a tiny nonzero gradient, flushed by the rounding into
+    the gradient format and counted as underflow, where libm's exp gave an exact 0."""
     y = np.asarray(y, np.float64)
     finite = bool(np.isfinite(y).all())
     k, p = exp_parts(np.clip(y if finite else np.where(np.isfinite(y), y, 0.0), -_CLAMP, _CLAMP))
