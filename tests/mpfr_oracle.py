@@ -32,8 +32,10 @@ from fractions import Fraction
 from functools import lru_cache
 
 import gmpy2
+import numpy as np
 
 from fpsim.formats import Format, get
+from fpsim.rounding import round_to
 
 __all__ = ["mpfr_round", "stochastic_outcomes", "native_ieee_round", "DETERMINISTIC_MODES"]
 
@@ -153,3 +155,14 @@ def native_ieee_round(value: float, fmt: "Format | str", mode: str) -> float:
     if gmpy2.is_nan(rounded):
         return math.nan
     return float(rounded)
+
+
+def mpfr_rounded(exact, fmt):
+    """Each exact mpfr value rounded once to ``fmt`` (grid and subnormals by MPFR, overflow by
+    fpsim's rule, which the rounding tests above check separately), as float32."""
+    fmt = get(fmt)
+    ctx = gmpy2.context(precision=fmt.precision, emin=fmt.emin - fmt.man_bits + 1,
+                        emax=1 << 12, subnormalize=True)
+    with ctx:
+        grid = np.array([float(gmpy2.mpfr(v)) for v in exact], np.float64)
+    return round_to(grid, fmt).astype(np.float32)

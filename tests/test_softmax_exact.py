@@ -11,21 +11,13 @@ import pytest
 gmpy2 = pytest.importorskip("gmpy2")
 
 import fpsim.exact as fx  # noqa: E402
+from mpfr_oracle import mpfr_rounded  # noqa: E402
 from fpsim.autograd import Tensor, cross_entropy, use_policy  # noqa: E402
 from fpsim.formats import get  # noqa: E402
 from fpsim.rounding import round_to  # noqa: E402
 
 FORMATS = ("fp32", "fp16", "bf16")
 _CTX = gmpy2.context(precision=400)
-
-
-def _grid(values, fmt) -> np.ndarray:
-    fmt = get(fmt)
-    ctx = gmpy2.context(precision=fmt.precision, emin=fmt.emin - fmt.man_bits + 1,
-                        emax=1 << 12, subnormalize=True)
-    with ctx:
-        grid = np.array([float(gmpy2.mpfr(v)) for v in values], np.float64)
-    return round_to(grid, fmt).astype(np.float32)
 
 
 def _exact_rows(x):
@@ -65,9 +57,9 @@ def test_softmax_and_log_softmax(classes):
         logs = [di - lse for d, lse in exact for di in d]
     for fmt in FORMATS:
         f = get(fmt)
-        _same(round_to(fx.cr_softmax(x, 1, f), f), _grid(soft, fmt).reshape(x.shape),
+        _same(round_to(fx.cr_softmax(x, 1, f), f), mpfr_rounded(soft, fmt).reshape(x.shape),
               f"softmax {fmt}")
-        _same(round_to(fx.cr_log_softmax(x, 1, f), f), _grid(logs, fmt).reshape(x.shape),
+        _same(round_to(fx.cr_log_softmax(x, 1, f), f), mpfr_rounded(logs, fmt).reshape(x.shape),
               f"log_softmax {fmt}")
 
 
@@ -91,7 +83,7 @@ def test_cross_entropy(reduction):
         for fmt in FORMATS:
             f = get(fmt)
             got = round_to(np.atleast_1d(fx.cr_cross_entropy(x, labels, reduction, f)), f)
-            _same(got, _grid(want, fmt), f"cross_entropy {reduction} {fmt} trial {trial}")
+            _same(got, mpfr_rounded(want, fmt), f"cross_entropy {reduction} {fmt} trial {trial}")
 
 
 def test_ops_round_the_correctly_rounded_values():
@@ -120,7 +112,7 @@ def test_the_fallback_row_path():
     _, _, e, t, _, _, top = fx.row_terms(x.astype(np.float64))
     v = fx.settle_rows(x.astype(np.float64), e / (top + t), ok, f, "softmax")
     assert fx.FALLBACK_COUNT["elements"] - before == x.size
-    _same(round_to(v, f), _grid(soft, "fp32").reshape(x.shape), "settled softmax")
+    _same(round_to(v, f), mpfr_rounded(soft, "fp32").reshape(x.shape), "settled softmax")
 
 
 def test_non_finite_rows_give_the_nans_they_gave_before():

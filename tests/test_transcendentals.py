@@ -19,6 +19,7 @@ import pytest
 gmpy2 = pytest.importorskip("gmpy2")
 
 import fpsim.exact as fx  # noqa: E402
+from mpfr_oracle import mpfr_rounded  # noqa: E402
 from fpsim.autograd import Tensor, use_policy  # noqa: E402
 from fpsim.exact import elementary as el  # noqa: E402
 from fpsim.exact.decimal_ref import dexp, dgelu, dln, dsigmoid, dtanh  # noqa: E402
@@ -95,16 +96,6 @@ def exact_values(name, x, precision=200):
     fn = EXACT[name]
     with ctx:
         return [fn(gmpy2.mpfr(v)) for v in x.tolist()]
-
-
-def mpfr_rounded(exact, fmt) -> np.ndarray:
-    """Each exact mpfr rounded once to fmt (grid and subnormals by MPFR, overflow by the rule)."""
-    fmt = get(fmt)
-    ctx = gmpy2.context(precision=fmt.precision, emin=fmt.emin - fmt.man_bits + 1,
-                        emax=1 << 12, subnormalize=True)
-    with ctx:
-        grid = np.array([float(gmpy2.mpfr(v)) for v in exact], np.float64)
-    return round_to(grid, fmt).astype(np.float32)
 
 
 def ours(name, x, fmt) -> np.ndarray:
