@@ -1,6 +1,7 @@
 """fpsim: a bit-exact NumPy reference simulator of reduced-precision training.
 
-Layers, lowest first: ``formats`` (what a number type is), ``rounding`` (values to a format),
+Layers, lowest first: ``formats`` (what a number type is; beside it ``files``, atomic
+output files), ``rounding`` (values to a format),
 ``encoding`` (values to bit patterns and back), ``describe`` (a value taken apart, for
 teaching), ``backend`` (the array library), ``exact`` (exact dot products and sums rounded
 once, accumulation models, the gradient-underflow counter), ``autograd`` (tensors, ops,
@@ -9,7 +10,7 @@ scalers and framework presets), ``train`` (traces, checkpoints); above them ``ex
 ``plots``, ``conformance`` and ``cli``. A module imports only from its own layer or lower
 ones (``tests/test_layers.py``).
 """
-from . import autograd, backend, conformance, exact, formats, nn, optim, scaling
+from . import autograd, backend, conformance, exact, files, formats, nn, optim, scaling
 from .autograd import (FP64, Policy, Tensor, current_policy, enable_grad, get_policy,
                        is_grad_enabled, no_grad, set_default_policy, use_policy)
 from ._version import __version__
@@ -22,7 +23,7 @@ from .scaling import DynamicScaler, LossScaleMinimumError, NoScaler, ScalerState
 
 __all__ = ["__version__", "formats", "Format", "custom", "round_to", "MODES", "encode",
            "decode", "describe", "Description", "scaling", "ScalerState", "DynamicScaler",
-           "StaticScaler", "NoScaler", "LossScaleMinimumError", "autograd", "backend", "exact",
+           "StaticScaler", "NoScaler", "LossScaleMinimumError", "autograd", "backend", "exact", "files",
            "nn", "optim", "Tensor", "Policy", "get_policy", "use_policy", "current_policy",
            "set_default_policy", "no_grad", "enable_grad", "is_grad_enabled", "FP64",
            "Optimizer", "SGD", "Adam", "AdamW", "conformance"]

@@ -4,7 +4,7 @@ import importlib
 
 import pytest
 
-MODULES = ["fpsim.formats", "fpsim.rounding", "fpsim.encoding", "fpsim.describe",
+MODULES = ["fpsim.formats", "fpsim.files", "fpsim.rounding", "fpsim.encoding", "fpsim.describe",
            "fpsim.train.trace", "fpsim.train.checkpoint", "fpsim.optim.arith",
            "fpsim.optim.rules", "fpsim.optim.optimizer", "fpsim.exact", "fpsim.exact.underflow",
            "fpsim.exact.accumulation", "fpsim.exact.sums", "fpsim.exact.odd",

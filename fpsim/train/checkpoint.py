@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import zipfile
 from pathlib import Path
 
 import numpy as np
+
+from ..files import atomic_file
 
 __all__ = ["save_checkpoint", "load_checkpoint", "CheckpointError", "CHECKPOINT_VERSION"]
 
@@ -43,15 +44,8 @@ def save_checkpoint(path: "str | os.PathLike", arrays: dict[str, np.ndarray], me
         raise TypeError(f"checkpoint metadata must be JSON-serialisable: {err}") from None
     payload = {name: np.asarray(value) for name, value in arrays.items()}
     payload[_META_KEY] = np.frombuffer(meta_text.encode("utf-8"), dtype=np.uint8)
-    directory = path.parent if str(path.parent) else Path(".")
-    fd, temp_name = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            np.savez(handle, **payload)
-        os.replace(temp_name, path)
-    except BaseException:
-        Path(temp_name).unlink(missing_ok=True)
-        raise
+    with atomic_file(path, "wb") as handle:
+        np.savez(handle, **payload)
 
 
 def load_checkpoint(path: "str | os.PathLike") -> tuple[dict[str, np.ndarray], dict]:
