@@ -7,17 +7,18 @@ untouched and no temporary behind, so a figure, summary, trace or checkpoint on 
 one that was finished.
 
 >>> import os, tempfile
+>>> from pathlib import Path
 >>> folder = tempfile.mkdtemp()
 >>> target = os.path.join(folder, "summary.json")
 >>> write_text(target, '{"ok": true}\\n')
->>> open(target).read()
+>>> Path(target).read_text()
 '{"ok": true}\\n'
 >>> with atomic_file(target, "w") as handle:
 ...     _ = handle.write("half")
 ...     raise KeyboardInterrupt
 Traceback (most recent call last):
 KeyboardInterrupt
->>> open(target).read(), sorted(os.listdir(folder))
+>>> Path(target).read_text(), sorted(os.listdir(folder))
 ('{"ok": true}\\n', ['summary.json'])
 """
 from __future__ import annotations
