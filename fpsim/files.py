@@ -15,9 +15,9 @@ one that was finished.
 '{"ok": true}\\n'
 >>> with atomic_file(target, "w") as handle:
 ...     _ = handle.write("half")
-...     raise KeyboardInterrupt
+...     raise RuntimeError("interrupted")
 Traceback (most recent call last):
-KeyboardInterrupt
+RuntimeError: interrupted
 >>> Path(target).read_text(), sorted(os.listdir(folder))
 ('{"ok": true}\\n', ['summary.json'])
 """
