@@ -160,11 +160,14 @@ NANS = np.array([0x7FC00000, 0xFFC00000, 0x7FC12345, 0xFFD00001], np.uint32).vie
 
 
 def _old(name, x):
-    """The previous libm definitions of NaN results (kept bit for bit): a NaN input comes
-    out as itself (sigmoid: as -|x|), an invalid operation as x86's default NaN."""
+    """The documented NaN results (the previous libm ones, fixed bit for bit): a NaN input
+    comes out as itself (sigmoid: as -|x|), an invalid operation as x86's default NaN
+    (sign bit set), written out here, not asked of this machine's libm: NumPy 2.4's SIMD log
+    gives +NaN for log(-1) where glibc gave -NaN."""
     with np.errstate(invalid="ignore"):
         d = x.astype(np.float64)
-        old = {"exp": d, "log": np.where(np.isnan(d), d, np.log(d)), "tanh": d,
+        x86_default_nan = np.uint64(0xFFF8000000000000).view(np.float64)
+        old = {"exp": d, "log": np.where(np.isnan(d), d, x86_default_nan), "tanh": d,
                "gelu": np.where(np.isnan(d), d, d * 0.0), "sigmoid": -np.abs(d)}[name]
     return round_to(old, get("fp32")).astype(np.float32)
 
