@@ -14,7 +14,7 @@ float64 reference mode they are plain float64 NumPy sums.
 """
 from __future__ import annotations
 
-import numpy as np
+from ..backend import xp
 
 from ..exact.accumulation import get_accumulation
 from ..exact.accumulation import matmul as _acc_matmul
@@ -33,18 +33,18 @@ def accumulation_model(accumulation):
 
 def acc_matmul(a, b, fmt, model):
     """a @ b with ``model`` accumulation, rounded to ``fmt`` (float64 in the reference mode)."""
-    if fmt is FP64 or a.dtype == np.float64 or b.dtype == np.float64:
-        return round_array(np.matmul(a.astype(np.float64, copy=False),
-                                     b.astype(np.float64, copy=False)), fmt)
+    if fmt is FP64 or a.dtype == xp.float64 or b.dtype == xp.float64:
+        return round_array(xp.matmul(a.astype(xp.float64, copy=False),
+                                     b.astype(xp.float64, copy=False)), fmt)
     return _acc_matmul(a, b, out_fmt=fmt, model=model)
 
 
 def acc_sum(x, axis, keepdims, fmt, model):
     """sum(x, axis) with ``model`` accumulation, rounded to ``fmt``."""
-    if fmt is FP64 or x.dtype == np.float64:
-        return round_array(np.asarray(np.sum(x, axis=axis, keepdims=keepdims,
-                                             dtype=np.float64)), fmt)
-    return np.asarray(_acc_sum(x, axis=axis, keepdims=keepdims, out_fmt=fmt, model=model))
+    if fmt is FP64 or x.dtype == xp.float64:
+        return round_array(xp.asarray(xp.sum(x, axis=axis, keepdims=keepdims,
+                                             dtype=xp.float64)), fmt)
+    return xp.asarray(_acc_sum(x, axis=axis, keepdims=keepdims, out_fmt=fmt, model=model))
 
 
 def sum_to_shape(g, shape, fmt, model):

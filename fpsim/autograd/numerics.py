@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import numpy as np
+from ..backend import xp
 
 from .. import backend
 from ..exact import underflow
 from ..formats import FP16, FP32, Format, get
-from ..rounding import round_to
+from ..backend import round_to
 
 __all__ = ["FP64", "Float64Reference", "resolve", "round_array", "contains", "widest",
            "container_of"]
@@ -62,7 +62,7 @@ def resolve(fmt) -> "Format | Float64Reference":
 
 
 def container_of(fmt):
-    return np.float64 if fmt is FP64 else backend.CONTAINER
+    return xp.float64 if fmt is FP64 else backend.CONTAINER
 
 
 def round_array(x, fmt):
@@ -74,27 +74,27 @@ def round_array(x, fmt):
     with ``round_to``.
     """
     if fmt is FP64:
-        return x.astype(np.float64, copy=False)
-    if x.dtype == np.float32:
+        return x.astype(xp.float64, copy=False)
+    if x.dtype == xp.float32:
         if fmt is FP32 or fmt == FP32:
             return x
-    elif x.dtype == np.float64:
+    elif x.dtype == xp.float64:
         if fmt is FP32 or fmt == FP32:
-            with np.errstate(over="ignore"):
-                out = x.astype(np.float32)
+            with xp.errstate(over="ignore"):
+                out = x.astype(xp.float32)
             underflow.note(x, out)
             return out
     else:
         raise TypeError(f"round_array takes float32/float64 arrays, got {x.dtype}")
     if x.size < _SMALL and (fmt is FP16 or fmt == FP16):
-        with np.errstate(over="ignore", invalid="ignore"):
-            out = x.astype(np.float16).astype(np.float32)
-        nans = np.isnan(out)
+        with xp.errstate(over="ignore", invalid="ignore"):
+            out = x.astype(xp.float16).astype(xp.float32)
+        nans = xp.isnan(out)
         if nans.any():  # NumPy's NaN payloads differ from round_to's rule: let it decide
             out[nans] = round_to(x[nans], fmt)
     else:
         out = round_to(x, fmt)
-        out = out if out.dtype == np.float32 else out.astype(np.float32)
+        out = out if out.dtype == xp.float32 else out.astype(xp.float32)
     underflow.note(x, out)
     return out
 

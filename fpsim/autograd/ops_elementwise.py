@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from numbers import Real
 
-import numpy as np
+from ..backend import xp
 
 from .numerics import FP64, round_array
 from ..exact import cr_exp, cr_gelu, cr_log, cr_sigmoid, cr_tanh
@@ -46,7 +46,7 @@ __all__ = ["add", "sub", "mul", "div", "neg", "pow", "exp", "log", "sqrt", "tanh
 
 def _is_scalar(v) -> bool:
     return isinstance(v, Real) and not isinstance(v, bool) or (
-        isinstance(v, np.generic) and v.dtype.kind in "fiu")
+        isinstance(v, xp.generic) and v.dtype.kind in "fiu")
 
 
 def _opmath(data, scalar):
@@ -56,7 +56,7 @@ def _opmath(data, scalar):
 
 def _broadcast_shape(a, b, op):
     try:
-        return np.broadcast_shapes(a.shape, b.shape)
+        return xp.broadcast_shapes(a.shape, b.shape)
     except ValueError:
         raise ValueError(f"{op}: shapes {a.shape} and {b.shape} do not broadcast") from None
 
@@ -69,13 +69,13 @@ def _binary(op, a, b, forward, grad_a, grad_b, exact_grads=False):
         return _with_scalar(op, a, b, forward, grad_a, grad_b, exact_grads)
     fmt, (a, b) = operands("elementwise", a, b)
     _broadcast_shape(a, b, op)
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+    with xp.errstate(over="ignore", invalid="ignore", divide="ignore"):
         out = round_array(forward(a.data, b.data), fmt)
     model = _model(None)
 
     def backward(g, g_fmt):
         ga = gb = None
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        with xp.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
             if a.requires_grad:
                 full = _grad_array(grad_a(g, a.data, b.data, out), g_fmt, a, exact_grads)
                 ga = _unbroadcast(full, a.shape, a.grad_fmt, model)
@@ -101,38 +101,38 @@ def _with_scalar(op, a, b, forward, grad_a, grad_b, exact_grads):
     fmt, (x,) = operands("elementwise", x)
     s = _opmath(x.data, scalar)
     args = (s, x.data) if scalar_first else (x.data, s)
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        out = round_array(np.asarray(forward(*args), x.data.dtype), fmt)
+    with xp.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        out = round_array(xp.asarray(forward(*args), x.data.dtype), fmt)
     grad = grad_b if scalar_first else grad_a
 
     def backward(g, g_fmt):
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-            value = np.asarray(grad(g, *args, out))
+        with xp.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+            value = xp.asarray(grad(g, *args, out))
             if value.shape != x.shape:
-                value = np.broadcast_to(value, x.shape)
+                value = xp.broadcast_to(value, x.shape)
             return (_grad_array(value, g_fmt, x, exact_grads),)
 
     return record(out, fmt, (x,), backward, op)
 
 
 def _f64(x):
-    return np.asarray(x, np.float64)
+    return xp.asarray(x, xp.float64)
 
 
 def add(a, b) -> Tensor:
-    return _binary("add", a, b, np.add, lambda g, x, y, o: g, lambda g, x, y, o: g, True)
+    return _binary("add", a, b, xp.add, lambda g, x, y, o: g, lambda g, x, y, o: g, True)
 
 
 def sub(a, b) -> Tensor:
-    return _binary("sub", a, b, np.subtract, lambda g, x, y, o: g, lambda g, x, y, o: -g, True)
+    return _binary("sub", a, b, xp.subtract, lambda g, x, y, o: g, lambda g, x, y, o: -g, True)
 
 
 def mul(a, b) -> Tensor:
-    return _binary("mul", a, b, np.multiply, lambda g, x, y, o: g * y, lambda g, x, y, o: g * x)
+    return _binary("mul", a, b, xp.multiply, lambda g, x, y, o: g * y, lambda g, x, y, o: g * x)
 
 
 def div(a, b) -> Tensor:
-    return _binary("div", a, b, np.divide, lambda g, x, y, o: g / y,
+    return _binary("div", a, b, xp.divide, lambda g, x, y, o: g / y,
                    lambda g, x, y, o: -_f64(g) * _f64(x) / (_f64(y) * _f64(y)))
 
 
@@ -143,7 +143,7 @@ def _unary(op, x, category, forward, grad, *, exact=False, correctly_rounded=Non
     ``correctly_rounded(data, fmt)``: a float64 proxy that rounds to the correctly rounded
     result (``fpsim.exact``); ``forward`` then serves the float64 reference mode only."""
     fmt, (x,) = operands(category, x)
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+    with xp.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
         if correctly_rounded is not None and fmt is not FP64:
             value = correctly_rounded(x.data, fmt)
         else:
@@ -151,14 +151,14 @@ def _unary(op, x, category, forward, grad, *, exact=False, correctly_rounded=Non
         out = convert(value, x.fmt, fmt) if exact else round_array(value, fmt)
 
     def backward(g, g_fmt):
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        with xp.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
             return (_grad_array(grad(g, x.data, out), g_fmt, x, exact),)
 
     return record(out, fmt, (x,), backward, op)
 
 
 def neg(x) -> Tensor:
-    return _unary("neg", x, "elementwise", np.negative, lambda g, d, o: -g, exact=True)
+    return _unary("neg", x, "elementwise", xp.negative, lambda g, d, o: -g, exact=True)
 
 
 def relu(x) -> Tensor:
@@ -171,22 +171,22 @@ def relu(x) -> Tensor:
 
 
 def _relu_values(d):
-    return np.where(d < 0, d.dtype.type(0), d)
+    return xp.where(d < 0, d.dtype.type(0), d)
 
 
 def _zero_where_nonpositive(o, g):
     """``np.where(o <= 0, +0, g)`` bit for bit (inf and NaN in g included), as an AND with an
     all-ones / all-zeros mask: five times faster than ``np.where`` on float32."""
-    if g.dtype != np.float32 or g.shape != o.shape:
-        return np.where(o <= 0, g.dtype.type(0), g)
-    mask = np.less_equal(o, 0).astype(np.uint32)
+    if g.dtype != xp.float32 or g.shape != o.shape:
+        return xp.where(o <= 0, g.dtype.type(0), g)
+    mask = xp.less_equal(o, 0).astype(xp.uint32)
     mask -= 1                                        # 1 -> 0, 0 -> 0xFFFFFFFF
-    return np.bitwise_and(g.view(np.uint32), mask, out=mask).view(np.float32)
+    return xp.bitwise_and(g.view(xp.uint32), mask, out=mask).view(xp.float32)
 
 
 def sqrt(x) -> Tensor:
     """IEEE float32 square root (correctly rounded), then one rounding to the format."""
-    return _unary("sqrt", x, "elementwise", np.sqrt,
+    return _unary("sqrt", x, "elementwise", xp.sqrt,
                   lambda g, d, o: _f64(g) / (2.0 * _f64(o)))
 
 
@@ -215,8 +215,8 @@ def pow(x, exponent) -> Tensor:
     if not _is_scalar(exponent):
         raise TypeError(f"pow takes a real scalar exponent, got {type(exponent).__name__}")
     p = float(exponent)
-    return _unary("pow", x, "wide", lambda d: np.power(_f64(d), p),
-                  lambda g, d, o: _f64(g) * p * np.power(_f64(d), p - 1.0))
+    return _unary("pow", x, "wide", lambda d: xp.power(_f64(d), p),
+                  lambda g, d, o: _f64(g) * p * xp.power(_f64(d), p - 1.0))
 
 
 def tanh(x) -> Tensor:

@@ -20,7 +20,7 @@ array([-0.05960146,  0.05960146], dtype=float32)
 """
 from __future__ import annotations
 
-import numpy as np
+from ..backend import xp
 
 from ..exact import cr_cross_entropy
 from ..exact import elementary as f64
@@ -36,9 +36,9 @@ _REDUCTIONS = ("mean", "sum", "none")
 
 def _reduce(values, reduction):
     if reduction == "mean":
-        return np.asarray(values.mean())
+        return xp.asarray(values.mean())
     if reduction == "sum":
-        return np.asarray(values.sum())
+        return xp.asarray(values.sum())
     return values
 
 
@@ -50,10 +50,10 @@ def _check_reduction(reduction, op):
 def _labels(labels, n, classes):
     if isinstance(labels, Tensor):
         labels = labels.data
-    labels = np.asarray(labels)
+    labels = xp.asarray(labels)
     if labels.dtype.kind not in "iu":
-        if labels.dtype.kind == "f" and labels.size and np.all(labels == np.round(labels)):
-            labels = labels.astype(np.int64)
+        if labels.dtype.kind == "f" and labels.size and xp.all(labels == xp.round(labels)):
+            labels = labels.astype(xp.int64)
         else:
             raise TypeError(f"cross_entropy: labels must be integers, got dtype {labels.dtype}")
     if labels.shape != (n,):
@@ -62,7 +62,7 @@ def _labels(labels, n, classes):
     if labels.size and (labels.min() < 0 or labels.max() >= classes):
         raise ValueError(f"cross_entropy: labels must lie in [0, {classes}), got values from "
                          f"{labels.min()} to {labels.max()}")
-    return labels.astype(np.intp)
+    return labels.astype(xp.intp)
 
 
 def cross_entropy(logits, labels, reduction: str = "mean") -> Tensor:
@@ -73,9 +73,9 @@ def cross_entropy(logits, labels, reduction: str = "mean") -> Tensor:
         raise ValueError(f"cross_entropy: logits must be (N, C), got shape {logits.shape}")
     n, classes = logits.shape
     labels = _labels(labels, n, classes)
-    rows = np.arange(n)
-    with np.errstate(invalid="ignore", under="ignore", over="ignore"):
-        logp = log_softmax_along(logits.data.astype(np.float64), 1)
+    rows = xp.arange(n)
+    with xp.errstate(invalid="ignore", under="ignore", over="ignore"):
+        logp = log_softmax_along(logits.data.astype(xp.float64), 1)
         if fmt is FP64:
             value = _reduce(-logp[rows, labels], reduction)
         else:
@@ -83,8 +83,8 @@ def cross_entropy(logits, labels, reduction: str = "mean") -> Tensor:
         out = round_array(value, fmt)
 
     def backward(g, g_fmt):
-        g64 = g.astype(np.float64)
-        with np.errstate(invalid="ignore", under="ignore", over="ignore"):
+        g64 = g.astype(xp.float64)
+        with xp.errstate(invalid="ignore", under="ignore", over="ignore"):
             d = f64.exp(logp)
             d[rows, labels] -= 1.0
             if reduction == "none":
@@ -103,14 +103,14 @@ def mse_loss(pred, target, reduction: str = "mean") -> Tensor:
     if pred.shape != target.shape:
         raise ValueError(f"mse_loss: prediction shape {pred.shape} != target shape "
                          f"{target.shape} (broadcasting is refused here on purpose)")
-    diff = pred.data.astype(np.float64) - target.data.astype(np.float64)
-    with np.errstate(over="ignore", under="ignore"):
+    diff = pred.data.astype(xp.float64) - target.data.astype(xp.float64)
+    with xp.errstate(over="ignore", under="ignore"):
         out = round_array(_reduce(diff * diff, reduction), fmt)
     n = max(diff.size, 1)
 
     def backward(g, g_fmt):
-        g64 = g.astype(np.float64)
-        with np.errstate(over="ignore", under="ignore"):
+        g64 = g.astype(xp.float64)
+        with xp.errstate(over="ignore", under="ignore"):
             d = 2.0 * diff * (g64 / n if reduction == "mean" else g64)
         dp = round_array(d, pred.grad_fmt) if pred.requires_grad else None
         dt = round_array(-d, target.grad_fmt) if target.requires_grad else None

@@ -23,7 +23,7 @@ In the float64 reference mode products are plain float64 ``numpy.matmul``.
 """
 from __future__ import annotations
 
-import numpy as np
+from ..backend import xp
 
 from ..exact import underflow
 from ..exact.accumulation import exact
@@ -42,7 +42,7 @@ def _fused_linear(x, weight, bias, fmt, model):
     model's 2-D fast path (same bits as acc_matmul to fp32, ``+=`` bias, round_array); None
     where it does not apply. While gradient underflow is being counted the general path runs,
     so the counter sees exactly its two roundings."""
-    if (x.dtype != np.float32 or weight.dtype != np.float32 or bias.dtype != np.float32
+    if (x.dtype != xp.float32 or weight.dtype != xp.float32 or bias.dtype != xp.float32
             or not isinstance(model, exact) or model.acc != FP32 or underflow.active()):
         return None
     out = matmul_2d(x.reshape(-1, x.shape[-1]), weight.T, fmt, bias, note=False)
@@ -58,7 +58,7 @@ def _check_matmul_shapes(a_shape, b_shape, op):
         raise ValueError(f"{op}: shapes {a_shape} and {b_shape}: inner dimensions "
                          f"{inner_a} and {inner_b} differ")
     try:
-        np.broadcast_shapes(a_shape[:-2], b_shape[:-2])
+        xp.broadcast_shapes(a_shape[:-2], b_shape[:-2])
     except ValueError:
         raise ValueError(f"{op}: batch dimensions of shapes {a_shape} and {b_shape} do not "
                          f"broadcast") from None
@@ -86,10 +86,10 @@ def matmul(a, b, *, accumulation=None) -> Tensor:
             g2 = g2[..., None]
         da = db = None
         if a.requires_grad:
-            da = acc_matmul(g2, np.swapaxes(b2, -1, -2), a.grad_fmt, model)
+            da = acc_matmul(g2, xp.swapaxes(b2, -1, -2), a.grad_fmt, model)
             da = sum_to_shape(da, a2.shape, a.grad_fmt, model).reshape(a.shape)
         if b.requires_grad:
-            db = acc_matmul(np.swapaxes(a2, -1, -2), g2, b.grad_fmt, model)
+            db = acc_matmul(xp.swapaxes(a2, -1, -2), g2, b.grad_fmt, model)
             db = sum_to_shape(db, b2.shape, b.grad_fmt, model).reshape(b.shape)
         return da, db
 
@@ -117,12 +117,12 @@ def linear(x, weight, bias=None, *, accumulation=None) -> Tensor:
     if bias is None:
         out = acc_matmul(x.data, weight.data.T, fmt, model)
     elif fmt is FP64:
-        out = np.matmul(x.data, weight.data.T) + bias.data
+        out = xp.matmul(x.data, weight.data.T) + bias.data
     elif (out := _fused_linear(x.data, weight.data, bias.data, fmt, model)) is not None:
         pass
     else:
         acc = acc_matmul(x.data, weight.data.T, FP32, model)
-        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN, as in IEEE
+        with xp.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN, as in IEEE
             acc += bias.data  # float32 addition: the epilogue's fp32 rounding
         out = round_array(acc, fmt)
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import builtins
 
-import numpy as np
+from ..backend import xp
 
 from ..exact import cr_log_softmax, cr_softmax, log_softmax64, softmax64
 from ..exact import elementary as f64
@@ -47,7 +47,7 @@ def _axes(x: Tensor, axis, op: str):
     """Normalised tuple of axes (all for None), with a clear error for bad ones."""
     if axis is None:
         return tuple(range(x.ndim))
-    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    axes = (axis,) if isinstance(axis, (int, xp.integer)) else tuple(axis)
     out = []
     for a in axes:
         if not -x.ndim <= a < _builtin_max(x.ndim, 1):
@@ -62,8 +62,8 @@ def _expand(g, x_shape, axes, keepdims):
     """The gradient of a reduction, with the reduced axes put back and broadcast to x."""
     if not keepdims:
         for a in sorted(axes):
-            g = np.expand_dims(g, a)
-    return np.broadcast_to(g, x_shape)
+            g = xp.expand_dims(g, a)
+    return xp.broadcast_to(g, x_shape)
 
 
 def sum(x, axis=None, keepdims: bool = False, *, accumulation=None) -> Tensor:  # noqa: A001
@@ -73,7 +73,7 @@ def sum(x, axis=None, keepdims: bool = False, *, accumulation=None) -> Tensor:  
     out = acc_sum(x.data, axes, keepdims, fmt, model)
 
     def backward(g, g_fmt):
-        return (convert(np.ascontiguousarray(_expand(g, x.shape, axes, keepdims)), g_fmt,
+        return (convert(xp.ascontiguousarray(_expand(g, x.shape, axes, keepdims)), g_fmt,
                         x.grad_fmt),)
 
     return record(out, fmt, (x,), backward, "sum")
@@ -82,18 +82,18 @@ def sum(x, axis=None, keepdims: bool = False, *, accumulation=None) -> Tensor:  
 def mean(x, axis=None, keepdims: bool = False, *, accumulation=None) -> Tensor:
     fmt, (x,) = operands("elementwise", x)
     axes = _axes(x, axis, "mean")
-    count = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+    count = int(xp.prod([x.shape[a] for a in axes], dtype=xp.int64))
     if count == 0:
         raise ValueError(f"mean over an empty axis of shape {x.shape}")
     acc_fmt = FP64 if fmt is FP64 else FP32
     total = acc_sum(x.data, axes, keepdims, acc_fmt, _model(accumulation))
-    with np.errstate(over="ignore", under="ignore"):
-        out = round_array(np.asarray(total / total.dtype.type(count)), fmt)
+    with xp.errstate(over="ignore", under="ignore"):
+        out = round_array(xp.asarray(total / total.dtype.type(count)), fmt)
 
     def backward(g, g_fmt):
-        with np.errstate(under="ignore"):
-            share = round_array(np.asarray(g / g.dtype.type(count)), x.grad_fmt)
-        return (np.ascontiguousarray(_expand(share, x.shape, axes, keepdims)),)
+        with xp.errstate(under="ignore"):
+            share = round_array(xp.asarray(g / g.dtype.type(count)), x.grad_fmt)
+        return (xp.ascontiguousarray(_expand(share, x.shape, axes, keepdims)),)
 
     return record(out, fmt, (x,), backward, "mean")
 
@@ -101,23 +101,23 @@ def mean(x, axis=None, keepdims: bool = False, *, accumulation=None) -> Tensor:
 def max(x, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
     """Largest element (``axis=None``) or largest along one int ``axis``."""
     fmt, (x,) = operands("elementwise", x)
-    if axis is not None and not isinstance(axis, (int, np.integer)):
+    if axis is not None and not isinstance(axis, (int, xp.integer)):
         raise ValueError(f"max takes axis=None or one int axis, got {axis!r}")
     if x.size == 0:
         raise ValueError(f"max of an empty tensor of shape {x.shape}")
     flat = x.data.reshape(-1) if axis is None else x.data
     ax = 0 if axis is None else _axes(x, axis, "max")[0]
-    index = np.expand_dims(np.argmax(flat, axis=ax), ax)
-    out = np.take_along_axis(flat, index, ax)
+    index = xp.expand_dims(xp.argmax(flat, axis=ax), ax)
+    out = xp.take_along_axis(flat, index, ax)
     if axis is None:
         out = out.reshape((1,) * x.ndim if keepdims else ())
     elif not keepdims:
-        out = np.squeeze(out, ax)
-    out = convert(np.ascontiguousarray(out), x.fmt, fmt)
+        out = xp.squeeze(out, ax)
+    out = convert(xp.ascontiguousarray(out), x.fmt, fmt)
 
     def backward(g, g_fmt):
-        full = np.zeros(flat.shape, g.dtype)
-        np.put_along_axis(full, index, g.reshape(index.shape), ax)
+        full = xp.zeros(flat.shape, g.dtype)
+        xp.put_along_axis(full, index, g.reshape(index.shape), ax)
         return (convert(full.reshape(x.shape), g_fmt, x.grad_fmt),)
 
     return record(out, fmt, (x,), backward, "max")
@@ -130,16 +130,16 @@ def _check_axis(x, axis, op):
 def softmax(x, axis: int = -1) -> Tensor:
     fmt, (x,) = operands("wide", x)
     ax = _check_axis(x, axis, "softmax")
-    with np.errstate(invalid="ignore", under="ignore"):
+    with xp.errstate(invalid="ignore", under="ignore"):
         if fmt is FP64:
             value = _along(softmax64, x.data, ax)
         else:
             value = cr_softmax(x.data, ax, fmt)
-        out = round_array(np.ascontiguousarray(value), fmt)
+        out = round_array(xp.ascontiguousarray(value), fmt)
 
     def backward(g, g_fmt):
-        y, g64 = out.astype(np.float64), g.astype(np.float64)
-        with np.errstate(invalid="ignore", under="ignore"):
+        y, g64 = out.astype(xp.float64), g.astype(xp.float64)
+        with xp.errstate(invalid="ignore", under="ignore"):
             return (round_array(y * (g64 - (g64 * y).sum(axis=ax, keepdims=True)),
                                 x.grad_fmt),)
 
@@ -148,9 +148,9 @@ def softmax(x, axis: int = -1) -> Tensor:
 
 def _along(rowwise, d, ax):
     """``rowwise`` (on (R, n) float64 rows) applied along axis ``ax`` of ``d``."""
-    moved = np.moveaxis(np.asarray(d, np.float64), ax, -1)
+    moved = xp.moveaxis(xp.asarray(d, xp.float64), ax, -1)
     rows = rowwise(moved.reshape(-1, moved.shape[-1]))
-    return np.moveaxis(rows.reshape(moved.shape), -1, ax)
+    return xp.moveaxis(rows.reshape(moved.shape), -1, ax)
 
 
 def log_softmax_along(d, ax):
@@ -161,17 +161,17 @@ def log_softmax_along(d, ax):
 def log_softmax(x, axis: int = -1) -> Tensor:
     fmt, (x,) = operands("wide", x)
     ax = _check_axis(x, axis, "log_softmax")
-    with np.errstate(invalid="ignore", under="ignore"):
+    with xp.errstate(invalid="ignore", under="ignore"):
         if fmt is FP64:
             value = log_softmax_along(x.data, ax)
         else:
             value = cr_log_softmax(x.data, ax, fmt)
-        out = round_array(np.ascontiguousarray(value), fmt)
+        out = round_array(xp.ascontiguousarray(value), fmt)
 
     def backward(g, g_fmt):
-        g64 = g.astype(np.float64)
-        with np.errstate(invalid="ignore", under="ignore"):
-            return (round_array(g64 - f64.exp(out.astype(np.float64))
+        g64 = g.astype(xp.float64)
+        with xp.errstate(invalid="ignore", under="ignore"):
+            return (round_array(g64 - f64.exp(out.astype(xp.float64))
                                 * g64.sum(axis=ax, keepdims=True), x.grad_fmt),)
 
     return record(out, fmt, (x,), backward, "log_softmax")

@@ -18,7 +18,7 @@ array([0.0010004, 0.0010004], dtype=float32)
 """
 from __future__ import annotations
 
-import numpy as np
+from ..backend import xp
 
 from ..exact import scatter_sum
 from .context import current_policy
@@ -90,7 +90,7 @@ def transpose(x: Tensor, *axes) -> Tensor:
     if sorted(a % max(x.ndim, 1) for a in axes) != list(range(x.ndim)):
         raise ValueError(f"transpose: axes {axes} are not a permutation of the {x.ndim} axes "
                          f"of shape {x.shape}")
-    inverse = np.argsort([a % x.ndim for a in axes])
+    inverse = xp.argsort([a % x.ndim for a in axes])
 
     def backward(g, g_fmt):
         return (convert(g.transpose(inverse), g_fmt, x.grad_fmt),)
@@ -107,24 +107,24 @@ def getitem(x: Tensor, index) -> Tensor:
     no order, so no atomics on any array library), rounded once to ``x.grad_fmt``.
     """
     if isinstance(index, Tensor):
-        index = index.data.astype(np.int64)
+        index = index.data.astype(xp.int64)
     try:
         data = x.data[index]
     except IndexError as err:
         raise IndexError(f"index into shape {x.shape}: {err}") from None
     parts = index if isinstance(index, tuple) else (index,)
-    advanced = any(isinstance(p, (np.ndarray, list)) for p in parts)
+    advanced = any(isinstance(p, (xp.ndarray, list)) for p in parts)
 
     def backward(g, g_fmt):
         if advanced:
-            targets = np.arange(x.size).reshape(x.shape)[index]
+            targets = xp.arange(x.size).reshape(x.shape)[index]
             full = scatter_sum(targets, g, x.size).reshape(x.shape)
             return (round_array(full, x.grad_fmt),)
-        full = np.zeros(x.shape, g.dtype)
+        full = xp.zeros(x.shape, g.dtype)
         full[index] = g
         return (convert(full, g_fmt, x.grad_fmt),)
 
-    return record(np.ascontiguousarray(data), x.fmt, (x,), backward, "getitem")
+    return record(xp.ascontiguousarray(data), x.fmt, (x,), backward, "getitem")
 
 
 def _join(tensors, axis, op):
@@ -134,8 +134,8 @@ def _join(tensors, axis, op):
     fmt = widest(*(t.fmt for t in tensors))
     arrays = [convert(t.data, t.fmt, fmt) for t in tensors]
     try:
-        data = np.concatenate(arrays, axis) if op == "concatenate" else np.stack(arrays, axis)
-    except (ValueError, np.exceptions.AxisError) as err:
+        data = xp.concatenate(arrays, axis) if op == "concatenate" else xp.stack(arrays, axis)
+    except ValueError as err:  # an axis out of range is a ValueError too
         raise ValueError(f"{op}: shapes {[t.shape for t in tensors]} along axis {axis}: "
                          f"{err}") from None
     return fmt, tensors, data
@@ -143,10 +143,10 @@ def _join(tensors, axis, op):
 
 def concatenate(tensors, axis: int = 0) -> Tensor:
     fmt, tensors, data = _join(list(tensors), axis, "concatenate")
-    bounds = np.cumsum([t.shape[axis] for t in tensors])[:-1]
+    bounds = xp.cumsum([t.shape[axis] for t in tensors])[:-1]
 
     def backward(g, g_fmt):
-        parts = np.split(g, bounds, axis=axis)
+        parts = xp.split(g, bounds, axis=axis)
         return tuple(convert(p, g_fmt, t.grad_fmt) for p, t in zip(parts, tensors))
 
     return record(data, fmt, tensors, backward, "concatenate")
@@ -156,8 +156,8 @@ def stack(tensors, axis: int = 0) -> Tensor:
     fmt, tensors, data = _join(list(tensors), axis, "stack")
 
     def backward(g, g_fmt):
-        parts = np.moveaxis(g, axis, 0)
-        return tuple(convert(np.ascontiguousarray(p), g_fmt, t.grad_fmt)
+        parts = xp.moveaxis(g, axis, 0)
+        return tuple(convert(xp.ascontiguousarray(p), g_fmt, t.grad_fmt)
                      for p, t in zip(parts, tensors))
 
     return record(data, fmt, tensors, backward, "stack")

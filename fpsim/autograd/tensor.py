@@ -36,7 +36,7 @@ array([2., 4., 6.], dtype=float32)
 """
 from __future__ import annotations
 
-import numpy as np
+from ..backend import xp
 
 from .. import backend
 from ..exact import underflow
@@ -79,13 +79,13 @@ class Tensor:
         fmt = policy.input if fmt is None else resolve(fmt)
         if isinstance(data, Tensor):
             data = data.data
-        array = np.asarray(data)
+        array = xp.asarray(data)
         if array.dtype.kind not in "fiub":
             raise TypeError(f"Tensor data must be real numbers, got dtype {array.dtype}")
-        if array.dtype not in (np.float32, np.float64):
-            array = array.astype(np.float64)
+        if array.dtype not in (xp.float32, xp.float64):
+            array = array.astype(xp.float64)
         rounded = round_array(array, fmt)
-        if rounded is array or np.shares_memory(rounded, array):
+        if rounded is array or xp.shares_memory(rounded, array):
             rounded = rounded.copy()
         self._init(backend.asarray(rounded, container_of(fmt)), fmt,
                    policy.grad or fmt, bool(requires_grad))
@@ -119,9 +119,9 @@ class Tensor:
     def __len__(self) -> int:
         return len(self.data)
 
-    def numpy(self) -> np.ndarray:
-        """The values as a NumPy array (a copy)."""
-        return np.array(backend.to_numpy(self.data))
+    def numpy(self):
+        """The values as a host NumPy array (a copy)."""
+        return backend.to_numpy(self.data).copy()
 
     def item(self) -> float:
         if self.data.size != 1:
@@ -131,7 +131,7 @@ class Tensor:
     def __repr__(self) -> str:
         grad = ", requires_grad=True" if self.requires_grad else ""
         op = f", op={self._op}" if self._op else ""
-        return f"Tensor({np.array2string(self.data, threshold=8)}, fmt={self.fmt}{grad}{op})"
+        return f"Tensor({backend.array_text(self.data)}, fmt={self.fmt}{grad}{op})"
 
     # --- autograd ---------------------------------------------------------------------------
     def detach(self) -> "Tensor":
@@ -169,14 +169,14 @@ class Tensor:
                     f"backward() on a non-scalar tensor of shape {self.shape} needs a seed "
                     f"gradient of that shape, e.g. t.backward(numpy.ones({self.shape})); or "
                     f"reduce to a scalar first (t.sum())")
-            seed = np.ones(self.shape, container_of(self.grad_fmt))
+            seed = xp.ones(self.shape, container_of(self.grad_fmt))
         else:
-            seed = grad.data if isinstance(grad, Tensor) else np.asarray(grad)
+            seed = grad.data if isinstance(grad, Tensor) else xp.asarray(grad)
             if seed.shape != self.shape:
                 raise ValueError(f"seed gradient shape {seed.shape} does not match the tensor's "
                                  f"shape {self.shape}")
-            if seed.dtype not in (np.float32, np.float64):
-                seed = seed.astype(np.float64)
+            if seed.dtype not in (xp.float32, xp.float64):
+                seed = seed.astype(xp.float64)
             seed = round_array(seed, self.grad_fmt)
         _run_backward(self, seed, retain_graph)
 

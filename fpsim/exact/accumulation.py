@@ -38,10 +38,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
+from ..backend import xp
 
 from ..formats import FP16, FP32, Format, get
-from ..rounding import MODES, round_to
+from ..backend import round_to
+from ..rounding import MODES
 from . import block_fma as blocks, underflow
 from .certified import exact_matmul, exact_rows_sum
 from .fast_matmul import matmul_2d, round_out
@@ -124,7 +125,7 @@ class blocked(Accumulation):  # noqa: N801
     input_format: Format | str | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.k, bool) or not isinstance(self.k, (int, np.integer)) or self.k < 1:
+        if isinstance(self.k, bool) or not isinstance(self.k, (int, xp.integer)) or self.k < 1:
             raise ValueError(f"blocked: k must be a positive int (products per block), "
                              f"got {self.k!r}")
         object.__setattr__(self, "k", int(self.k))
@@ -133,7 +134,7 @@ class blocked(Accumulation):  # noqa: N801
             _format_field(self, "input_format")
         if self.alignment_bits is not None and (
                 isinstance(self.alignment_bits, bool)
-                or not isinstance(self.alignment_bits, (int, np.integer))
+                or not isinstance(self.alignment_bits, (int, xp.integer))
                 or not 0 <= self.alignment_bits <= 40):
             raise ValueError(f"blocked: alignment_bits must be None or an int in 0..40, "
                              f"got {self.alignment_bits!r}")
@@ -153,10 +154,10 @@ class blocked(Accumulation):  # noqa: N801
             options.append(f"input={self.input_format.name}")
         return ":".join([f"blocked:{self.k}:{self.fmt.name}"] + options)
 
-    def block_fma(self, c, a, b) -> np.ndarray:
+    def block_fma(self, c, a, b) -> xp.ndarray:
         """One block: d = c + sum(a * b) over the last axis (length <= k), as this model
         computes it. c: float32 values in ``fmt``; a, b: float32, broadcast together."""
-        return blocks.block_fma(np.asarray(c), np.asarray(a), np.asarray(b), self)
+        return blocks.block_fma(xp.asarray(c), xp.asarray(a), xp.asarray(b), self)
 
     @classmethod
     def v100(cls, fmt="fp32") -> "blocked":
@@ -244,11 +245,11 @@ def get_accumulation(spec) -> Accumulation:
 
 # --- operand checks ----------------------------------------------------------------------
 
-def _operand(x, name: str) -> np.ndarray:
-    array = np.asarray(x)
-    if array.dtype == np.float16:
-        array = array.astype(np.float32)
-    if array.dtype != np.float32:
+def _operand(x, name: str) -> xp.ndarray:
+    array = xp.asarray(x)
+    if array.dtype == xp.float16:
+        array = array.astype(xp.float32)
+    if array.dtype != xp.float32:
         raise TypeError(f"{name} must be a float32 array holding format values (float16 is "
                         f"widened exactly), got dtype {array.dtype}; round with round_to and "
                         f"convert first")
@@ -257,7 +258,7 @@ def _operand(x, name: str) -> np.ndarray:
 
 # --- matmul ------------------------------------------------------------------------------
 
-def matmul(a, b, *, out_fmt, model: Accumulation | str = exact()) -> np.ndarray:
+def matmul(a, b, *, out_fmt, model: Accumulation | str = exact()) -> xp.ndarray:
     """``a @ b`` under an accumulation model; float32 in, float32 holding ``out_fmt`` values out.
 
     Shapes follow ``numpy.matmul``: a (..., M, K), b (..., K, N), batch dimensions broadcast;
@@ -277,7 +278,7 @@ def matmul(a, b, *, out_fmt, model: Accumulation | str = exact()) -> np.ndarray:
         raise ValueError(f"matmul: inner dimensions differ: a has shape {a.shape} "
                          f"(K={a2.shape[-1]}), b has shape {b.shape} (K={b2.shape[-2]})")
     try:
-        batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+        batch = xp.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
     except ValueError:
         raise ValueError(f"matmul: batch dimensions of a {a.shape} and b {b.shape} do not "
                          f"broadcast") from None
@@ -288,9 +289,9 @@ def matmul(a, b, *, out_fmt, model: Accumulation | str = exact()) -> np.ndarray:
         out = matmul_2d(a2.reshape(-1, k), b2, out_fmt)
         if out is not None:
             return _drop_vector_axes(out.reshape(a2.shape[:-1] + (n,)), a, b)
-    count = int(np.prod(batch, dtype=np.int64))
-    a3 = np.broadcast_to(a2, batch + (m, k)).reshape(count, m, k)
-    b3 = np.broadcast_to(b2, batch + (k, n)).reshape(count, k, n)
+    count = int(xp.prod(batch, dtype=xp.int64))
+    a3 = xp.broadcast_to(a2, batch + (m, k)).reshape(count, m, k)
+    b3 = xp.broadcast_to(b2, batch + (k, n)).reshape(count, k, n)
     acc = _accumulate_matmul(a3, b3, model)
     return _drop_vector_axes(_to_output(acc, out_fmt).reshape(batch + (m, n)), a, b)
 
@@ -303,11 +304,11 @@ def _drop_vector_axes(out, a, b):
     return out
 
 
-def _accumulate_matmul(a3: np.ndarray, b3: np.ndarray, model: Accumulation) -> np.ndarray:
+def _accumulate_matmul(a3: xp.ndarray, b3: xp.ndarray, model: Accumulation) -> xp.ndarray:
     """(nb, M, K) @ (nb, K, N) -> float64 (nb, M, N) holding accumulator-format values."""
     if isinstance(model, exact):
         return exact_matmul(a3, b3, model.acc)[0]
-    a64, b64 = a3.astype(np.float64), b3.astype(np.float64)
+    a64, b64 = a3.astype(xp.float64), b3.astype(xp.float64)
     shape = (a3.shape[0], a3.shape[1], b3.shape[2])
     if isinstance(model, sequential):
         return _sequential(lambda k: a64[:, :, k, None] * b64[:, None, k, :], a3.shape[2],
@@ -317,10 +318,10 @@ def _accumulate_matmul(a3: np.ndarray, b3: np.ndarray, model: Accumulation) -> n
     raise TypeError(f"unknown accumulation model {model!r}")
 
 
-def _to_output(acc: np.ndarray, out_fmt: Format) -> np.ndarray:
+def _to_output(acc: xp.ndarray, out_fmt: Format) -> xp.ndarray:
     # Accumulator values fit float32 exactly; the second rounding runs round_to's fast kernel.
-    with np.errstate(over="ignore", invalid="ignore"):
-        wide = acc.astype(np.float32)
+    with xp.errstate(over="ignore", invalid="ignore"):
+        wide = acc.astype(xp.float32)
     out = round_out(wide, out_fmt)      # round_to's bits; the identity for fp32
     underflow.note(wide, out)  # counts backward gradients lost to the output format
     return out
@@ -329,7 +330,7 @@ def _to_output(acc: np.ndarray, out_fmt: Format) -> np.ndarray:
 # --- reduce_sum --------------------------------------------------------------------------
 
 def reduce_sum(x, axis=None, keepdims: bool = False, *, out_fmt,
-               model: Accumulation | str = exact()) -> np.ndarray:
+               model: Accumulation | str = exact()) -> xp.ndarray:
     """Sum over ``axis`` (None: all; int or tuple) under an accumulation model.
 
     The reduced elements of each output are taken in C (index) order of the reduced axes:
@@ -341,10 +342,10 @@ def reduce_sum(x, axis=None, keepdims: bool = False, *, out_fmt,
     x = _operand(x, "reduce_sum: x")
     axes = _normalise_axes(axis, x.ndim)
     kept = [d for d in range(x.ndim) if d not in axes]
-    moved = np.transpose(x, kept + sorted(axes))
+    moved = xp.transpose(x, kept + sorted(axes))
     kept_shape = tuple(x.shape[d] for d in kept)
-    width = int(np.prod([x.shape[d] for d in axes], dtype=np.int64))
-    rows = np.ascontiguousarray(moved).reshape(int(np.prod(kept_shape, dtype=np.int64)), width)
+    width = int(xp.prod([x.shape[d] for d in axes], dtype=xp.int64))
+    rows = xp.ascontiguousarray(moved).reshape(int(xp.prod(kept_shape, dtype=xp.int64)), width)
     acc = _accumulate_rows(rows, model)
     out = _to_output(acc, out_fmt).reshape(kept_shape)
     if keepdims:
@@ -358,7 +359,7 @@ def _normalise_axes(axis, ndim: int) -> tuple[int, ...]:
     items = axis if isinstance(axis, tuple) else (axis,)
     out = []
     for item in items:
-        if isinstance(item, bool) or not isinstance(item, (int, np.integer)):
+        if isinstance(item, bool) or not isinstance(item, (int, xp.integer)):
             raise TypeError(f"reduce_sum: axis must be None, an int or a tuple of ints, "
                             f"got {axis!r}")
         if not -ndim <= item < ndim:
@@ -370,10 +371,10 @@ def _normalise_axes(axis, ndim: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _accumulate_rows(rows: np.ndarray, model: Accumulation) -> np.ndarray:
+def _accumulate_rows(rows: xp.ndarray, model: Accumulation) -> xp.ndarray:
     if isinstance(model, exact):
         return exact_rows_sum(rows, model.acc)[0]
-    x64 = rows.astype(np.float64)
+    x64 = rows.astype(xp.float64)
     if isinstance(model, sequential):
         return _sequential(lambda k: x64[:, k], rows.shape[1], (rows.shape[0],), model)
     if isinstance(model, blocked):
@@ -383,10 +384,10 @@ def _accumulate_rows(rows: np.ndarray, model: Accumulation) -> np.ndarray:
 
 # --- the sequential model ----------------------------------------------------------------
 
-def _sequential(term, count: int, shape: tuple, model: sequential) -> np.ndarray:
+def _sequential(term, count: int, shape: tuple, model: sequential) -> xp.ndarray:
     fmt = model.fmt
-    acc = np.zeros(shape, np.float64)
-    with np.errstate(over="ignore", invalid="ignore"):
+    acc = xp.zeros(shape, xp.float64)
+    with xp.errstate(over="ignore", invalid="ignore"):
         for k in range(count):
             p = term(k)
             if not model.fused:

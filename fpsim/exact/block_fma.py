@@ -33,50 +33,50 @@ every truncated term is -0 (IEEE addition of the terms).
 """
 from __future__ import annotations
 
-import numpy as np
+from ..backend import xp
 
 from ..formats import FP32
-from ..rounding import round_to
+from ..backend import round_to
 from .certificate import certify, width_factor
 from .sums import round_to_odd_sum
 
-_NO_EXPONENT = -np.inf
+_NO_EXPONENT = -xp.inf
 
 
-def exponents(x: np.ndarray, emin: int) -> np.ndarray:
+def exponents(x: xp.ndarray, emin: int) -> xp.ndarray:
     """max(floor(log2|x|), emin) as float64; -inf for zeros and non-finite values."""
-    with np.errstate(invalid="ignore"):
-        e = np.maximum(np.frexp(x)[1].astype(np.float64) - 1, emin)
-        return np.where((x == 0) | ~np.isfinite(x), _NO_EXPONENT, e)
+    with xp.errstate(invalid="ignore"):
+        e = xp.maximum(xp.frexp(x)[1].astype(xp.float64) - 1, emin)
+        return xp.where((x == 0) | ~xp.isfinite(x), _NO_EXPONENT, e)
 
 
-def block_step(acc: np.ndarray, terms: list, term_exps: list, model) -> np.ndarray:
+def block_step(acc: xp.ndarray, terms: list, term_exps: list, model) -> xp.ndarray:
     """One block on float64 arrays of one shape: acc (values of fmt), k terms with their
     alignment exponents. Returns the new accumulator (float64 values of fmt)."""
     fmt = model.fmt
-    with np.errstate(invalid="ignore", over="ignore"):
-        special = np.where(np.isfinite(acc), 0.0, acc)
+    with xp.errstate(invalid="ignore", over="ignore"):
+        special = xp.where(xp.isfinite(acc), 0.0, acc)
         for t in terms:
-            special = special + np.where(np.isfinite(t), 0.0, t)  # IEEE: NaN, +-inf, +inf-inf
-        acc_f = np.where(np.isfinite(acc), acc, 0.0)
-        finite_terms = [np.where(np.isfinite(t), t, 0.0) for t in terms]
+            special = special + xp.where(xp.isfinite(t), 0.0, t)  # IEEE: NaN, +-inf, +inf-inf
+        acc_f = xp.where(xp.isfinite(acc), acc, 0.0)
+        finite_terms = [xp.where(xp.isfinite(t), t, 0.0) for t in terms]
     if model.alignment_bits is None:
         rounded = _exact_block(acc_f, finite_terms, fmt, model.rounding)
     else:
         largest = exponents(acc_f, fmt.emin)
         for e in term_exps:
-            largest = np.maximum(largest, e)
-        largest = np.where(largest == _NO_EXPONENT, 0.0, largest)  # an all-zero block
-        quantum = np.ldexp(1.0, (largest - model.alignment_bits).astype(np.int64))
-        total = np.trunc(acc_f / quantum) * quantum
+            largest = xp.maximum(largest, e)
+        largest = xp.where(largest == _NO_EXPONENT, 0.0, largest)  # an all-zero block
+        quantum = xp.ldexp(1.0, (largest - model.alignment_bits).astype(xp.int64))
+        total = xp.trunc(acc_f / quantum) * quantum
         for t in finite_terms:
-            total = total + np.trunc(t / quantum) * quantum        # exact: integers < 2**53
-        with np.errstate(over="ignore", invalid="ignore"):
+            total = total + xp.trunc(t / quantum) * quantum        # exact: integers < 2**53
+        with xp.errstate(over="ignore", invalid="ignore"):
             rounded = round_to(total, fmt, model.rounding)
-    return np.where(np.isfinite(special), rounded, special)
+    return xp.where(xp.isfinite(special), rounded, special)
 
 
-def _exact_block(acc: np.ndarray, terms: list, fmt, mode: str) -> np.ndarray:
+def _exact_block(acc: xp.ndarray, terms: list, fmt, mode: str) -> xp.ndarray:
     """round(acc + sum(terms), fmt, mode) of the exact sum, finite float64 inputs.
 
     As in the exact model: the interval certificate (``certificate``, N = the float64 sum of
@@ -84,17 +84,17 @@ def _exact_block(acc: np.ndarray, terms: list, fmt, mode: str) -> np.ndarray:
     to odd, then rounded once.
     A sum of zeros comes out of float64 addition with IEEE's sign (-0 only if all are -0).
     """
-    total, magnitude = acc.copy(), np.abs(acc)
+    total, magnitude = acc.copy(), xp.abs(acc)
     for t in terms:
         total += t
-        magnitude += np.abs(t)
+        magnitude += xp.abs(t)
     _, rounded, certified = certify(total, magnitude * width_factor(len(terms) + 1),
                                     round_end=lambda x: round_to(x, fmt, mode))
     todo = ~certified
     if todo.any():
-        stacked = np.stack([acc[todo]] + [np.broadcast_to(t, acc.shape)[todo] for t in terms],
+        stacked = xp.stack([acc[todo]] + [xp.broadcast_to(t, acc.shape)[todo] for t in terms],
                            axis=-1)
-        with np.errstate(over="ignore", invalid="ignore"):
+        with xp.errstate(over="ignore", invalid="ignore"):
             rounded[todo] = round_to(round_to_odd_sum(stacked), fmt, mode)
     return rounded
 
@@ -103,14 +103,14 @@ def _input_emin(model) -> int:
     return (model.input_format or FP32).emin
 
 
-def blocked_matmul(a64: np.ndarray, b64: np.ndarray, model) -> np.ndarray:
+def blocked_matmul(a64: xp.ndarray, b64: xp.ndarray, model) -> xp.ndarray:
     """(nb, M, K) @ (nb, K, N) float64 (float32 values) under a ``blocked`` model."""
     nb, m, k = a64.shape
     n = b64.shape[2]
     emin = _input_emin(model)
     ea, eb = exponents(a64, emin), exponents(b64, emin)
-    acc = np.zeros((nb, m, n), np.float64)
-    with np.errstate(invalid="ignore"):
+    acc = xp.zeros((nb, m, n), xp.float64)
+    with xp.errstate(invalid="ignore"):
         for start in range(0, k, model.k):
             idx = range(start, min(start + model.k, k))
             terms = [a64[:, :, i, None] * b64[:, None, i, :] for i in idx]
@@ -119,32 +119,32 @@ def blocked_matmul(a64: np.ndarray, b64: np.ndarray, model) -> np.ndarray:
     return acc
 
 
-def blocked_rows(x64: np.ndarray, model) -> np.ndarray:
+def blocked_rows(x64: xp.ndarray, model) -> xp.ndarray:
     """Row sums of a (n, K) float64 array (float32 values) under a ``blocked`` model."""
     rows, k = x64.shape
     ex = exponents(x64, _input_emin(model))
-    acc = np.zeros(rows, np.float64)
+    acc = xp.zeros(rows, xp.float64)
     for start in range(0, k, model.k):
         idx = range(start, min(start + model.k, k))
         acc = block_step(acc, [x64[:, i] for i in idx], [ex[:, i] for i in idx], model)
     return acc
 
 
-def block_fma(c: np.ndarray, a: np.ndarray, b: np.ndarray, model) -> np.ndarray:
+def block_fma(c: xp.ndarray, a: xp.ndarray, b: xp.ndarray, model) -> xp.ndarray:
     """d = c + sum(a * b, axis=-1) for one block; float32 in (c in fmt), float32 out."""
     for name, x in (("c", c), ("a", a), ("b", b)):
-        if x.dtype != np.float32:
+        if x.dtype != xp.float32:
             raise TypeError(f"block_fma: {name} must be float32, got {x.dtype}")
-    a, b = np.broadcast_arrays(a, b)
+    a, b = xp.broadcast_arrays(a, b)
     if a.ndim == 0 or a.shape[-1] > model.k:
         raise ValueError(f"block_fma: the last axis holds the block's products and must have "
                          f"1..{model.k} entries, got shape {a.shape}")
-    shape = np.broadcast_shapes(c.shape, a.shape[:-1])
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    shape = xp.broadcast_shapes(c.shape, a.shape[:-1])
+    a64, b64 = a.astype(xp.float64), b.astype(xp.float64)
     emin = _input_emin(model)
     ea, eb = exponents(a64, emin), exponents(b64, emin)
-    with np.errstate(invalid="ignore"):
-        terms = [np.broadcast_to(a64[..., i] * b64[..., i], shape) for i in range(a.shape[-1])]
-    exps = [np.broadcast_to(ea[..., i] + eb[..., i], shape) for i in range(a.shape[-1])]
-    acc = np.broadcast_to(c.astype(np.float64), shape)
-    return block_step(acc, terms, exps, model).astype(np.float32)
+    with xp.errstate(invalid="ignore"):
+        terms = [xp.broadcast_to(a64[..., i] * b64[..., i], shape) for i in range(a.shape[-1])]
+    exps = [xp.broadcast_to(ea[..., i] + eb[..., i], shape) for i in range(a.shape[-1])]
+    acc = xp.broadcast_to(c.astype(xp.float64), shape)
+    return block_step(acc, terms, exps, model).astype(xp.float32)

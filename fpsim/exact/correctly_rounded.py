@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from decimal import Decimal, localcontext
 
-import numpy as np
+from ..backend import xp
 
 from ..formats import FP32
-from ..rounding import round_to
+from ..backend import round_to
 from . import decimal_ref as ref
 from .certificate import certify
 from . import elementary as el
@@ -36,24 +36,24 @@ def certified(v, bound, fmt):
     """Mask of elements of float64 ``v`` (relative error <= ``bound``, a scalar or array)
     whose rounding to ``fmt`` is decided. NaN and +-inf count as decided: the evaluations give
     them only where they are the exact result (inf input, log 0) or NaN."""
-    bound = np.asarray(bound, np.float64)
+    bound = xp.asarray(bound, xp.float64)
     # the 2**-52 covers the roundings of v -+ e; a zero bound (a proxy known to round like
     # the exact value) needs none: v -+ 0 is exact
-    with np.errstate(invalid="ignore", over="ignore"):      # inf * 0: v = inf is decided
-        e = np.abs(v) * np.where(bound > 0, bound + 2.0 ** -52, 0.0)
+    with xp.errstate(invalid="ignore", over="ignore"):      # inf * 0: v = inf is decided
+        e = xp.abs(v) * xp.where(bound > 0, bound + 2.0 ** -52, 0.0)
     # the one interval certificate (``certificate.certify``); for FP32 its default end
     # rounding is NumPy's IEEE cast, round_to(., FP32) bit for bit and 10x faster
     round_end = None if fmt == FP32 else (lambda y: round_to(y, fmt))
-    lo, hi, same = certify(np.atleast_1d(v), np.atleast_1d(e), round_end=round_end)
+    lo, hi, same = certify(xp.atleast_1d(v), xp.atleast_1d(e), round_end=round_end)
     # both NaN: both ends overflow a format without inf; v = -0 has e = 0 but -0 + 0 = +0,
     # so a zero (exact: a zero input, or far below every format) is decided as it stands
-    v1 = np.atleast_1d(v)
-    decided = same | (np.isnan(lo) & np.isnan(hi)) | ~np.isfinite(v1) | (v1 == 0)
-    return decided.reshape(np.shape(v))
+    v1 = xp.atleast_1d(v)
+    decided = same | (xp.isnan(lo) & xp.isnan(hi)) | ~xp.isfinite(v1) | (v1 == 0)
+    return decided.reshape(xp.shape(v))
 
 
 def _rounds(y: float, fmt) -> float:
-    return float(round_to(np.float64(y), fmt))
+    return float(round_to(xp.float64(y), fmt))
 
 
 def settle(value, fmt):
@@ -69,15 +69,15 @@ def settle(value, fmt):
     for digits in _DIGITS:
         r, eta = value(digits)
         y = float(r)
-        if not np.isfinite(y):
+        if not xp.isfinite(y):
             return y
         with localcontext() as ctx:
             ctx.prec = 2 * digits + 40          # exact enough for the comparisons below
             err = abs(r) * eta
             gap = r - Decimal(y)
-        if err * 4 >= Decimal(float(np.spacing(abs(y)))):
+        if err * 4 >= Decimal(float(xp.spacing(abs(y)))):
             continue
-        below, above = np.nextafter(y, -np.inf), np.nextafter(y, np.inf)
+        below, above = xp.nextafter(y, -xp.inf), xp.nextafter(y, xp.inf)
         if _rounds(below, fmt) == _rounds(above, fmt):
             return y
         if abs(gap) > err:
@@ -90,15 +90,15 @@ _CHUNK = 1 << 16   # elements per evaluation chunk: its float64 temporaries stay
 
 def _finish(x, evaluate, bound, fmt, dref):
     """Evaluate chunk by chunk, certify, settle the rest; ``bound`` scalar or per-element."""
-    x = np.asarray(x, np.float64)
+    x = xp.asarray(x, xp.float64)
     flat_x = x.reshape(-1)
-    v = np.empty(flat_x.shape, np.float64)
-    bounds = np.broadcast_to(np.asarray(bound, np.float64), x.shape).reshape(-1)
+    v = xp.empty(flat_x.shape, xp.float64)
+    bounds = xp.broadcast_to(xp.asarray(bound, xp.float64), x.shape).reshape(-1)
     for i in range(0, flat_x.size, _CHUNK):
         part = slice(i, i + _CHUNK)
         v[part] = evaluate(flat_x[part])
         ok = certified(v[part], bounds[part], fmt)
-        for j in np.flatnonzero(~ok) + i:
+        for j in xp.flatnonzero(~ok) + i:
             xj = float(flat_x[j])
             v[j] = settle(lambda d, xj=xj: dref(xj, d), fmt)
     return v.reshape(x.shape)
@@ -106,30 +106,30 @@ def _finish(x, evaluate, bound, fmt, dref):
 
 def cr_exp(x, fmt):
     """exp(x) correctly rounded to ``fmt``, as a float64 proxy (see module doc)."""
-    x = np.asarray(x, np.float64)
+    x = xp.asarray(x, xp.float64)
     return _finish(x, el.exp, el.EXP_BOUND, fmt, ref.dexp)
 
 
 def cr_log(x, fmt):
-    x = np.asarray(x, np.float64)
+    x = xp.asarray(x, xp.float64)
     return _finish(x, el.log, el.LOG_BOUND, fmt, ref.dln)
 
 
 def cr_tanh(x, fmt):
-    x = np.asarray(x, np.float64)
+    x = xp.asarray(x, xp.float64)
     return _finish(x, el.tanh, el.TANH_BOUND, fmt, ref.dtanh)
 
 
 def cr_sigmoid(x, fmt):
-    x = np.asarray(x, np.float64)
+    x = xp.asarray(x, xp.float64)
     return _finish(x, el.sigmoid, el.SIGMOID_BOUND, fmt, ref.dsigmoid)
 
 
 def cr_gelu(x, fmt):
-    x = np.asarray(x, np.float64)
+    x = xp.asarray(x, xp.float64)
     # x >= 10, x <= -20 and tiny |x| give proxies that round like the exact value
     # (``elementary``'s doc)
-    a = np.abs(x)
-    bound = np.where((x >= 10.0) | (x <= -20.0) | ((a < 2.0 ** -60) & (a > 0)), 0.0,
+    a = xp.abs(x)
+    bound = xp.where((x >= 10.0) | (x <= -20.0) | ((a < 2.0 ** -60) & (a > 0)), 0.0,
                      el.GELU_BOUND)
     return _finish(x, el.gelu, bound, fmt, ref.dgelu)

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import numpy as np
+from ..backend import xp
 
 __all__ = ["pow2", "exp_parts", "exp", "expm1_neg", "log", "log1p", "tanh", "sigmoid", "gelu",
            "gelu_tail_q", "normal_cdf", "normal_pdf", "EXP_BOUND", "LOG_BOUND", "LOG1P_BOUND", "TANH_BOUND",
@@ -60,7 +60,7 @@ SQRT_HALF = float.fromhex("0x1.6a09e667f3bcdp-1")
 INV_SQRT_2PI = float.fromhex("0x1.9884533d43651p-2")
 # invalid operations (log of x < 0, gelu(-inf) = -inf * 0) give x86's default NaN, sign bit
 # set, as NumPy's float64 functions did before
-DEFAULT_NAN = float(np.uint64(0xFFF8000000000000).view(np.float64))
+DEFAULT_NAN = float(xp.uint64(0xFFF8000000000000).view(xp.float64))
 _CLAMP = 400.0   # |y| beyond this: exp over/underflows every format by hundreds of binades
 
 
@@ -79,7 +79,7 @@ _ATANH_W = tuple(2 / (2 * i + 3) for i in range(11))
 
 
 def _horner(x, coeffs):
-    acc = np.full_like(x, coeffs[-1])
+    acc = xp.full_like(x, coeffs[-1])
     for c in coeffs[-2::-1]:
         acc *= x
         acc += c
@@ -88,12 +88,12 @@ def _horner(x, coeffs):
 
 def pow2(k):
     """2.0**k for integer-valued float64 k in [-1022, 1023], built from its bits (exact)."""
-    return ((k.astype(np.int64) + 1023) << 52).view(np.float64)
+    return ((k.astype(xp.int64) + 1023) << 52).view(xp.float64)
 
 
 def exp_parts(y):
     """(k, p) with exp(y) = 2**k (1 + p), p = expm1(r) within 1.5u; y float64, |y| <= 400."""
-    k = np.rint(y * LOG2E)
+    k = xp.rint(y * LOG2E)
     r = (y - k * LN2_HI) - k * LN2_LO
     return k, r + (r * r) * _horner(r, _EXPM1_Q)
 
@@ -105,21 +105,21 @@ def exp(y):
     float64 (exp(-760) gives exp(-400), not 0 as libm's float64 exp does). The backward
     formulas that use it therefore see a tiny nonzero gradient, flushed by the rounding into
     the gradient format and counted as underflow, where libm's exp gave an exact 0."""
-    y = np.asarray(y, np.float64)
-    finite = bool(np.isfinite(y).all())
-    k, p = exp_parts(np.clip(y if finite else np.where(np.isfinite(y), y, 0.0), -_CLAMP, _CLAMP))
+    y = xp.asarray(y, xp.float64)
+    finite = bool(xp.isfinite(y).all())
+    k, p = exp_parts(xp.clip(y if finite else xp.where(xp.isfinite(y), y, 0.0), -_CLAMP, _CLAMP))
     p += 1.0
     p *= pow2(k)
     if finite:
         return p
-    return np.where(np.isinf(y), np.where(y > 0, np.inf, 0.0), np.where(np.isnan(y), y, p))
+    return xp.where(xp.isinf(y), xp.where(y > 0, xp.inf, 0.0), xp.where(xp.isnan(y), y, p))
 
 
 def expm1_neg(y):
     """expm1(y) for float64 y <= 0 within 3u (finite y; clamped at -400)."""
-    k, p = exp_parts(np.maximum(y, -_CLAMP))
+    k, p = exp_parts(xp.maximum(y, -_CLAMP))
     scale = pow2(k)
-    return np.where(k == 0, p, (scale - 1.0) + scale * p)
+    return xp.where(k == 0, p, (scale - 1.0) + scale * p)
 
 
 def _log_mantissa(m):
@@ -137,45 +137,45 @@ def _atanh2(s):
 def log(x):
     """Natural log of float64 x within 5.3u (``LOG_BOUND``); 0 -> -inf, x < 0 -> DEFAULT_NAN,
     inf -> inf, NaN -> itself."""
-    x = np.asarray(x, np.float64)
-    bad = ~(x > 0) | np.isinf(x)
+    x = xp.asarray(x, xp.float64)
+    bad = ~(x > 0) | xp.isinf(x)
     any_bad = bool(bad.any())
-    m, e = np.frexp(np.where(bad, 1.0, x) if any_bad else x)
+    m, e = xp.frexp(xp.where(bad, 1.0, x) if any_bad else x)
     low = m < SQRT_HALF
     m *= low + 1.0                                   # exact doubling where low
-    e = (e - low).astype(np.float64)
+    e = (e - low).astype(xp.float64)
     out = e * LN2_HI + (_log_mantissa(m) + e * LN2_LO)
     if not any_bad:
         return out
-    special = np.where(x == 0, -np.inf, np.where(x == np.inf, np.inf,
-                                                   np.where(np.isnan(x), x, DEFAULT_NAN)))
-    return np.where(bad, special, out)
+    special = xp.where(x == 0, -xp.inf, xp.where(x == xp.inf, xp.inf,
+                                                   xp.where(xp.isnan(x), x, DEFAULT_NAN)))
+    return xp.where(bad, special, out)
 
 
 def log1p(t):
     """log(1 + t) for float64 t >= 0 within 9u (``LOG1P_BOUND``); inf -> inf."""
-    t = np.asarray(t, np.float64)
+    t = xp.asarray(t, xp.float64)
     small = t < 0.4
-    ts = np.where(small, t, 0.0)
-    return np.where(small, _atanh2(ts / (2.0 + ts)), log(1.0 + np.where(small, 0.0, t)))
+    ts = xp.where(small, t, 0.0)
+    return xp.where(small, _atanh2(ts / (2.0 + ts)), log(1.0 + xp.where(small, 0.0, t)))
 
 
 def tanh(x):
     """tanh of float64 x within 8u (``TANH_BOUND``); sign of zero kept, NaN -> itself."""
-    x = np.asarray(x, np.float64)
-    nan = np.isnan(x)
+    x = xp.asarray(x, xp.float64)
+    nan = xp.isnan(x)
     any_nan = bool(nan.any())
-    big = expm1_neg(-2.0 * np.minimum(np.abs(np.where(nan, 0.0, x) if any_nan else x), _CLAMP))
-    t = np.copysign(-big / (2.0 + big), x)
-    return np.where(nan, x, t) if any_nan else t
+    big = expm1_neg(-2.0 * xp.minimum(xp.abs(xp.where(nan, 0.0, x) if any_nan else x), _CLAMP))
+    t = xp.copysign(-big / (2.0 + big), x)
+    return xp.where(nan, x, t) if any_nan else t
 
 
 def sigmoid(x):
     """1 / (1 + exp(-x)) of float64 x within 8u (``SIGMOID_BOUND``); NaN -> -|NaN| (the NaN
     that exp(-|x|) gives, as before)."""
-    x = np.asarray(x, np.float64)
-    z = exp(-np.abs(x))
-    return np.where(x >= 0, 1.0 / (1.0 + z), z / (1.0 + z))
+    x = xp.asarray(x, xp.float64)
+    z = exp(-xp.abs(x))
+    return xp.where(x >= 0, 1.0 / (1.0 + z), z / (1.0 + z))
 
 
 _STEP = 4            # centres j / 4
@@ -189,13 +189,13 @@ def _gelu_table():
     from .decimal_ref import mills_taylor
 
     cols = [mills_taylor(j / _STEP, _DEGREE + 1, 1 / (2 * _STEP)) for j in range(_CENTRES)]
-    return np.array([[float(c) for c in col[:_DEGREE + 1]] for col in cols]).T.copy()
+    return xp.array([[float(c) for c in col[:_DEGREE + 1]] for col in cols]).T.copy()
 
 
 def gelu_tail_q(a):
     """Q(a) = P(N(0,1) > a) for float64 0 <= a <= 20 within 7u."""
     table = _gelu_table()
-    j = np.rint(a * _STEP).astype(np.intp)
+    j = xp.rint(a * _STEP).astype(xp.intp)
     h = a - j / _STEP
     acc = table[-1, j]
     for row in table[-2::-1]:
@@ -206,30 +206,30 @@ def gelu_tail_q(a):
 def gelu(x):
     """x Phi(x) of float64 x within 10u (``GELU_BOUND``), see the module doc for |x| >= 10;
     -inf -> DEFAULT_NAN (-inf * 0, as before), inf -> inf, NaN -> itself."""
-    x = np.asarray(x, np.float64)
-    a = np.abs(x)
-    q = gelu_tail_q(np.minimum(np.where(np.isnan(a), 0.0, a), 20.0))
-    mid = np.where(x < 0, x * q, x * (1.0 - q))
-    out = np.where(x >= 10.0, np.nextafter(x, 0.0), mid)
-    out = np.where(x <= -20.0, -(2.0 ** -1000), out)
+    x = xp.asarray(x, xp.float64)
+    a = xp.abs(x)
+    q = gelu_tail_q(xp.minimum(xp.where(xp.isnan(a), 0.0, a), 20.0))
+    mid = xp.where(x < 0, x * q, x * (1.0 - q))
+    out = xp.where(x >= 10.0, xp.nextafter(x, 0.0), mid)
+    out = xp.where(x <= -20.0, -(2.0 ** -1000), out)
     tiny = (a < 2.0 ** -60) & (x != 0)
-    out = np.where(tiny, np.nextafter(x * 0.5, np.inf), out)
-    out = np.where(x == np.inf, np.inf, np.where(x == -np.inf, DEFAULT_NAN, out))
-    return np.where(np.isnan(x), x, out)
+    out = xp.where(tiny, xp.nextafter(x * 0.5, xp.inf), out)
+    out = xp.where(x == xp.inf, xp.inf, xp.where(x == -xp.inf, DEFAULT_NAN, out))
+    return xp.where(xp.isnan(x), x, out)
 
 
 def normal_cdf(x):
     """Phi(x) of float64 x within 7u (x < 0) or 4u (x >= 0; 1 for x > 20); NaN -> NaN."""
-    x = np.asarray(x, np.float64)
-    a = np.minimum(np.abs(x), 20.0)
-    q = gelu_tail_q(np.where(np.isnan(a), 0.0, a))
-    out = np.where(x < 0, q, 1.0 - q)
-    out = np.where(x < -20.0, 0.0, np.where(x > 20.0, 1.0, out))
-    return np.where(np.isnan(x), x, out)
+    x = xp.asarray(x, xp.float64)
+    a = xp.minimum(xp.abs(x), 20.0)
+    q = gelu_tail_q(xp.where(xp.isnan(a), 0.0, a))
+    out = xp.where(x < 0, q, 1.0 - q)
+    out = xp.where(x < -20.0, 0.0, xp.where(x > 20.0, 1.0, out))
+    return xp.where(xp.isnan(x), x, out)
 
 
 def normal_pdf(x):
     """exp(-x*x/2) / sqrt(2 pi) of float64 x within 5u (x*x/2 rounds once for |x| beyond float32
     values); 0 for |x| = inf."""
-    x = np.asarray(x, np.float64)
+    x = xp.asarray(x, xp.float64)
     return exp(-(x * x) * 0.5) * INV_SQRT_2PI

@@ -16,63 +16,63 @@ sum decides, so the result is the reference's bits in every case, on every machi
 """
 from __future__ import annotations
 
-import numpy as np
+from ..backend import xp
 
 from .sums import round_to_odd_sum
 from ..formats import FP32
-from ..rounding import round_to
+from ..backend import round_to
 
 __all__ = ["global_norm", "exact_global_norm"]
 
 _U = 2.0 ** -53
 
 
-def _fp32_sqrt(value: float) -> np.float32:
-    return np.float32(round_to(float(np.sqrt(value)), FP32))
+def _fp32_sqrt(value: float) -> xp.float32:
+    return xp.float32(round_to(float(xp.sqrt(value)), FP32))
 
 
-def _squares(grads) -> list[np.ndarray]:
+def _squares(grads) -> list[xp.ndarray]:
     out = []
     for g in grads:
-        flat = np.asarray(g, np.float32).reshape(-1).astype(np.float64)
-        np.multiply(flat, flat, out=flat)
+        flat = xp.asarray(g, xp.float32).reshape(-1).astype(xp.float64)
+        xp.multiply(flat, flat, out=flat)
         out.append(flat)
     return out
 
 
-def _nonfinite(squares) -> np.float32 | None:
+def _nonfinite(squares) -> xp.float32 | None:
     """NaN if any gradient is NaN, else inf if any is inf (as the reference), else None."""
-    bad = [sq for sq in squares if not np.isfinite(sq.sum())]
+    bad = [sq for sq in squares if not xp.isfinite(sq.sum())]
     if not bad:
         return None
-    return np.float32(np.nan if any(np.isnan(sq).any() for sq in bad) else np.inf)
+    return xp.float32(xp.nan if any(xp.isnan(sq).any() for sq in bad) else xp.inf)
 
 
-def exact_global_norm(grads) -> np.float32:
+def exact_global_norm(grads) -> xp.float32:
     """The reference: the exact round-to-odd sum of all squares, no fast path."""
     squares = _squares(grads)
     special = _nonfinite(squares)
     if special is not None:
         return special
-    flat = np.concatenate(squares) if squares else np.zeros(0)
+    flat = xp.concatenate(squares) if squares else xp.zeros(0)
     return _fp32_sqrt(round_to_odd_sum(flat.reshape(1, -1))[0])
 
 
-def global_norm(grads) -> np.float32:
+def global_norm(grads) -> xp.float32:
     """fp32 L2 norm of all gradients, the same bits as ``exact_global_norm``: a float64 sum
     certified by an error bound when it decides the fp32 result, the exact sum otherwise."""
     squares = _squares(grads)
     n = sum(sq.size for sq in squares)
     partial = [float(sq.sum()) for sq in squares]
-    total = float(np.sum(partial))
-    if not np.isfinite(total):  # finite squares cannot overflow: n 2**256 < float64 max
+    total = float(xp.sum(partial))
+    if not xp.isfinite(total):  # finite squares cannot overflow: n 2**256 < float64 max
         return _nonfinite(squares)
     if n * _U < 0.25:
         slack = 2.0 * n * _U * total
-        lo = max(np.nextafter(total - slack, -np.inf), 0.0)
-        hi = np.nextafter(total + slack, np.inf)
+        lo = max(xp.nextafter(total - slack, -xp.inf), 0.0)
+        hi = xp.nextafter(total + slack, xp.inf)
         low = _fp32_sqrt(lo)
         if low == _fp32_sqrt(hi):
             return low
-    flat = np.concatenate(squares) if squares else np.zeros(0)
+    flat = xp.concatenate(squares) if squares else xp.zeros(0)
     return _fp32_sqrt(round_to_odd_sum(flat.reshape(1, -1))[0])

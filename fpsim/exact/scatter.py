@@ -20,36 +20,36 @@ True
 """
 from __future__ import annotations
 
-import numpy as np
+from ..backend import xp
 
 from .sums import round_to_odd_sum
 
 __all__ = ["scatter_sum"]
 
 
-def scatter_sum(positions: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
+def scatter_sum(positions: xp.ndarray, values: xp.ndarray, size: int) -> xp.ndarray:
     """Float64 array of ``size``: at each position, the exact sum of the ``values`` whose
     ``positions`` name it, rounded to odd at 53 bits; +0 where none does."""
-    positions = np.asarray(positions, np.int64).reshape(-1)
-    values = np.asarray(values, np.float64).reshape(-1)
+    positions = xp.asarray(positions, xp.int64).reshape(-1)
+    values = xp.asarray(values, xp.float64).reshape(-1)
     if positions.shape != values.shape:
         raise ValueError(f"scatter_sum: {positions.size} positions for {values.size} values")
-    out = np.zeros(size, np.float64)
+    out = xp.zeros(size, xp.float64)
     if positions.size == 0:
         return out
-    order = np.argsort(positions, kind="stable")          # index order within each target
-    targets, starts, counts = np.unique(positions[order], return_index=True,
+    order = xp.argsort(positions, kind="stable")          # index order within each target
+    targets, starts, counts = xp.unique(positions[order], return_index=True,
                                         return_counts=True)
     grouped = values[order]
-    for length in np.unique(counts):
+    for length in xp.unique(counts):
         chosen = counts == length
-        rows = grouped[starts[chosen][:, None] + np.arange(length)]    # (count, length)
-        finite = np.isfinite(rows).all(axis=1)
-        totals = np.empty(rows.shape[0], np.float64)
+        rows = grouped[starts[chosen][:, None] + xp.arange(length)]    # (count, length)
+        finite = xp.isfinite(rows).all(axis=1)
+        totals = xp.empty(rows.shape[0], xp.float64)
         if finite.any():
             totals[finite] = round_to_odd_sum(rows[finite])
         if not finite.all():
-            with np.errstate(invalid="ignore", over="ignore"):
-                totals[~finite] = np.cumsum(rows[~finite], axis=1)[:, -1]
+            with xp.errstate(invalid="ignore", over="ignore"):
+                totals[~finite] = xp.cumsum(rows[~finite], axis=1)[:, -1]
         out[targets[chosen]] = totals + 0.0                 # -0 -> +0, as a sum from +0
     return out

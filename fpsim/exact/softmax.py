@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from decimal import Decimal, localcontext
 
-import numpy as np
+from ..backend import xp
 
 from . import elementary as el
 from .correctly_rounded import certified, settle
@@ -41,19 +41,19 @@ def row_terms(x):
     """(s, err, e, t, eps_e, eps_t, top) for float64 rows x of shape (R, n) (module doc);
     ``top`` (R, 1) is e at the first maximum: 1 in finite rows, NaN where the row's max is
     inf or NaN (it then carries that NaN into every result, as e / e.sum() did)."""
-    x = np.asarray(x, np.float64)
+    x = xp.asarray(x, xp.float64)
     m = x.max(axis=1, keepdims=True)
     s = x - m
     bp = s - x
     err = (x - (s - bp)) + (-m - bp)
-    err = np.where(np.isfinite(s), err, 0.0)
+    err = xp.where(xp.isfinite(s), err, 0.0)
     e = el.exp(s)
-    first = (np.arange(x.shape[0]), np.argmax(x, axis=1))
+    first = (xp.arange(x.shape[0]), xp.argmax(x, axis=1))
     top = e[first][:, None]
     rest = e.copy()
     rest[first] = 0.0
     t, exact_sum = _sum_rows(rest)
-    eps_e = el.EXP_BOUND + 1.01 * np.abs(err)
+    eps_e = el.EXP_BOUND + 1.01 * xp.abs(err)
     eps_t = eps_e.max(axis=1, keepdims=True) + (3 * _U if exact_sum else 1.01 * x.shape[1] * _U)
     return s, err, e, t, eps_e, eps_t, top
 
@@ -64,10 +64,10 @@ def _sum_rows(rest):
     the hi_j add exactly (53 bits), the lo_j (< 2**(E - 40) each) with an error below
     n*n 2**(E - 92), so hi + lo is within u + 2**-70 of the sum. Beyond 4096 terms, NumPy's
     sum, within 1.01 (n - 1) u."""
-    if rest.shape[1] > 4096 or not np.isfinite(rest).all():
+    if rest.shape[1] > 4096 or not xp.isfinite(rest).all():
         return rest.sum(axis=1, keepdims=True), False
-    _, ex = np.frexp(rest.max(axis=1, keepdims=True))
-    big = 1.5 * el.pow2((ex + 12).astype(np.float64))
+    _, ex = xp.frexp(rest.max(axis=1, keepdims=True))
+    big = 1.5 * el.pow2((ex + 12).astype(xp.float64))
     hi = (rest + big) - big
     lo = rest - hi
     return hi.sum(axis=1, keepdims=True) + lo.sum(axis=1, keepdims=True), True
@@ -124,12 +124,12 @@ def _dlog_softmax(xs, i):
 
 
 def _rows_of(x, axis):
-    moved = np.moveaxis(np.asarray(x, np.float64), axis, -1)
+    moved = xp.moveaxis(xp.asarray(x, xp.float64), axis, -1)
     return moved.reshape(-1, moved.shape[-1]), moved.shape
 
 
 def _back(rows, shape, axis):
-    return np.moveaxis(rows.reshape(shape), -1, axis)
+    return xp.moveaxis(rows.reshape(shape), -1, axis)
 
 
 def settle_rows(x_rows, v, ok, fmt, kind):
@@ -139,7 +139,7 @@ def settle_rows(x_rows, v, ok, fmt, kind):
         return v
     dvalue = {"softmax": _dsoftmax, "log_softmax": _dlog_softmax}[kind]
     v = v.copy()
-    for r, i in zip(*np.nonzero(~ok)):
+    for r, i in zip(*xp.nonzero(~ok)):
         v[r, i] = settle(dvalue(x_rows[r].tolist(), int(i)), fmt)
     return v
 
@@ -147,21 +147,21 @@ def settle_rows(x_rows, v, ok, fmt, kind):
 def cr_softmax(x, axis, fmt):
     """Softmax along ``axis`` correctly rounded to ``fmt``, as a float64 proxy array."""
     rows, shape = _rows_of(x, axis)
-    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+    with xp.errstate(invalid="ignore", over="ignore", under="ignore"):
         _, _, e, t, eps_e, eps_t, top = row_terms(rows)
         v = e / (top + t)
-        ok = certified(v, eps_e + eps_t + 2 * _U, fmt) | ~np.isfinite(t)
+        ok = certified(v, eps_e + eps_t + 2 * _U, fmt) | ~xp.isfinite(t)
     return _back(settle_rows(rows, v, ok, fmt, "softmax"), shape, axis)
 
 
 def cr_log_softmax(x, axis, fmt):
     """Log-softmax along ``axis`` correctly rounded to ``fmt``, as a float64 proxy array."""
     rows, shape = _rows_of(x, axis)
-    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+    with xp.errstate(invalid="ignore", over="ignore", under="ignore"):
         s, err, _, t, _, eps_t, top = row_terms(rows)
         v = (s - _log_sum(t, top)) + err
         bound = el.LOG1P_BOUND + eps_t + 3 * _U
-        ok = certified(v, np.broadcast_to(bound, v.shape), fmt) | ~np.isfinite(v)
+        ok = certified(v, xp.broadcast_to(bound, v.shape), fmt) | ~xp.isfinite(v)
     return _back(settle_rows(rows, v, ok, fmt, "log_softmax"), shape, axis)
 
 
@@ -182,26 +182,26 @@ def _dcross_entropy(rows, labels, reduction):
 def cr_cross_entropy(logits, labels, reduction, fmt):
     """Cross-entropy of (N, C) ``logits`` against integer ``labels`` (``reduction`` "mean",
     "sum" or "none"), correctly rounded to ``fmt``: a float64 proxy (shape () or (N,))."""
-    logits = np.asarray(logits, np.float64)
+    logits = xp.asarray(logits, xp.float64)
     n = logits.shape[0]
-    rows = np.arange(n)
-    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+    rows = xp.arange(n)
+    with xp.errstate(invalid="ignore", over="ignore", under="ignore"):
         s, err, _, t, _, eps_t, top = row_terms(logits)
         # -y, y as log-softmax computes it (same operations, so the same NaN as before too)
         loss = -((s[rows, labels] - _log_sum(t, top)[:, 0]) + err[rows, labels])
         eps = el.LOG1P_BOUND + eps_t[:, 0] + 3 * _U
         if reduction == "none":
-            ok = certified(loss, eps, fmt) | ~np.isfinite(loss)
+            ok = certified(loss, eps, fmt) | ~xp.isfinite(loss)
             return loss if ok.all() else _settle_each(logits, labels, loss, ok, fmt)
         total = loss.sum()
         bound = eps.max(initial=0.0) + 1.01 * max(n - 1, 0) * _U
         if reduction == "mean":
             total, bound = total / n, bound + _U
-        total = np.asarray(total)
-        if certified(total, bound, fmt) | ~np.isfinite(total):
+        total = xp.asarray(total)
+        if certified(total, bound, fmt) | ~xp.isfinite(total):
             return total
     dvalue = _dcross_entropy([r.tolist() for r in logits], [int(v) for v in labels], reduction)
-    return np.asarray(settle(dvalue, fmt))
+    return xp.asarray(settle(dvalue, fmt))
 
 
 def _neg(value):
@@ -213,6 +213,6 @@ def _neg(value):
 
 def _settle_each(logits, labels, loss, ok, fmt):
     loss = loss.copy()
-    for r in np.flatnonzero(~ok):
+    for r in xp.flatnonzero(~ok):
         loss[r] = settle(_neg(_dlog_softmax(logits[r].tolist(), int(labels[r]))), fmt)
     return loss

@@ -21,7 +21,7 @@ import contextlib
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-import numpy as np
+from ..backend import xp
 
 __all__ = ["UnderflowCount", "count_gradient_underflow", "note", "in_backward", "active"]
 
@@ -70,11 +70,11 @@ def active() -> bool:
     return _counter.get() is not None and _backward.get()
 
 
-def note(before: np.ndarray, after: np.ndarray) -> None:
+def note(before: xp.ndarray, after: xp.ndarray) -> None:
     counts = _counter.get()
     if counts is None or not _backward.get():
         return
     nonzero_before = before != 0
-    counts.nonzero += int(np.count_nonzero(nonzero_before))
-    counts.flushed += int(np.count_nonzero(nonzero_before & (after == 0)))
+    counts.nonzero += int(xp.count_nonzero(nonzero_before))
+    counts.flushed += int(xp.count_nonzero(nonzero_before & (after == 0)))
     counts.values += int(before.size)

@@ -16,42 +16,43 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
+from ..backend import host_rng, is_generator, xp
 
 __all__ = ["as_rng", "uniform", "normal", "zeros", "fan_in_uniform", "xavier_uniform"]
 
 
-def as_rng(rng) -> np.random.Generator:
-    """A Generator from a Generator (returned as is), an int seed, or None (seed 0)."""
-    if isinstance(rng, np.random.Generator):
-        return rng
+def as_rng(rng):
+    """A host ``numpy.random.Generator`` from a Generator (returned as is), an int seed, or None
+    (seed 0). Initial weights are drawn on the host for every backend (``backend.host_rng``)."""
     if rng is None:
-        return np.random.default_rng(0)
-    if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
-        return np.random.default_rng(int(rng))
+        return host_rng(0)
+    if isinstance(rng, (int, xp.integer)) and not isinstance(rng, bool):
+        return host_rng(int(rng))
+    if is_generator(rng):
+        return rng
     raise TypeError(f"rng must be a numpy.random.Generator or an int seed, "
                     f"got {type(rng).__name__}")
 
 
-def uniform(rng, shape, bound: float) -> np.ndarray:
+def uniform(rng, shape, bound: float) -> xp.ndarray:
     """U(-bound, bound)."""
     return as_rng(rng).uniform(-bound, bound, shape)
 
 
-def normal(rng, shape, std: float = 1.0) -> np.ndarray:
+def normal(rng, shape, std: float = 1.0) -> xp.ndarray:
     return as_rng(rng).normal(0.0, std, shape)
 
 
-def zeros(shape) -> np.ndarray:
-    return np.zeros(shape)
+def zeros(shape) -> xp.ndarray:
+    return xp.zeros(shape)
 
 
-def fan_in_uniform(rng, shape, fan_in: int) -> np.ndarray:
+def fan_in_uniform(rng, shape, fan_in: int) -> xp.ndarray:
     """U(-1/sqrt(fan_in), 1/sqrt(fan_in)): PyTorch's Linear/LSTM default."""
     return uniform(rng, shape, 1.0 / math.sqrt(fan_in))
 
 
-def xavier_uniform(rng, shape, gain: float = 1.0) -> np.ndarray:
+def xavier_uniform(rng, shape, gain: float = 1.0) -> xp.ndarray:
     """Glorot: U(-a, a), a = gain * sqrt(6 / (fan_in + fan_out)) for a (out, in) weight."""
-    fan_out, fan_in = shape[0], int(np.prod(shape[1:]))
+    fan_out, fan_in = shape[0], int(xp.prod(shape[1:]))
     return uniform(rng, shape, gain * math.sqrt(6.0 / (fan_in + fan_out)))

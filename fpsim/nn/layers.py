@@ -4,6 +4,7 @@ Parameters are created in the current policy's ``param`` format (build the model
 ``use_policy("16-true")`` for fp16 parameters); forward passes round as the policy in force
 when they run says (``fpsim.autograd.policy``).
 
+>>> import numpy as np
 >>> from fpsim.autograd import Tensor, use_policy
 >>> model = MLP([4, 8, 3], rng=0)
 >>> [name for name, _ in model.named_parameters()]
@@ -15,7 +16,7 @@ when they run says (``fpsim.autograd.policy``).
 """
 from __future__ import annotations
 
-import numpy as np
+from ..backend import xp
 
 from .. import autograd as ag
 from . import init
@@ -58,13 +59,13 @@ class Embedding(Module):
         self.weight = parameter(init.normal(rng, (num_embeddings, embedding_dim)))
 
     def forward(self, indices):
-        idx = np.asarray(indices.data if isinstance(indices, ag.Tensor) else indices)
+        idx = xp.asarray(indices.data if isinstance(indices, ag.Tensor) else indices)
         if idx.dtype.kind not in "iu":
             raise TypeError(f"Embedding takes integer indices, got dtype {idx.dtype}")
         if idx.size and (idx.min() < 0 or idx.max() >= self.num_embeddings):
             raise ValueError(f"Embedding indices must lie in [0, {self.num_embeddings}), got "
                              f"values from {idx.min()} to {idx.max()}")
-        return ag.getitem(self.weight, idx.astype(np.intp))
+        return ag.getitem(self.weight, idx.astype(xp.intp))
 
 
 class Sequential(Module):

@@ -13,6 +13,7 @@ products are fp16 and the elementwise cell math promotes: with the default fp32 
 ``c`` and ``h`` stay fp32 (as an LSTM written from cells under torch.autocast does; the fused
 cuDNN kernel keeps its own internal precisions, which this model does not claim to copy).
 
+>>> import numpy as np
 >>> from fpsim.autograd import Tensor
 >>> lstm = LSTM(3, 4, rng=0)
 >>> out, (h, c) = lstm(Tensor(np.ones((2, 5, 3))))
@@ -21,7 +22,7 @@ cuDNN kernel keeps its own internal precisions, which this model does not claim 
 """
 from __future__ import annotations
 
-import numpy as np
+from ..backend import xp
 
 from .. import autograd as ag
 from . import init
@@ -58,7 +59,7 @@ class LSTM(Module):
         batch, steps, _ = x.shape
         hid = self.hidden_size
         if state is None:
-            zeros = np.zeros((batch, hid))
+            zeros = xp.zeros((batch, hid))
             h, c = ag.Tensor(zeros), ag.Tensor(zeros)
         else:
             h, c = (ag.as_tensor(s) for s in state)

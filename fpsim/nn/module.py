@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import numpy as np
+from ..backend import xp
 
 from ..autograd import Tensor
 from ..autograd.numerics import container_of, round_array
@@ -41,7 +41,7 @@ def parameter(values, fmt=None, *, name: str | None = None) -> Tensor:
     from ..autograd import current_policy
 
     fmt = current_policy().param if fmt is None else fmt
-    return Tensor(np.asarray(values, np.float64), fmt, requires_grad=True, name=name)
+    return Tensor(xp.asarray(values, xp.float64), fmt, requires_grad=True, name=name)
 
 
 class Module:
@@ -100,7 +100,7 @@ class Module:
             p.grad = None
 
     # --- state ------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, np.ndarray]:
+    def state_dict(self) -> dict[str, xp.ndarray]:
         return {name: p.numpy() for name, p in self.named_parameters()}
 
     def load_state_dict(self, state: dict, strict: bool = True) -> None:
@@ -113,13 +113,13 @@ class Module:
         for name, param in own.items():
             if name not in state:
                 continue
-            values = np.asarray(state[name])
+            values = xp.asarray(state[name])
             if values.shape != param.shape:
                 raise ValueError(f"load_state_dict: {name!r} has shape {values.shape}, the "
                                  f"parameter has shape {param.shape}")
-            if values.dtype not in (np.float32, np.float64):
-                values = values.astype(np.float64)
-            param.data = np.array(round_array(values, param.fmt), container_of(param.fmt))
+            if values.dtype not in (xp.float32, xp.float64):
+                values = values.astype(xp.float64)
+            param.data = xp.array(round_array(values, param.fmt), container_of(param.fmt))
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{n}={type(c).__name__}" for n, c in self._children.items())

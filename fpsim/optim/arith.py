@@ -22,20 +22,20 @@ How the float64 intermediate stays exact:
 """
 from __future__ import annotations
 
-import numpy as np
+from ..backend import xp
 
 from ..formats import FP32, Format, get
 from ..exact.odd import add_round_to_odd
-from ..rounding import round_to
+from ..backend import round_to
 
 __all__ = ["Arith", "fma_round_to_odd"]
 
 
-def fma_round_to_odd(a, b, c) -> np.ndarray:
+def fma_round_to_odd(a, b, c) -> xp.ndarray:
     """a * b + c for float32-representable inputs, rounded to odd at float64 precision."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        product = np.asarray(a, np.float64) * np.asarray(b, np.float64)   # exact
-    return add_round_to_odd(product, np.asarray(c, np.float64))
+    with xp.errstate(over="ignore", invalid="ignore"):
+        product = xp.asarray(a, xp.float64) * xp.asarray(b, xp.float64)   # exact
+    return add_round_to_odd(product, xp.asarray(c, xp.float64))
 
 
 class Arith:
@@ -45,40 +45,40 @@ class Arith:
         self.fmt = get(fmt)
         self.native = self.fmt == FP32
 
-    def round(self, x) -> np.ndarray:
-        x = np.asarray(x)
-        if self.native and x.dtype == np.float32:
+    def round(self, x) -> xp.ndarray:
+        x = xp.asarray(x)
+        if self.native and x.dtype == xp.float32:
             return x
-        with np.errstate(over="ignore", invalid="ignore"):
-            return round_to(x.astype(np.float64, copy=False), self.fmt).astype(np.float32)
+        with xp.errstate(over="ignore", invalid="ignore"):
+            return round_to(x.astype(xp.float64, copy=False), self.fmt).astype(xp.float32)
 
-    def scalar(self, value: float) -> np.float32:
+    def scalar(self, value: float) -> xp.float32:
         """A Python scalar as the kernels see it: rounded once to the format."""
-        return np.float32(round_to(float(value), self.fmt))
+        return xp.float32(round_to(float(value), self.fmt))
 
-    def _binary(self, op, a, b) -> np.ndarray:
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+    def _binary(self, op, a, b) -> xp.ndarray:
+        with xp.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
             if self.native:
-                return op(np.asarray(a, np.float32), np.asarray(b, np.float32))
-            return self.round(op(np.asarray(a, np.float64), np.asarray(b, np.float64)))
+                return op(xp.asarray(a, xp.float32), xp.asarray(b, xp.float32))
+            return self.round(op(xp.asarray(a, xp.float64), xp.asarray(b, xp.float64)))
 
     def add(self, a, b):
-        return self._binary(np.add, a, b)
+        return self._binary(xp.add, a, b)
 
     def sub(self, a, b):
-        return self._binary(np.subtract, a, b)
+        return self._binary(xp.subtract, a, b)
 
     def mul(self, a, b):
-        return self._binary(np.multiply, a, b)
+        return self._binary(xp.multiply, a, b)
 
     def div(self, a, b):
-        return self._binary(np.divide, a, b)
+        return self._binary(xp.divide, a, b)
 
     def sqrt(self, a):
-        with np.errstate(invalid="ignore"):
+        with xp.errstate(invalid="ignore"):
             if self.native:
-                return np.sqrt(np.asarray(a, np.float32))
-            return self.round(np.sqrt(np.asarray(a, np.float64)))
+                return xp.sqrt(xp.asarray(a, xp.float32))
+            return self.round(xp.sqrt(xp.asarray(a, xp.float64)))
 
     def fma(self, a, b, c):
         """round(a * b + c), one rounding.
@@ -88,14 +88,14 @@ class Arith:
         overflow threshold); every such point has its float64 significand's low
         51 - man_bits bits zero, so only elements with that pattern, rare on real data,
         take the round-to-odd sum."""
-        a64, b64, c64 = np.broadcast_arrays(np.asarray(a, np.float64), np.asarray(b, np.float64),
-                                            np.asarray(c, np.float64))
-        with np.errstate(over="ignore", invalid="ignore"):
-            total = np.asarray(a64 * b64 + c64, np.float64)
-        mask = np.uint64((1 << (51 - self.fmt.man_bits)) - 1)
+        a64, b64, c64 = xp.broadcast_arrays(xp.asarray(a, xp.float64), xp.asarray(b, xp.float64),
+                                            xp.asarray(c, xp.float64))
+        with xp.errstate(over="ignore", invalid="ignore"):
+            total = xp.asarray(a64 * b64 + c64, xp.float64)
+        mask = xp.uint64((1 << (51 - self.fmt.man_bits)) - 1)
         # inf and NaN stay as the full-array sum made them (the reference returns that sum
         # too; recomputing a subarray may give a NaN another sign bit)
-        suspect = ((total.view(np.uint64) & mask) == 0) & np.isfinite(total)
+        suspect = ((total.view(xp.uint64) & mask) == 0) & xp.isfinite(total)
         if suspect.any():
             total[suspect] = fma_round_to_odd(a64[suspect], b64[suspect], c64[suspect])
         return self.round(total)
@@ -107,4 +107,4 @@ class Arith:
         diff = self.sub(end, start)
         if w < 0.5:
             return self.fma(w, diff, start)
-        return self.fma(-diff, self.sub(np.float32(1.0), w), end)
+        return self.fma(-diff, self.sub(xp.float32(1.0), w), end)

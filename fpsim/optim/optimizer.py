@@ -30,12 +30,12 @@ from __future__ import annotations
 
 from typing import Iterable, NamedTuple
 
-import numpy as np
+from ..backend import xp
 
 from ..autograd import Tensor
 from ..exact import global_norm
 from ..formats import FP32, Format, get
-from ..rounding import round_to
+from ..backend import round_to
 from ..scaling import check_overflow, found_inf, unscale
 from .arith import Arith
 from .rules import Update
@@ -82,14 +82,14 @@ class Optimizer:
         self.rule = rule
         self.clip_norm = clip_norm
         self.master_fmt = None if master is None else get(master)
-        self.masters: dict[str, np.ndarray] = {}
+        self.masters: dict[str, xp.ndarray] = {}
         for name, p in self.named:
             if not isinstance(p.fmt, Format):
                 raise ValueError(f"parameter {name!r} is in {p.fmt}, not a number format; the "
                                  f"optimizer simulates formats (use a policy like '32-true')")
             if self.master_fmt is not None:
-                widened = round_to(np.asarray(p.data, np.float32), self.master_fmt)
-                if not np.array_equal(widened, p.data, equal_nan=True):
+                widened = round_to(xp.asarray(p.data, xp.float32), self.master_fmt)
+                if not xp.array_equal(widened, p.data, equal_nan=True):
                     raise ValueError(f"parameter {name!r} ({p.fmt}) does not fit the master "
                                      f"format {self.master_fmt}; pick a wider master")
                 self.masters[name] = widened.copy()
@@ -114,9 +114,9 @@ class Optimizer:
         if self.clip_norm is not None:
             # torch.nn.utils.clip_grad_norm_: max_norm / (total_norm + 1e-6), clamped to 1,
             # all in fp32; a coefficient of 1 leaves the gradients as they are.
-            coef = np.float32(self.clip_norm) / (norm + np.float32(1e-6))
+            coef = xp.float32(self.clip_norm) / (norm + xp.float32(1e-6))
             if coef < 1:
-                grads = [np.asarray(g, np.float32) * coef for g in grads]
+                grads = [xp.asarray(g, xp.float32) * coef for g in grads]
                 clipped = True
         self.step_count += 1
         updates = lost = 0
@@ -125,10 +125,10 @@ class Optimizer:
             ops = Arith(self.master_fmt if self.master_fmt is not None else p.fmt)
             result: Update = self.rule.apply(ops, stored, grad, self.states[name],
                                              self.step_count)
-            new = np.asarray(result.param, np.float32).reshape(p.shape)
+            new = xp.asarray(result.param, xp.float32).reshape(p.shape)
             moved = result.intended != 0
-            updates += int(np.count_nonzero(moved))
-            lost += int(np.count_nonzero(moved & (new == stored)))
+            updates += int(xp.count_nonzero(moved))
+            lost += int(xp.count_nonzero(moved & (new == stored)))
             self.states[name] = result.state
             if self.master_fmt is not None:
                 self.masters[name] = new
@@ -143,9 +143,9 @@ class Optimizer:
             p.grad = None
 
     # --- checkpoints ------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, np.ndarray]:
+    def state_dict(self) -> dict[str, xp.ndarray]:
         """Every array the optimizer owns (master copies, rule state) plus the step count."""
-        out = {"step_count": np.int64(self.step_count)}
+        out = {"step_count": xp.int64(self.step_count)}
         for name, master in self.masters.items():
             out[f"master/{name}"] = master
         for name, state in self.states.items():
@@ -154,7 +154,7 @@ class Optimizer:
                     out[f"state/{name}/{field}"] = value
         return out
 
-    def load_state_dict(self, arrays: dict[str, np.ndarray]) -> None:
+    def load_state_dict(self, arrays: dict[str, xp.ndarray]) -> None:
         names = {name for name, _ in self.named}
         unknown = [k for k in arrays if k != "step_count" and k.split("/")[1] not in names]
         if unknown:
@@ -166,19 +166,19 @@ class Optimizer:
                 raise ValueError(f"parameter {name!r} is in {p.fmt}, not a number format; the "
                                  f"optimizer simulates formats (use a policy like '32-true')")
             if self.master_fmt is not None:
-                self.masters[name] = np.array(arrays[f"master/{name}"], np.float32)
+                self.masters[name] = xp.array(arrays[f"master/{name}"], xp.float32)
             template = self.rule.init(p.data)
-            fields = {f: (np.array(arrays[f"state/{name}/{f}"])
+            fields = {f: (xp.array(arrays[f"state/{name}/{f}"])
                           if f"state/{name}/{f}" in arrays else None)
                       for f in template._fields}
             self.states[name] = type(template)(**fields)
 
 
-def _grad_array(p: Tensor) -> np.ndarray:
+def _grad_array(p: Tensor) -> xp.ndarray:
     if p.grad is None:
-        return np.zeros(p.shape, np.float32)
-    grad = p.grad.data if isinstance(p.grad, Tensor) else np.asarray(p.grad)
-    return np.asarray(grad, np.float32)
+        return xp.zeros(p.shape, xp.float32)
+    grad = p.grad.data if isinstance(p.grad, Tensor) else xp.asarray(p.grad)
+    return xp.asarray(grad, xp.float32)
 
 
 def _named(params) -> list[tuple[str, Tensor]]:

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import numpy as np
+from ..backend import xp
 
 from .arith import Arith
 
@@ -27,8 +27,8 @@ class Update(NamedTuple):
     to add (exact, float64; where it is nonzero but the stored value did not change, the
     update was lost), and the rule's new state."""
 
-    param: np.ndarray
-    intended: np.ndarray
+    param: xp.ndarray
+    intended: xp.ndarray
     state: tuple
 
 
@@ -41,7 +41,7 @@ def _check(name: str, value: float, low: float, *, low_open=False, high=None) ->
 
 
 class MomentumState(NamedTuple):
-    momentum_buffer: np.ndarray | None
+    momentum_buffer: xp.ndarray | None
 
 
 @dataclass(frozen=True)
@@ -85,19 +85,19 @@ class SGD:
         buffer = state.momentum_buffer
         if self.momentum:
             if buffer is None:
-                buffer = np.array(d, np.float32)
+                buffer = xp.array(d, xp.float32)
             else:
                 decayed = ops.mul(buffer, ops.scalar(self.momentum))
                 buffer = ops.fma(ops.scalar(1.0 - self.dampening), d, decayed)
             d = ops.fma(ops.scalar(self.momentum), buffer, d) if self.nesterov else buffer
         minus_lr = ops.scalar(-self.lr)
-        intended = np.float64(minus_lr) * np.asarray(d, np.float64)
+        intended = xp.float64(minus_lr) * xp.asarray(d, xp.float64)
         return Update(ops.fma(minus_lr, d, param), intended, MomentumState(buffer))
 
 
 class AdamState(NamedTuple):
-    exp_avg: np.ndarray
-    exp_avg_sq: np.ndarray
+    exp_avg: xp.ndarray
+    exp_avg_sq: xp.ndarray
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ class Adam:
         _check("weight_decay", self.weight_decay, 0.0)
 
     def init(self, param) -> AdamState:
-        zeros = np.zeros(np.shape(param), np.float32)
+        zeros = xp.zeros(xp.shape(param), xp.float32)
         return AdamState(zeros, zeros.copy())
 
     def apply(self, ops: Arith, param, grad, state: AdamState, step: int) -> Update:
@@ -150,7 +150,7 @@ class Adam:
                         ops.scalar(self.eps))
         increment = ops.div(ops.mul(ops.scalar(-step_size), exp_avg), denom)
         new_param = ops.add(param, increment)
-        return Update(new_param, np.asarray(increment, np.float64), AdamState(exp_avg, exp_avg_sq))
+        return Update(new_param, xp.asarray(increment, xp.float64), AdamState(exp_avg, exp_avg_sq))
 
 
 def AdamW(lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,

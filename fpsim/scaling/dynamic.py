@@ -53,7 +53,7 @@ import math
 import numbers
 from dataclasses import dataclass, field, fields
 
-import numpy as np
+from ..backend import xp
 
 from .state import Decision, LossScaleMinimumError, ScalerState
 
@@ -151,8 +151,8 @@ class DynamicScaler:
         is ``"float64"``."""
         if self.precision == "float64":
             return float(value)
-        with np.errstate(over="ignore"):
-            return float(np.float32(value))
+        with xp.errstate(over="ignore"):
+            return float(xp.float32(value))
 
     @property
     def min_value(self) -> float | None:
@@ -246,14 +246,14 @@ def trajectory(start, found_infs) -> list[ScalerState]:
 
 
 def _combine(scale: float, factor: float, op: str, precision: str) -> float:
-    with np.errstate(over="ignore", under="ignore"):
+    with xp.errstate(over="ignore", under="ignore"):
         if precision == "float64":
             return scale * factor if op == "multiply" else scale / factor
         if precision == "float32":
-            a, b = np.float32(scale), np.float32(factor)
+            a, b = xp.float32(scale), xp.float32(factor)
             return float(a * b if op == "multiply" else a / b)
         wide = scale * float(factor) if op == "multiply" else scale / float(factor)
-        return float(np.float32(wide))
+        return float(xp.float32(wide))
 
 
 def _validate(cfg: DynamicScaler) -> None:
@@ -322,5 +322,5 @@ def _validate(cfg: DynamicScaler) -> None:
         raise ValueError("raise_at_min=True needs a min_scale")
     for name in ("tracker_wraps", "finite_guard", "hysteresis_decrement_on_backoff",
                  "raise_at_min", "check_unscaled", "skip_on_overflow"):
-        if not isinstance(getattr(cfg, name), (bool, np.bool_)):
+        if not isinstance(getattr(cfg, name), (bool, xp.bool_)):
             raise TypeError(f"{name} must be a bool, got {getattr(cfg, name)!r}")

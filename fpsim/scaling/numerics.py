@@ -36,9 +36,9 @@ when unscaled and nobody notices; with a scale of 0 every scaled gradient is 0 (
 """
 from __future__ import annotations
 
-import numpy as np
+from ..backend import xp
 
-from ..rounding import round_to
+from ..backend import round_to
 
 __all__ = ["scale_loss", "unscale", "found_inf", "check_overflow", "FOUND_INF_METHODS"]
 
@@ -48,7 +48,7 @@ FOUND_INF_METHODS = ("nonfinite", "sum")
 def scale_loss(loss, state, fmt=None):
     """``loss * state.scale`` in the loss's container precision, then rounded to ``fmt``."""
     array, wrap = _container(loss, "loss")
-    with np.errstate(over="ignore", invalid="ignore"):
+    with xp.errstate(over="ignore", invalid="ignore"):
         product = array * array.dtype.type(state.scale)   # float32(scale) for float32 data
     if fmt is not None:
         product = round_to(product, fmt)
@@ -64,7 +64,7 @@ def unscale(grads, state, fmt=None):
 
     def one(grad):
         array, wrap = _container(grad, "gradient")
-        with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        with xp.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
             if divide:
                 out = array / array.dtype.type(factor)
             elif factor == 1.0:
@@ -100,12 +100,12 @@ def found_inf(grads, method: str = "nonfinite") -> bool:
     for grad in arrays:
         array, _ = _container(grad, "gradient")
         if method == "nonfinite":
-            if not np.isfinite(array).all():
+            if not xp.isfinite(array).all():
                 return True
         else:
-            with np.errstate(over="ignore", invalid="ignore"):
-                total = np.sum(array.astype(np.float32, copy=False), dtype=np.float32)
-            if not np.isfinite(total):
+            with xp.errstate(over="ignore", invalid="ignore"):
+                total = xp.sum(array.astype(xp.float32, copy=False), dtype=xp.float32)
+            if not xp.isfinite(total):
                 return True
     return False
 
@@ -119,14 +119,14 @@ def check_overflow(scaled_grads, state, fmt=None) -> bool:
 
 
 def _container(x, what: str):
-    if isinstance(x, np.ndarray):
-        if x.dtype not in (np.float32, np.float64):
+    if isinstance(x, xp.ndarray):
+        if x.dtype not in (xp.float32, xp.float64):
             raise TypeError(f"{what} must be float32 or float64 data, got {x.dtype.name}; "
                             f"hold float16/bfloat16 values in float32 and pass fmt=")
         return x, lambda out: out
-    if isinstance(x, (np.float32, np.float64)):
-        return np.asarray(x), lambda out: out[()]
+    if isinstance(x, (xp.float32, xp.float64)):
+        return xp.asarray(x), lambda out: out[()]
     if isinstance(x, float):
-        return np.asarray(x, np.float64), lambda out: float(out[()])
+        return xp.asarray(x, xp.float64), lambda out: float(out[()])
     raise TypeError(f"{what} must be a float32/float64 array or scalar, got "
                     f"{type(x).__name__}")

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
+from ..backend import xp
 
 __all__ = ["ScalerState", "Decision", "LossScaleMinimumError"]
 
@@ -171,14 +171,14 @@ def inverse_scale(scale: float) -> float:
     """``float32(1 / float64(scale))``; 1/0 is inf as in torch, not a ZeroDivisionError."""
     if scale == 0.0:
         return math.inf
-    with np.errstate(over="ignore", under="ignore"):
-        return float(np.float32(1.0 / float(scale)))
+    with xp.errstate(over="ignore", under="ignore"):
+        return float(xp.float32(1.0 / float(scale)))
 
 
 def _as_flag(found_inf) -> bool:
-    if isinstance(found_inf, (bool, np.bool_)):
+    if isinstance(found_inf, (bool, xp.bool_)):
         return bool(found_inf)
-    if isinstance(found_inf, np.ndarray) and found_inf.dtype == np.bool_ and found_inf.ndim == 0:
+    if isinstance(found_inf, xp.ndarray) and found_inf.dtype == xp.bool_ and found_inf.ndim == 0:
         return bool(found_inf)
     raise TypeError(f"found_inf must be a bool (did the step's gradients hold an inf or NaN?), "
                     f"got {type(found_inf).__name__} {found_inf!r}; "

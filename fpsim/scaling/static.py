@@ -20,7 +20,7 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
-import numpy as np
+from ..backend import xp
 
 from .state import Decision, ScalerState
 
@@ -56,8 +56,8 @@ class StaticScaler:
     def _stored(self) -> float:
         if self.precision == "float64":
             return float(self.scale)
-        with np.errstate(over="ignore"):
-            return float(np.float32(self.scale))
+        with xp.errstate(over="ignore"):
+            return float(xp.float32(self.scale))
 
     def init(self) -> ScalerState:
         return ScalerState(scaler=self, scale=self._stored())
@@ -88,7 +88,7 @@ class NoScaler:
 
 
 def _check_common(cfg) -> None:
-    if not isinstance(cfg.skip_on_overflow, (bool, np.bool_)):
+    if not isinstance(cfg.skip_on_overflow, (bool, xp.bool_)):
         raise TypeError(f"skip_on_overflow must be a bool, got {cfg.skip_on_overflow!r}")
     if cfg.overflow_check not in ("nonfinite", "sum"):
         raise ValueError(f"overflow_check={cfg.overflow_check!r}; use 'nonfinite' or 'sum'")

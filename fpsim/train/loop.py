@@ -24,7 +24,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
+from .. import backend
+from ..backend import xp
 
 from .._version import __version__ as _fpsim_version
 from ..autograd import Tensor, cross_entropy, get_policy, no_grad, use_policy
@@ -74,7 +75,7 @@ def resolve_scaler(spec):
 
 def loss_hash(losses) -> str:
     """SHA-256 of the float32 bits of a loss series: equal hashes, equal bits."""
-    return hashlib.sha256(np.asarray(losses, np.float32).tobytes()).hexdigest()
+    return hashlib.sha256(xp.asarray(losses, xp.float32).tobytes()).hexdigest()
 
 
 @dataclass
@@ -86,8 +87,8 @@ class TrainResult:
     nonfinite_steps: list[int] = field(default_factory=list)
 
     @property
-    def losses(self) -> np.ndarray:
-        return np.array([r.loss for r in self.records], np.float32)
+    def losses(self) -> xp.ndarray:
+        return xp.array([r.loss for r in self.records], xp.float32)
 
     @property
     def loss_hash(self) -> str:
@@ -122,7 +123,7 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler=No
     scaler_cfg = resolve_scaler(scaler)
     _dry_run(model, data, policy)
 
-    rng = np.random.default_rng(seed)
+    rng = backend.host_rng(seed)
     state = scaler_cfg.init()
     start = 0
     if resume is not None:
@@ -139,7 +140,7 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler=No
                     model=type(model).__name__)
     out_dir, writer, kept = _open_outputs(out, trace_layout, settings, start, resume)
     records: list[StepRecord] = list(kept)
-    nonfinite: list[int] = [r.step for r in kept if not np.isfinite(r.loss)]
+    nonfinite: list[int] = [r.step for r in kept if not xp.isfinite(r.loss)]
     bar = _progress_bar(steps, start, progress)
     try:
         for step in range(start, steps):
@@ -149,7 +150,7 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler=No
                 loss = cross_entropy(model(Tensor(data.x[idx])), data.y[idx])
                 scale = state.scale
                 with count_gradient_underflow() as counts:
-                    loss.backward(np.full(loss.shape, scale, np.float32))
+                    loss.backward(xp.full(loss.shape, scale, xp.float32))
             report = optimizer.step(state)
             optimizer.zero_grad()
             state = report.scaler_state
@@ -158,7 +159,7 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler=No
                                 report.grad_norm, counts.fraction, report.lost_fraction,
                                 time.perf_counter() - began)
             records.append(record)
-            if not np.isfinite(value):
+            if not xp.isfinite(value):
                 nonfinite.append(step)
             if writer is not None:
                 writer.write(record)
@@ -180,7 +181,7 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler=No
 
 
 def _check_count(name: str, value, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+    if isinstance(value, bool) or not isinstance(value, (int, xp.integer)) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
 
 
@@ -211,8 +212,8 @@ def _open_outputs(out, layout, settings, start, resume):
     if resume is not None and trace_path.exists():
         kept = [r for r in read_trace(trace_path) if r.step < start]
     info = {"fpsim": _fpsim_version, "python": sys.version.split()[0],
-            "numpy": np.__version__, "ml_dtypes": _version_of("ml_dtypes"),
-            "platform": platform.platform(), "backend": "numpy", "resumed_at": start,
+            **backend.versions(), "ml_dtypes": _version_of("ml_dtypes"),
+            "platform": platform.platform(), "backend": backend.name(), "resumed_at": start,
             "config": settings}
     (out_dir / "run.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     writer = TraceWriter(trace_path, layout)
@@ -234,7 +235,7 @@ def _finish_run_json(out_dir: Path, result: TrainResult) -> None:
 
 
 def _json_number(value: float):
-    return value if np.isfinite(value) else repr(float(value))
+    return value if xp.isfinite(value) else repr(float(value))
 
 
 def _version_of(package: str) -> str:

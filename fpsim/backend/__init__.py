@@ -1,0 +1,189 @@
+"""The array library the engine computes with: the one place where array libraries differ.
+
+Everything above this layer (``exact``, ``autograd``, ``nn``, ``optim``, ``scaling``,
+``train``) reaches the array library only through this module, never by importing NumPy:
+
+- ``xp``: the array namespace, restricted to the closed list ``NAMESPACE`` (elementwise IEEE
+  arithmetic, comparisons, integer and bit operations, shapes, indexing, float64 products);
+  asking it for anything else is an ``AttributeError`` that names the list;
+- the kernels of ``Backend`` (``interface.py``): ``round_to`` (every mode), ``uniforms``
+  (stochastic rounding's Philox draws), ``bits`` / ``from_bits``, ``asarray`` / ``to_numpy``
+  (host transfer), ``is_array``, ``scratch`` (per-thread work buffers), ``errstate``;
+- ``host_rng``: the host NumPy generator that draws initial weights and data, on the CPU
+  for every backend so that every backend starts from the same numbers.
+
+``tests/test_backend_seam.py`` proves it from the source: no module above this layer imports
+an array library (plots, the CLI, experiments and the conformance adapters, which read and
+write files and talk to frameworks, are the named exceptions), and every ``xp.NAME`` used is
+in ``NAMESPACE``.
+
+Which backend: NumPy is the default and, today, the only implementation (``available()``);
+the GPU backends are further implementations of ``Backend``. ``set_backend(name)``,
+``use_backend(name)`` (a context manager) or the ``FPSIM_BACKEND`` environment variable (read
+when fpsim is imported) choose one; the choice is process-wide, not per thread.
+
+Containers: a value of any fpsim ``Format`` lives in a float32 array (every format fits one
+exactly, see ``fpsim.formats``); the float64 reference mode of ``fpsim.autograd`` keeps float64
+arrays. Integer arrays carry labels and indices.
+
+>>> from fpsim import backend
+>>> backend.name()
+'numpy'
+>>> hex(int(backend.bits(backend.asarray([1.0]))[0]))
+'0x3f800000'
+>>> float(backend.from_bits(backend.xp.asarray([0x3F80], backend.xp.uint32) << 16)[0])
+1.0
+>>> backend.xp.exp
+Traceback (most recent call last):
+AttributeError: xp.exp is not in fpsim's kernel namespace (fpsim.backend.NAMESPACE): ...
+"""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+
+import numpy as np
+
+from .interface import NAMESPACE, Backend
+from .numpy_backend import NumpyBackend
+
+__all__ = ["NAMESPACE", "Backend", "xp", "name", "current", "available", "set_backend",
+           "use_backend", "asarray", "to_numpy", "is_array", "bits", "from_bits", "round_to",
+           "uniforms", "scratch", "errstate", "host_rng", "is_generator", "array_text", "versions", "CONTAINER"]
+
+_IMPLEMENTATIONS = {"numpy": NumpyBackend}
+CONTAINER = np.float32  # the container of every fpsim Format, on every backend
+
+
+class _Namespace:
+    """``xp``: the current backend's array functions, only those in ``NAMESPACE``. Its
+    attributes are filled in when the backend is chosen, so a lookup costs what a module
+    attribute does."""
+
+    def __getattr__(self, attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        raise AttributeError(f"xp.{attr} is not in fpsim's kernel namespace "
+                             f"(fpsim.backend.NAMESPACE): {', '.join(sorted(NAMESPACE))}")
+
+
+xp = _Namespace()
+_current: Backend = NumpyBackend()
+
+
+def _install(chosen: Backend) -> None:
+    global _current
+    vars(xp).clear()
+    for attr in NAMESPACE:
+        setattr(xp, attr, getattr(chosen.xp, attr))
+    _current = chosen
+
+
+def available() -> tuple[str, ...]:
+    """The backends this fpsim has."""
+    return tuple(_IMPLEMENTATIONS)
+
+
+def _make(backend_name: str) -> Backend:
+    if not isinstance(backend_name, str) or backend_name not in _IMPLEMENTATIONS:
+        raise ValueError(f"unknown backend {backend_name!r}; available: "
+                         f"{', '.join(available())}")
+    return _IMPLEMENTATIONS[backend_name]()
+
+
+def set_backend(backend_name: str) -> None:
+    """Make ``backend_name`` (one of ``available()``) the backend of every later computation."""
+    _install(_make(backend_name))
+
+
+@contextmanager
+def use_backend(backend_name: str):
+    """``with use_backend("numpy"): ...`` runs the block on that backend, then restores the
+    previous one (process-wide, not per thread)."""
+    previous = _current
+    set_backend(backend_name)
+    try:
+        yield _current
+    finally:
+        _install(previous)
+
+
+def current() -> Backend:
+    return _current
+
+
+def name() -> str:
+    return _current.name
+
+
+def asarray(data, dtype=None):
+    """``data`` as a backend array of ``dtype`` (default: the float32 container); no copy when
+    it already is one. Converting float64 data to float32 rounds (to nearest even), so callers
+    that need one exact rounding into a narrower format convert from float64 themselves."""
+    return _current.asarray(data, dtype)
+
+
+def to_numpy(array) -> np.ndarray:
+    """A host NumPy array with the same values (the identity for the NumPy backend)."""
+    return _current.to_numpy(array)
+
+
+def is_array(obj) -> bool:
+    return _current.is_array(obj)
+
+
+def bits(array):
+    """The IEEE bit patterns of a float32 (float64) array as uint32 (uint64), without a copy."""
+    return _current.bits(array)
+
+
+def from_bits(pattern):
+    """Inverse of ``bits``: a uint32 (uint64) array read as float32 (float64), without a copy."""
+    return _current.from_bits(pattern)
+
+
+def round_to(x, fmt, mode="nearest_even", *, seed=None, offset=None, subnormals=None,
+             saturate=None, daz=False):
+    """``fpsim.rounding.round_to`` on the backend's arrays (the same bits on every backend)."""
+    return _current.round_to(x, fmt, mode, seed=seed, offset=offset, subnormals=subnormals,
+                             saturate=saturate, daz=daz)
+
+
+def uniforms(seed: int, offset: int, n: int):
+    """Stochastic rounding's uniforms: Philox4x32-10 keyed by ``seed``, counter = element."""
+    return _current.uniforms(seed, offset, n)
+
+
+def scratch(slot, dtype, n: int):
+    """A reusable per-thread work array (overwritten before it is read, never returned)."""
+    return _current.scratch(slot, dtype, n)
+
+
+def errstate(**settings):
+    return _current.errstate(**settings)
+
+
+def versions() -> dict:
+    return _current.versions()
+
+
+def host_rng(seed=None) -> np.random.Generator:
+    """The host generator for initial weights and data: ``seed`` as ``numpy.random
+    .default_rng`` takes it, or a ``Generator`` passed through. Draws happen on the CPU for
+    every backend (then ``asarray`` moves them), so all backends start from the same values."""
+    if is_generator(seed):
+        return seed
+    return np.random.default_rng(seed)
+
+
+def array_text(array, threshold: int = 8) -> str:
+    """The values as NumPy prints them (summarised beyond ``threshold`` elements), for reprs."""
+    return np.array2string(to_numpy(array), threshold=threshold)
+
+
+def is_generator(obj) -> bool:
+    """Whether ``obj`` is a host ``numpy.random.Generator``."""
+    return isinstance(obj, np.random.Generator)
+
+
+_install(_make(os.environ.get("FPSIM_BACKEND", "numpy") or "numpy"))

@@ -1,0 +1,100 @@
+"""The kernel interface: what an array library must provide for fpsim to run on it.
+
+Two levels, both closed (a test reads every call site above this layer and checks them
+against these lists):
+
+1. ``NAMESPACE``: the array functions, dtypes and constants the engine may call through
+   ``fpsim.backend.xp``, with NumPy's semantics for the argument forms used. All of them are
+   exact or exactly defined on the values the engine passes (elementwise IEEE +, -, *, /,
+   sqrt, comparisons, ``where``, integer and bit operations, shape and index operations,
+   float64 matrix products whose rounding the exact layer certifies for any summation order).
+   None of them is libm (no exp, log, tanh): those are computed from these primitives in
+   ``fpsim.exact.elementary``, so every backend gets the same float64 numbers.
+2. ``Backend``: the kernels that differ between array libraries and cannot be written once
+   on the namespace: rounding to a format (``round_to``, every mode), the counter-based
+   uniforms of stochastic rounding (``uniforms``), bit views (``bits`` / ``from_bits``),
+   host transfer (``asarray`` / ``to_numpy``), per-thread work buffers (``scratch``) and
+   the library's floating-point error state (``errstate``).
+
+Everything else the engine needs, exact dot products under every accumulation model, exact
+fixed-order sums, scatter-adds without atomics and the correctly rounded transcendentals, is
+written once in ``fpsim.exact`` on these two levels, so a new backend gets it with the same
+bits by construction. A backend may implement a kernel faster in its own way (a fused CUDA
+rounding kernel, say) only with the same bits, which the parity tests check.
+"""
+from __future__ import annotations
+
+__all__ = ["NAMESPACE", "Backend"]
+
+NAMESPACE = frozenset("""
+    ndarray generic integer bool_ float16 float32 float64 int8 int32 int64 intp uint8 uint16
+    uint32 uint64 dtype inf nan
+    asarray array ascontiguousarray zeros ones empty full zeros_like ones_like empty_like
+    full_like arange copyto
+    add subtract multiply divide negative abs sqrt maximum minimum power divmod trunc rint round
+    copysign nextafter spacing frexp ldexp signbit sign floor ceil
+    equal not_equal less less_equal greater greater_equal logical_not logical_and logical_or
+    isfinite isnan isinf where clip
+    bitwise_and bitwise_or bitwise_xor invert left_shift right_shift
+    sum prod cumsum all any count_nonzero argmax argsort nonzero flatnonzero unique bincount
+    max min
+    matmul einsum
+    reshape moveaxis swapaxes transpose expand_dims squeeze broadcast_to broadcast_arrays
+    broadcast_shapes shape atleast_1d concatenate stack split delete ix_ take_along_axis
+    put_along_axis array_equal shares_memory errstate
+""".split())
+
+
+class Backend:
+    """One array library behind the engine. Subclasses set ``name`` and ``xp`` (a module or
+    object with every name of ``NAMESPACE``) and implement the kernels below; see
+    ``fpsim.backend.numpy_backend`` for the reference implementation."""
+
+    name: str = ""
+    xp = None
+    #: the container of every fpsim Format (every format's values fit a float32 exactly)
+    container = None
+
+    def asarray(self, data, dtype=None):
+        """Host data (array, nested lists, scalar) or an array of this backend as an array of
+        ``dtype`` (default: the container) on this backend; no copy when it already is one."""
+        raise NotImplementedError
+
+    def to_numpy(self, array):
+        """The same values as a host NumPy array."""
+        raise NotImplementedError
+
+    def is_array(self, obj) -> bool:
+        raise NotImplementedError
+
+    def bits(self, array):
+        """float32 (float64) array viewed as its uint32 (uint64) IEEE bit patterns."""
+        raise NotImplementedError
+
+    def from_bits(self, pattern):
+        """uint32 (uint64) array viewed as float32 (float64)."""
+        raise NotImplementedError
+
+    def round_to(self, x, fmt, mode="nearest_even", *, seed=None, offset=None,
+                 subnormals=None, saturate=None, daz=False):
+        """``fpsim.rounding.round_to`` on this backend's arrays, the same bits."""
+        raise NotImplementedError
+
+    def uniforms(self, seed: int, offset: int, n: int):
+        """The n float64 uniforms of stochastic rounding for elements ``offset .. offset+n-1``
+        under ``seed`` (Philox4x32-10, as ``fpsim.rounding.philox_uniforms``)."""
+        raise NotImplementedError
+
+    def scratch(self, slot, dtype, n: int):
+        """A work array of n elements of ``dtype`` for this thread, reused between calls with
+        the same slot name: callers overwrite it before reading and never return it."""
+        raise NotImplementedError
+
+    def errstate(self, **settings):
+        """A context manager silencing (``"ignore"``) floating-point warnings where the
+        library raises them; infinities and NaNs are always produced as IEEE says."""
+        raise NotImplementedError
+
+    def versions(self) -> dict:
+        """Library names and versions, for run records."""
+        raise NotImplementedError
