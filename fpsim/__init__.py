@@ -3,7 +3,7 @@
 Layers, lowest first: ``formats`` (what a number type is; beside it ``files``, atomic
 output files), ``rounding`` (values to a format),
 ``encoding`` (values to bit patterns and back), ``describe`` (a value taken apart, for
-teaching), ``backend`` (the array library), ``exact`` (exact dot products and sums rounded
+teaching), ``backend`` (the kernel interface: where array libraries differ), ``exact`` (exact dot products and sums rounded
 once, accumulation models, the gradient-underflow counter), ``autograd`` (tensors, ops,
 precision policies), ``nn`` (layers), ``optim`` (master-weight optimizers), ``scaling`` (loss
 scalers and framework presets), ``train`` (traces, checkpoints); above them ``experiments``,

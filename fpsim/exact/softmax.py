@@ -194,7 +194,7 @@ def cr_cross_entropy(logits, labels, reduction, fmt):
             ok = certified(loss, eps, fmt) | ~xp.isfinite(loss)
             return loss if ok.all() else _settle_each(logits, labels, loss, ok, fmt)
         total = loss.sum()
-        bound = eps.max(initial=0.0) + 1.01 * max(n - 1, 0) * _U
+        bound = (eps.max() if eps.size else 0.0) + 1.01 * max(n - 1, 0) * _U
         if reduction == "mean":
             total, bound = total / n, bound + _U
         total = xp.asarray(total)
