@@ -209,7 +209,7 @@ def log(x) -> Tensor:
 def pow(x, exponent) -> Tensor:
     """``x ** exponent`` for a real scalar exponent (autocast's float32 list: ``wide``).
 
-    Still NumPy's float64 ``np.power`` (libm for non-integer exponents), rounded once: unlike
+    Still the backend's float64 ``power`` (libm for non-integer exponents), rounded once: unlike
     exp, log, tanh, sigmoid and gelu it is not certified correctly rounded, and its bits may
     differ between platforms by the last float64 ulp in rare near-midpoint cases."""
     if not _is_scalar(exponent):

@@ -9,7 +9,9 @@ against these lists):
    sqrt, comparisons, ``where``, integer and bit operations, shape and index operations,
    float64 matrix products whose rounding the exact layer certifies for any summation order).
    None of them is libm (no exp, log, tanh): those are computed from these primitives in
-   ``fpsim.exact.elementary``, so every backend gets the same float64 numbers.
+   ``fpsim.exact.elementary``, so every backend gets the same float64 numbers. The one
+   exception is ``power``, which is libm's ``pow`` for non-integer exponents; only
+   ``fpsim.autograd``'s ``pow`` uses it, and its docstring says it is not portable.
 2. ``Backend``: the kernels that differ between array libraries and cannot be written once
    on the namespace: rounding to a format (``round_to``, every mode), the counter-based
    uniforms of stochastic rounding (``uniforms``), bit views (``bits`` / ``from_bits``),
