@@ -47,7 +47,7 @@ import numpy as np
 from .interface import NAMESPACE, Backend
 from .numpy_backend import NumpyBackend
 
-__all__ = ["NAMESPACE", "Backend", "xp", "name", "current", "available", "set_backend",
+__all__ = ["NAMESPACE", "Backend", "xp", "name", "current", "available", "register_backend", "set_backend",
            "use_backend", "asarray", "to_numpy", "is_array", "bits", "from_bits", "round_to",
            "uniforms", "scratch", "errstate", "host_rng", "is_generator", "array_text", "versions", "CONTAINER"]
 
@@ -73,6 +73,9 @@ _current: Backend = NumpyBackend()
 
 def _install(chosen: Backend) -> None:
     global _current
+    missing = sorted(attr for attr in NAMESPACE if not hasattr(chosen.xp, attr))
+    if missing:
+        raise ValueError(f"backend {chosen.name!r} lacks namespace names: {', '.join(missing)}")
     vars(xp).clear()
     for attr in NAMESPACE:
         setattr(xp, attr, getattr(chosen.xp, attr))
@@ -82,6 +85,16 @@ def _install(chosen: Backend) -> None:
 def available() -> tuple[str, ...]:
     """The backends this fpsim has."""
     return tuple(_IMPLEMENTATIONS)
+
+
+def register_backend(backend_name: str, factory) -> None:
+    """Make ``factory()`` (returning a ``Backend`` whose ``xp`` has every ``NAMESPACE`` name)
+    selectable as ``backend_name``. A name already taken is refused."""
+    if not isinstance(backend_name, str) or not backend_name:
+        raise ValueError(f"a backend name is a non-empty string, got {backend_name!r}")
+    if backend_name in _IMPLEMENTATIONS:
+        raise ValueError(f"backend {backend_name!r} is already registered")
+    _IMPLEMENTATIONS[backend_name] = factory
 
 
 def _make(backend_name: str) -> Backend:
