@@ -170,7 +170,8 @@ def _one_line(err: BaseException) -> str:
         where = f"{err.filename}: " if err.filename else ""
         return f"{where}{err.strerror}"
     if isinstance(err, MemoryError):
-        return "not enough memory for the sizes asked for; use smaller ones"
+        detail = f" ({err})" if str(err) else ""
+        return f"not enough memory for the sizes asked for{detail}; use smaller ones"
     if isinstance(err, RecursionError):
         return "the input is nested too deeply to read"
     if isinstance(err, KeyError):

@@ -33,7 +33,7 @@ from typing import IO, NamedTuple
 import numpy as np
 
 __all__ = ["StepRecord", "TraceWriter", "read_trace", "TraceError", "TRACE_VERSION",
-           "format_record", "trace_header", "split_torn_tail"]
+           "format_record", "trace_header", "split_torn_tail", "strict_json"]
 
 TRACE_VERSION = 1
 
@@ -207,12 +207,11 @@ def read_trace(source: "str | os.PathLike | IO[str]", *,
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = strict_json(line)
             except json.JSONDecodeError as err:
                 raise TraceError(f"{name} line {lineno}: not JSON ({err.msg})") from None
-            except (ValueError, RecursionError) as err:   # 5000-digit integers, deep nesting
-                raise TraceError(f"{name} line {lineno}: not a trace record "
-                                 f"({type(err).__name__}: {str(err)[:80]})") from None
+            except ValueError as err:   # 1e999, NaN literals, 5000-digit integers, deep nesting
+                raise TraceError(f"{name} line {lineno}: {str(err)[:120]}") from None
             if not isinstance(row, dict):
                 raise TraceError(f"{name} line {lineno}: expected a JSON object")
             numbered.append((lineno, row))
@@ -231,6 +230,27 @@ def read_trace(source: "str | os.PathLike | IO[str]", *,
                              f"{record.loss!r} ({record.loss_bits})")
         records.append(record)
     return records
+
+
+def strict_json(text: str):
+    """``json.loads`` that refuses, with ``ValueError``, what would silently change or stall
+    a reading: numbers beyond float range (``1e999`` would read as inf), ``NaN``/``Infinity``
+    literals (traces write those as strings), integers of more than 4300 digits, and nesting
+    deeper than Python's recursion limit."""
+    def finite(raw: str) -> float:
+        value = float(raw)
+        if math.isinf(value):
+            raise ValueError(f"the number {raw[:20]}{'...' if len(raw) > 20 else ''} is beyond "
+                             f"float range; write 'inf' as a string if inf is meant")
+        return value
+
+    def constant(name: str):
+        raise ValueError(f"{name} is not JSON; write it as the string {name.lower()[:3]!r}")
+
+    try:
+        return json.loads(text, parse_float=finite, parse_constant=constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 def split_torn_tail(text: str) -> tuple[str, str]:
