@@ -57,8 +57,9 @@ def register(commands) -> None:
                    help="replace the run that --out already holds (refused without this)")
     p.add_argument("--allow-change", action="append", default=[], metavar="FIELD",
                    choices=ADJUSTABLE_ON_RESUME,
-                   help=f"let a resumed run change this setting ({', '.join(ADJUSTABLE_ON_RESUME)}; "
-                        f"repeatable); any other difference from the checkpoint is refused")
+                   help=f"let a resumed run change this setting "
+                        f"({', '.join(ADJUSTABLE_ON_RESUME)}; repeatable); any other "
+                        f"difference from the checkpoint is refused")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
 
 

@@ -15,10 +15,8 @@ with exactly the bits the uninterrupted run had.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
-import math
 import os
 import platform
 import sys
@@ -34,8 +32,9 @@ from ..autograd import Tensor, cross_entropy, get_policy, no_grad, use_policy
 from ..exact.underflow import count_gradient_underflow
 from ..optim import SGD, Optimizer
 from ..scaling import NoScaler, ScalerState, StaticScaler, preset
-from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .data import Dataset
+from .resume import (ADJUSTABLE_ON_RESUME, check_allowed_changes, restore_checkpoint,
+                     run_identity, save_training_checkpoint)
 from .trace import StepRecord, TraceWriter, format_record, read_trace, trace_header
 
 __all__ = ["train", "TrainResult", "resolve_scaler", "loss_hash", "RUN_FILES",
@@ -43,14 +42,6 @@ __all__ = ["train", "TrainResult", "resolve_scaler", "loss_hash", "RUN_FILES",
 
 # What a run folder holds; a folder with any of them holds a run.
 RUN_FILES = ("run.json", "trace.jsonl", "trace.csv", "checkpoint.npz")
-# Configuration fields a resumed run may change when asked to (``allow_changes``): they steer
-# the next updates without changing what the checkpoint's state means.
-ADJUSTABLE_ON_RESUME = ("lr", "weight_decay", "clip_norm")
-
-_COUNTERS = ("scale", "growth_tracker", "hysteresis_left", "step", "last_overflow_step",
-             "consecutive_skips", "total_skips", "total_overflows", "growths", "backoffs")
-
-
 def resolve_scaler(spec):
     """A scaler configuration from what users write: None or "none"; a number or
     "static:1024" (static scale); "dynamic" (torch's GradScaler); a preset name ("torch",
@@ -136,7 +127,7 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler=No
         raise TypeError(f"data must be an fpsim.train.Dataset, got {type(data).__name__}")
     if trace_layout not in ("jsonl", "csv"):
         raise ValueError(f"trace_layout must be 'jsonl' or 'csv', got {trace_layout!r}")
-    allow_changes = _check_allowed(allow_changes)
+    allow_changes = check_allowed_changes(allow_changes)
     policy = get_policy(policy)
     with use_policy(policy):
         optimizer = optimizer if optimizer is not None else Optimizer(model, SGD(lr=0.1))
@@ -150,12 +141,12 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler=No
                     master=str(optimizer.master_fmt) if optimizer.master_fmt else None,
                     clip_norm=optimizer.clip_norm, scaler=repr(scaler_cfg), data=data.name,
                     model=type(model).__name__)
-    identity = _identity(settings, optimizer, data, model)
+    identity = run_identity(settings, optimizer, data, model)
     rng = np.random.default_rng(seed)
     state = scaler_cfg.init()
     start = 0
     if resume is not None:
-        start, state = _restore(resume, model, optimizer, scaler_cfg, rng, identity,
+        start, state = restore_checkpoint(resume, model, optimizer, scaler_cfg, rng, identity,
                                 allow_changes)
         if start >= steps:
             raise ValueError(f"checkpoint {resume} is at step {start}; ask for more than "
@@ -168,8 +159,8 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler=No
                       steps)
         result.notes[:0] = notes
         if out_dir is not None:
-            _save(out_dir / "checkpoint.npz", model, optimizer, result.scaler_state, rng, steps,
-                  identity)
+            save_training_checkpoint(out_dir / "checkpoint.npz", model, optimizer,
+                                     result.scaler_state, rng, steps, identity)
             _finish_run_json(out_dir, result, settings, start)
     return result
 
@@ -201,8 +192,8 @@ def _run(model, data, optimizer, state, policy, rng, step_range, batch_size, wri
             if writer is not None:
                 writer.write(record)
             if out_dir is not None and checkpoint_every and (step + 1) % checkpoint_every == 0:
-                _save(out_dir / "checkpoint.npz", model, optimizer, state, rng, step + 1,
-                      identity)
+                save_training_checkpoint(out_dir / "checkpoint.npz", model, optimizer, state,
+                                         rng, step + 1, identity)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{value:.4g}", scale=f"{scale:g}")
@@ -212,18 +203,6 @@ def _run(model, data, optimizer, state, policy, rng, step_range, batch_size, wri
         if writer is not None:
             writer.close()
     return TrainResult(records, state, optimizer, out_dir, nonfinite)
-
-
-def _check_allowed(allow_changes) -> frozenset:
-    if isinstance(allow_changes, str):
-        allow_changes = [allow_changes]
-    allowed = frozenset(allow_changes)
-    wrong = sorted(str(name) for name in allowed if name not in ADJUSTABLE_ON_RESUME)
-    if wrong:
-        raise ValueError(f"allow_changes: {', '.join(wrong)} cannot change on resume (the "
-                         f"checkpoint's state depends on it); fields that can: "
-                         f"{', '.join(ADJUSTABLE_ON_RESUME)}")
-    return allowed
 
 
 def _check_optimizer_fits(model, optimizer) -> None:
@@ -237,20 +216,6 @@ def _check_optimizer_fits(model, optimizer) -> None:
                          f"{len(theirs - own)} parameter(s) that are not this model's and "
                          f"misses {len(own - theirs)} of its {len(own)}; build it with "
                          f"Optimizer(model, rule)")
-
-
-def _identity(settings: dict, optimizer: Optimizer, data: Dataset, model) -> dict:
-    """The configuration a checkpoint belongs to, field by field (``steps`` aside): what a
-    resumed run must match."""
-    ident = {k: v for k, v in settings.items() if k not in ("steps", "optimizer", "command")}
-    rule = optimizer.rule
-    ident["optimizer"] = type(rule).__name__
-    if dataclasses.is_dataclass(rule):
-        ident.update({f.name: getattr(rule, f.name) for f in dataclasses.fields(rule)})
-    ident["data_sha256"] = hashlib.sha256(data.x.tobytes() + data.y.tobytes()).hexdigest()
-    ident["parameters"] = {name: [str(p.fmt), *map(int, p.shape)]
-                           for name, p in model.named_parameters()}
-    return json.loads(json.dumps(ident, default=str))   # as it reads back from a checkpoint
 
 
 def _check_count(name: str, value, low: int) -> None:
@@ -282,16 +247,19 @@ def _open_outputs(stack: contextlib.ExitStack, out, layout, settings, start, res
         probe.write_text("ok")
         probe.unlink()
     except OSError as err:
-        raise ValueError(f"cannot write the output folder {out_dir}: {err.strerror or err}") from None
+        raise ValueError(f"cannot write the output folder {out_dir}: "
+                         f"{err.strerror or err}") from None
     taken_over = stack.enter_context(folder_lock(out_dir))
     notes = [taken_over] if taken_over else []
     trace_path = out_dir / f"trace.{layout}"
     present = [name for name in RUN_FILES if (out_dir / name).exists()]
     kept: list[StepRecord] = []
     if resume is None and present and not overwrite:
-        raise ValueError(f"{out_dir} already holds a run ({', '.join(present)}); continue it "
-                         f"with --resume {out_dir / 'checkpoint.npz'} and more --steps, replace "
-                         f"it with --overwrite, or choose another --out")
+        resume_hint = (f"continue it with --resume {out_dir / 'checkpoint.npz'} and more "
+                       f"--steps, " if "checkpoint.npz" in present else "")
+        raise ValueError(f"{out_dir} already holds a run ({', '.join(present)}); {resume_hint}"
+                         f"replace it with --overwrite (overwrite=True), or choose another "
+                         f"--out")
     if resume is None:
         for name in present:
             (out_dir / name).unlink()
@@ -360,95 +328,6 @@ def _version_of(package: str) -> str:
         return version(package)
     except PackageNotFoundError:
         return "not installed"
-
-
-def _save(path: Path, model, optimizer: Optimizer, state: ScalerState, rng, step: int,
-          identity: dict) -> None:
-    arrays = {f"param/{name}": value for name, value in model.state_dict().items()}
-    arrays.update({f"optim/{k}": v for k, v in optimizer.state_dict().items()})
-    meta = {"step": step, "rng": rng.bit_generator.state, "config": identity,
-            "scaler": {name: getattr(state, name) for name in _COUNTERS}}
-    save_checkpoint(path, arrays, meta)
-
-
-_META_KEYS = ("step", "rng", "scaler", "config")
-
-
-def _restore(path, model, optimizer: Optimizer, scaler_cfg, rng, identity: dict,
-             allow_changes: frozenset):
-    """Check the checkpoint completely against this run, then load it into ``model``,
-    ``optimizer`` and ``rng``; returns (step, scaler state)."""
-    arrays, meta = load_checkpoint(path)
-
-    def bad(problem: str) -> CheckpointError:
-        return CheckpointError(f"checkpoint {path}: {problem}")
-
-    unknown = sorted(set(meta) - set(_META_KEYS))
-    missing = [k for k in _META_KEYS if k not in meta]
-    if unknown or missing:
-        raise bad(f"metadata has unknown keys {unknown} / lacks {missing}; an fpsim training "
-                  f"checkpoint has {', '.join(_META_KEYS)}")
-    step = meta["step"]
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise bad(f"step must be a non-negative integer, got {step!r}")
-    _check_same_config(path, meta["config"], identity, allow_changes)
-    state = _scaler_state(meta["scaler"], scaler_cfg, bad)
-    probe = np.random.default_rng()
-    try:
-        probe.bit_generator.state = meta["rng"]
-    except (TypeError, ValueError, KeyError) as err:
-        raise bad(f"the batch generator's state does not load ({err})") from None
-    params = {k[len("param/"):]: v for k, v in arrays.items() if k.startswith("param/")}
-    optim = {k[len("optim/"):]: v for k, v in arrays.items() if k.startswith("optim/")}
-    strays = [k for k in arrays if not k.startswith(("param/", "optim/"))]
-    if strays:
-        raise bad(f"unknown arrays {strays[:5]}; a training checkpoint holds param/... and "
-                  f"optim/... arrays")
-    own = model.state_dict()
-    if set(params) != set(own):
-        raise bad(f"parameters {sorted(set(own) - set(params))[:5]} missing, "
-                  f"{sorted(set(params) - set(own))[:5]} unknown: it does not fit this model")
-    for name, value in params.items():
-        if value.shape != own[name].shape or value.dtype != own[name].dtype:
-            raise bad(f"parameter {name!r} is {value.dtype}{list(value.shape)}, the model's "
-                      f"is {own[name].dtype}{list(own[name].shape)}")
-    try:
-        optimizer.load_state_dict(optim)     # checks every array before it changes anything
-    except (KeyError, ValueError, TypeError) as err:
-        raise bad(f"optimizer state does not fit: {err}") from None
-    model.load_state_dict(params)
-    rng.bit_generator.state = meta["rng"]
-    return step, state
-
-
-def _check_same_config(path, saved, identity: dict, allow_changes: frozenset) -> None:
-    if not isinstance(saved, dict):
-        raise CheckpointError(f"checkpoint {path}: 'config' must be an object, got {saved!r}")
-    differ = [k for k in sorted(set(saved) | set(identity))
-              if saved.get(k) != identity.get(k) and k not in allow_changes]
-    if differ:
-        shown = "; ".join(f"{k}: checkpoint {saved.get(k)!r}, now {identity.get(k)!r}"
-                          for k in differ[:6])
-        adjustable = [k for k in differ if k in ADJUSTABLE_ON_RESUME]
-        hint = (f" ({', '.join(adjustable)} may change if you say so: --allow-change "
-                f"{adjustable[0]})" if adjustable else "")
-        raise ValueError(f"cannot resume from {path}: the configuration differs in "
-                         f"{', '.join(differ)} ({shown}){hint}; resume with the same settings")
-
-
-def _scaler_state(saved, scaler_cfg, bad) -> ScalerState:
-    if not isinstance(saved, dict) or set(saved) != set(_COUNTERS):
-        raise bad(f"scaler state must hold exactly {', '.join(_COUNTERS)}")
-    scale = saved["scale"]
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or \
-            not (math.isfinite(scale) and scale >= 0):
-        # 0 is a state torch's GradScaler reaches (no floor), so it is a state to resume
-        raise bad(f"scaler scale must be a finite number >= 0, got {scale!r}")
-    for name in _COUNTERS[1:]:
-        value, low = saved[name], -1 if name == "last_overflow_step" else 0
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise bad(f"scaler counter {name} must be an integer >= {low}, got {value!r}")
-    return dataclasses.replace(scaler_cfg.init(), **saved)
 
 
 def _progress_bar(steps: int, start: int, progress: bool | None):
