@@ -11,7 +11,7 @@ import pytest
 
 from fpsim import nn, use_policy
 from fpsim.cli import main
-from fpsim.optim import SGD, Optimizer
+from fpsim.optim import SGD, Adam, Optimizer
 from fpsim.train import (CheckpointError, TraceError, load_checkpoint, make_dataset, read_trace,
                          save_checkpoint, train)
 
@@ -19,13 +19,14 @@ SMALL = ["train", "--samples", "128", "--features", "4", "--hidden", "8", "--bat
          "--quiet"]
 
 
-def run(out, steps, resume=None, lr=0.1, **kwargs):
-    data = make_dataset("blobs", n=128, features=4, classes=3, seed=0)
+def run(out, steps, resume=None, lr=0.1, rule=None, master="fp32", hidden=8, samples=128,
+        batch_size=8, **kwargs):
+    data = make_dataset("blobs", n=samples, features=4, classes=3, seed=0)
     with use_policy("16-mixed"):
-        model = nn.MLP([4, 8, 3], rng=0)
-        optimizer = Optimizer(model, SGD(lr=lr, momentum=0.9))
-    return train(model, data, optimizer=optimizer, steps=steps, batch_size=8, seed=2, out=out,
-                 resume=resume, progress=False, **kwargs)
+        model = nn.MLP([4, hidden, 3], rng=0)
+        optimizer = Optimizer(model, rule or SGD(lr=lr, momentum=0.9), master=master)
+    return train(model, data, optimizer=optimizer, steps=steps, batch_size=batch_size, seed=2,
+                 out=out, resume=resume, progress=False, **kwargs)
 
 
 def snapshot(folder):
@@ -49,6 +50,22 @@ def test_a_different_configuration_is_refused_with_the_fields_named(tmp_path, ca
     assert main([*SMALL, *resume, "--lr", "0.2"]) == 2
     assert main([*SMALL, *resume, "--lr", "0.2", "--allow-change", "lr"]) == 0
     assert len(read_trace(out / "trace.jsonl")) == 6
+
+
+@pytest.mark.parametrize("change,fields", [
+    (dict(scaler="static:1024"), "scaler"),
+    (dict(batch_size=16), "batch_size"),
+    (dict(master=None), "master"),
+    (dict(rule=Adam(lr=0.1)), "beta1, beta2, dampening, decoupled, eps, momentum, nesterov, "
+                              "optimizer"),
+    (dict(hidden=9), "parameters"),
+    (dict(samples=64), "data_sha256"),
+    (dict(policy="bf16-mixed"), "policy"),
+])
+def test_each_setting_is_compared(tmp_path, change, fields):
+    run(tmp_path, 4)
+    with pytest.raises(ValueError, match=f"the configuration differs in {fields} \\("):
+        run(tmp_path, 6, resume=tmp_path / "checkpoint.npz", **change)
 
 
 def test_a_trace_with_later_steps_and_a_torn_line_is_trimmed_with_a_note(tmp_path):
