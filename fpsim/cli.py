@@ -17,6 +17,7 @@ with status 2; no traceback. Ctrl-C stops with one line and status 130; a closed
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
@@ -107,10 +108,16 @@ def _parser() -> argparse.ArgumentParser:
 
 def _parse_number(text: str) -> float:
     try:
-        return float.fromhex(text) if "0x" in text.lower() else float(text)
+        value = float.fromhex(text) if "0x" in text.lower() else float(text)
     except ValueError:
         raise UsageError(f"{text!r} is not a number; give a decimal (0.1, 1e-8, inf) or a "
                          f"hexadecimal float (0x1p-24)") from None
+    except OverflowError:
+        value = math.inf
+    if math.isinf(value) and "inf" not in text.lower():
+        raise UsageError(f"{text!r} is beyond float64's range (about 1.8e308), so it would be "
+                         f"read as infinity; write inf or -inf if that is meant")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:

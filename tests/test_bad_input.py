@@ -73,6 +73,8 @@ def test_cli_input_failures_are_one_line_and_exit_2(tmp_path, capsys):
           str(tmp_path / "none.npy")], "the source is empty"),
         (["check-cast", str(tmp_path / "rec.npy").replace("rec", "x"), "-f", "e5m2", "--bits",
           "--against", str(tmp_path / "rec.npy")], "structured array"),
+        (["describe", "1e999"], "'1e999' is beyond float64's range"),
+        (["describe", "0x1p99999"], "beyond float64's range"),
         (["train", "--lr", "inf"], "lr must be a number in (0.0, inf), got inf"),
         (["train", "--samples", str(10**14)], "not enough memory"),
         (["train", "--resume", str(tmp_path)], "no checkpoint at"),
