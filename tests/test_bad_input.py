@@ -75,6 +75,8 @@ def test_cli_input_failures_are_one_line_and_exit_2(tmp_path, capsys):
           "--against", str(tmp_path / "rec.npy")], "structured array"),
         (["describe", "1e999"], "'1e999' is beyond float64's range"),
         (["describe", "0x1p99999"], "beyond float64's range"),
+        (["train", "--samples", "0"], "--samples must be an integer >= 1, got 0"),
+        (["train", "--classes", "1"], "--classes must be an integer >= 2, got 1"),
         (["train", "--lr", "inf"], "lr must be a number in (0.0, inf), got inf"),
         (["train", "--samples", str(10**14)], "not enough memory"),
         (["train", "--resume", str(tmp_path)], "no checkpoint at"),

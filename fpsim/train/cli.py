@@ -76,6 +76,12 @@ def _sizes(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     """Train as the arguments say; returns the exit status (ValueError/TypeError propagate to
     the caller, which reports them with status 2)."""
+    for option, value, low in (("--samples", args.samples, 1), ("--features", args.features, 1),
+                               ("--classes", args.classes, 2), ("--steps", args.steps, 1),
+                               ("--batch-size", args.batch_size, 1),
+                               ("--checkpoint-every", args.checkpoint_every, 1)):
+        if value is not None and value < low:
+            raise ValueError(f"{option} must be an integer >= {low}, got {value}")
     if args.optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {args.optimizer!r}; choose {', '.join(OPTIMIZERS)}")
     policy = get_policy(args.policy)
