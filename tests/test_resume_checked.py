@@ -68,6 +68,16 @@ def test_each_setting_is_compared(tmp_path, change, fields):
         run(tmp_path, 6, resume=tmp_path / "checkpoint.npz", **change)
 
 
+def test_a_checkpoint_cannot_continue_another_runs_trace(tmp_path):
+    run(tmp_path / "a", 4)
+    run(tmp_path / "b", 6, hidden=9)
+    before = snapshot(tmp_path / "b")
+    with pytest.raises(ValueError, match="b/run.json \\(the run whose trace would continue\\): "
+                                         "the configuration differs in parameters"):
+        run(tmp_path / "b", 8, resume=tmp_path / "a" / "checkpoint.npz")
+    assert snapshot(tmp_path / "b") == before
+
+
 def test_a_trace_with_later_steps_and_a_torn_line_is_trimmed_with_a_note(tmp_path):
     whole = run(tmp_path / "whole", 6)
     out = tmp_path / "run"

@@ -33,8 +33,8 @@ from ..exact.underflow import count_gradient_underflow
 from ..optim import SGD, Optimizer
 from ..scaling import NoScaler, ScalerState, StaticScaler, preset
 from .data import Dataset
-from .resume import (ADJUSTABLE_ON_RESUME, check_allowed_changes, restore_checkpoint,
-                     run_identity, save_training_checkpoint)
+from .resume import (ADJUSTABLE_ON_RESUME, check_allowed_changes, check_same_config,
+                     restore_checkpoint, run_identity, save_training_checkpoint)
 from .trace import StepRecord, TraceWriter, format_record, read_trace, trace_header
 
 __all__ = ["train", "TrainResult", "resolve_scaler", "loss_hash", "RUN_FILES",
@@ -153,7 +153,7 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler=No
                              f"{start} steps to continue")
     with contextlib.ExitStack() as stack:
         out_dir, writer, kept, notes = _open_outputs(stack, out, trace_layout, settings, start,
-                                                     resume, overwrite)
+                                                     resume, overwrite, identity, allow_changes)
         result = _run(model, data, optimizer, state, policy, rng, range(start, steps),
                       batch_size, writer, out_dir, checkpoint_every, identity, kept, progress,
                       steps)
@@ -161,7 +161,7 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler=No
         if out_dir is not None:
             save_training_checkpoint(out_dir / "checkpoint.npz", model, optimizer,
                                      result.scaler_state, rng, steps, identity)
-            _finish_run_json(out_dir, result, settings, start)
+            _finish_run_json(out_dir, result, settings, start, identity)
     return result
 
 
@@ -235,7 +235,7 @@ def _dry_run(model, data: Dataset, policy) -> None:
 
 
 def _open_outputs(stack: contextlib.ExitStack, out, layout, settings, start, resume,
-                  overwrite):
+                  overwrite, identity, allow_changes):
     """Lock ``out``, check what it holds, write ``run.json`` and open the trace; returns
     (folder, trace writer, trace records kept from before ``start``, notes)."""
     if out is None:
@@ -264,9 +264,10 @@ def _open_outputs(stack: contextlib.ExitStack, out, layout, settings, start, res
         for name in present:
             (out_dir / name).unlink()
     elif start > 0:
+        _check_folder_run(out_dir, identity, allow_changes)
         kept, note = _kept_trace(trace_path, start)
         notes += [note] if note else []
-    write_text(out_dir / "run.json", json.dumps(_run_info(settings, start), indent=2,
+    write_text(out_dir / "run.json", json.dumps(_run_info(settings, start, identity), indent=2,
                                                 sort_keys=True) + "\n")
     if resume is not None:
         write_text(trace_path, trace_header(layout) + "".join(format_record(r, layout)
@@ -299,15 +300,32 @@ def _kept_trace(trace_path: Path, start: int) -> tuple[list[StepRecord], str]:
     return kept, note
 
 
-def _run_info(settings: dict, start: int) -> dict:
+def _check_folder_run(out_dir: Path, identity: dict, allow_changes: frozenset) -> None:
+    """The trace a resume continues must be this run's: ``run.json``'s configuration must
+    match, as the checkpoint's does."""
+    path = out_dir / "run.json"
+    if not path.exists():
+        return
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))["identity"]
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError, KeyError, TypeError) as err:
+        raise ValueError(f"cannot resume into {out_dir}: {path} does not say which run its trace "
+                         f"belongs to ({type(err).__name__}: {err}); resume into the folder of "
+                         f"the checkpoint's run") from None
+    check_same_config(f"{path} (the run whose trace would continue)", recorded, identity,
+                      allow_changes)
+
+
+def _run_info(settings: dict, start: int, identity: dict) -> dict:
     return {"fpsim": _fpsim_version, "python": sys.version.split()[0],
             "numpy": np.__version__, "ml_dtypes": _version_of("ml_dtypes"),
             "platform": platform.platform(), "backend": "numpy", "resumed_at": start,
-            "config": settings}
+            "config": settings, "identity": identity}
 
 
-def _finish_run_json(out_dir: Path, result: TrainResult, settings: dict, start: int) -> None:
-    info = _run_info(settings, start)
+def _finish_run_json(out_dir: Path, result: TrainResult, settings: dict, start: int,
+                     identity: dict) -> None:
+    info = _run_info(settings, start, identity)
     info["summary"] = {
         "steps": len(result.records), "final_loss": _json_number(result.records[-1].loss),
         "loss_sha256": result.loss_hash, "skipped_steps": sum(r.skipped for r in result.records),

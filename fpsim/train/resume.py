@@ -22,7 +22,7 @@ from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .data import Dataset
 
 __all__ = ["ADJUSTABLE_ON_RESUME", "check_allowed_changes", "run_identity",
-           "save_training_checkpoint", "restore_checkpoint"]
+           "save_training_checkpoint", "restore_checkpoint", "check_same_config"]
 
 # Configuration fields a resumed run may change when asked to (``allow_changes``): they steer
 # the next updates without changing what the checkpoint's state means.
@@ -88,7 +88,7 @@ def restore_checkpoint(path, model, optimizer: Optimizer, scaler_cfg, rng, ident
     step = meta["step"]
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise bad(f"step must be a non-negative integer, got {step!r}")
-    _check_same_config(path, meta["config"], identity, allow_changes)
+    check_same_config(f"checkpoint {path}", meta["config"], identity, allow_changes)
     state = _scaler_state(meta["scaler"], scaler_cfg, bad)
     probe = copy.deepcopy(rng)
     try:
@@ -118,18 +118,21 @@ def restore_checkpoint(path, model, optimizer: Optimizer, scaler_cfg, rng, ident
     return step, state
 
 
-def _check_same_config(path, saved, identity: dict, allow_changes: frozenset) -> None:
+def check_same_config(what: str, saved, identity: dict, allow_changes: frozenset) -> None:
+    """Refuse to resume when ``saved`` (the configuration recorded in ``what``) differs from
+    this run's ``identity`` in any field but those in ``allow_changes``, naming the fields."""
     if not isinstance(saved, dict):
-        raise CheckpointError(f"checkpoint {path}: 'config' must be an object, got {saved!r}")
+        raise CheckpointError(f"{what}: the recorded configuration must be an object, got "
+                              f"{saved!r}")
     differ = [k for k in sorted(set(saved) | set(identity))
               if saved.get(k) != identity.get(k) and k not in allow_changes]
     if differ:
-        shown = "; ".join(f"{k}: checkpoint {saved.get(k)!r}, now {identity.get(k)!r}"
+        shown = "; ".join(f"{k}: recorded {saved.get(k)!r}, now {identity.get(k)!r}"
                           for k in differ[:6])
         adjustable = [k for k in differ if k in ADJUSTABLE_ON_RESUME]
         hint = (f" ({', '.join(adjustable)} may change if you say so: --allow-change "
                 f"{adjustable[0]})" if adjustable else "")
-        raise ValueError(f"cannot resume from {path}: the configuration differs in "
+        raise ValueError(f"cannot resume from {what}: the configuration differs in "
                          f"{', '.join(differ)} ({shown}){hint}; resume with the same settings")
 
 
