@@ -263,10 +263,11 @@ def _open_outputs(stack: contextlib.ExitStack, out, layout, settings, start, res
     if resume is None:
         for name in present:
             (out_dir / name).unlink()
-    elif start > 0:
+    else:
         _check_folder_run(out_dir, identity, allow_changes)
-        kept, note = _kept_trace(trace_path, start)
-        notes += [note] if note else []
+        if start > 0:
+            kept, note = _kept_trace(trace_path, start)
+            notes += [note] if note else []
     write_text(out_dir / "run.json", json.dumps(_run_info(settings, start, identity), indent=2,
                                                 sort_keys=True) + "\n")
     if resume is not None:
