@@ -26,8 +26,8 @@ RuntimeError: interrupted
 from __future__ import annotations
 
 import os
+import secrets
 import socket
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -35,6 +35,7 @@ __all__ = ["atomic_file", "write_text", "write_bytes", "folder_lock", "FolderInU
            "LOCK_NAME"]
 
 LOCK_NAME = ".fpsim.lock"
+_BINARY = getattr(os, "O_BINARY", 0)     # Windows: no newline translation
 
 
 @contextmanager
@@ -46,8 +47,11 @@ def atomic_file(path: "str | os.PathLike", mode: str = "wb", encoding: "str | No
         raise ValueError(f"atomic_file writes whole files: mode must be 'w' or 'wb', got {mode!r}")
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
-    fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    # The name is chosen before the file exists, so that a Ctrl-C arriving at any point after
+    # it is created (even inside the call that creates it) still finds it to remove.
+    temp_name = directory / f".{path.name}.{secrets.token_hex(6)}.tmp"
     try:
+        fd = os.open(temp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _BINARY, 0o644)
         if mode == "w":
             handle = os.fdopen(fd, "w", encoding=encoding or "utf-8", newline="")
         else:
