@@ -9,12 +9,17 @@
     fpsim check-scaler TRACE      replay a framework's loss-scaler trace through a preset
     fpsim check-cast SRC --against THEIRS --format F   compare a framework's cast with ours
 
-Bad input (an unknown format, a value that is not a number) prints what was wrong and what is
-accepted, and exits with status 2.
+Bad input (an unknown format, a value that is not a number, a file that cannot be read)
+prints one line, ``fpsim: error: ...``, saying what was wrong and what is accepted, and exits
+with status 2; no traceback. Ctrl-C stops with one line and status 130; a closed pipe
+(``fpsim formats | head -c 10``) ends quietly with status 141, as ``SIGPIPE`` would.
 """
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import re
 import sys
 
 import numpy as np
@@ -82,6 +87,11 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("formats", help="list the built-in number formats")
     commands.add_parser("demo", help="a short tour of reduced-precision effects")
     desc = commands.add_parser("describe", help="round a value into a format and show its bits")
+    # argparse takes "-inf" and "-1e-8" for options unless its negative-number pattern
+    # (a private attribute, the one way to widen it) says they are numbers.
+    desc._negative_number_matcher = re.compile(
+        r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$|^-0x[0-9a-f.]+p[-+]?\d+$",
+        re.IGNORECASE)
     desc.add_argument("value", help="a number, e.g. 0.1, 1e-8, -inf, 0x1p-24")
     desc.add_argument("-f", "--format", default="fp16", help="format name (default fp16)")
     desc.add_argument("-m", "--mode", default="nearest_even",
@@ -98,20 +108,43 @@ def _parser() -> argparse.ArgumentParser:
 
 def _parse_number(text: str) -> float:
     try:
-        return float.fromhex(text) if "0x" in text.lower() else float(text)
+        value = float.fromhex(text) if "0x" in text.lower() else float(text)
     except ValueError:
         raise UsageError(f"{text!r} is not a number; give a decimal (0.1, 1e-8, inf) or a "
                          f"hexadecimal float (0x1p-24)") from None
+    except OverflowError:
+        value = math.inf
+    if math.isinf(value) and "inf" not in text.lower():
+        raise UsageError(f"{text!r} is beyond float64's range (about 1.8e308), so it would be "
+                         f"read as infinity; write inf or -inf if that is meant")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns the exit status (0 done, 1 a check found differences or an
+    experiment failed, 2 bad input, 130 Ctrl-C, 141 closed pipe)."""
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:
+        print("fpsim: interrupted (Ctrl-C); files being written were left as they were",
+              file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader left (``| head``): stop quietly, and keep Python from complaining when it
+        # flushes stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+
+
+def _run(argv: list[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     from .conformance import cli as conformance_cli
 
-    if args.command in conformance_cli.COMMANDS:
-        return conformance_cli.run(args)  # exit 0 agree, 1 differ, 2 bad input; prints its own
     try:
+        if args.command in conformance_cli.COMMANDS:
+            return conformance_cli.run(args)  # exit 0 agree, 1 differ, 2 bad input
         if args.command == "formats":
             print(_format_table())
         elif args.command == "demo":
@@ -128,10 +161,29 @@ def main(argv: list[str] | None = None) -> int:
             return experiments_cli.run(args)
         else:
             parser.print_help()
+        sys.stdout.flush()      # a closed pipe shows here, inside the handlers below
         return 0
-    except (UsageError, ValueError, TypeError, KeyError, FileNotFoundError) as err:
-        print(f"fpsim: error: {err}", file=sys.stderr)
+    except BrokenPipeError:
+        raise
+    except (UsageError, ValueError, TypeError, KeyError, OSError, RecursionError,
+            MemoryError) as err:
+        print(f"fpsim: error: {_one_line(err)}", file=sys.stderr)
         return 2
+
+
+def _one_line(err: BaseException) -> str:
+    """What went wrong, in one line: an OS error names its file; the rest give their message."""
+    if isinstance(err, OSError) and err.strerror:
+        where = f"{err.filename}: " if err.filename else ""
+        return f"{where}{err.strerror}"
+    if isinstance(err, MemoryError):
+        detail = f" ({err})" if str(err) else ""
+        return f"not enough memory for the sizes asked for{detail}; use smaller ones"
+    if isinstance(err, RecursionError):
+        return "the input is nested too deeply to read"
+    if isinstance(err, KeyError):
+        return str(err.args[0]) if err.args else "missing key"
+    return " ".join(str(err).split()) or type(err).__name__
 
 
 if __name__ == "__main__":  # pragma: no cover

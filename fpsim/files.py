@@ -6,6 +6,8 @@ and Windows within one file system). An interrupted or failing writer leaves the
 untouched and no temporary behind, so a figure, summary, trace or checkpoint on disk is always
 one that was finished.
 
+``folder_lock`` keeps two processes from writing one output folder at once.
+
 >>> import os, tempfile
 >>> from pathlib import Path
 >>> folder = tempfile.mkdtemp()
@@ -24,11 +26,16 @@ RuntimeError: interrupted
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
+import socket
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_file", "write_text", "write_bytes"]
+__all__ = ["atomic_file", "write_text", "write_bytes", "folder_lock", "FolderInUse",
+           "LOCK_NAME"]
+
+LOCK_NAME = ".fpsim.lock"
+_BINARY = getattr(os, "O_BINARY", 0)     # Windows: no newline translation
 
 
 @contextmanager
@@ -40,8 +47,11 @@ def atomic_file(path: "str | os.PathLike", mode: str = "wb", encoding: "str | No
         raise ValueError(f"atomic_file writes whole files: mode must be 'w' or 'wb', got {mode!r}")
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
-    fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    # The name is chosen before the file exists, so that a Ctrl-C arriving at any point after
+    # it is created (even inside the call that creates it) still finds it to remove.
+    temp_name = directory / f".{path.name}.{secrets.token_hex(6)}.tmp"
     try:
+        fd = os.open(temp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _BINARY, 0o644)
         if mode == "w":
             handle = os.fdopen(fd, "w", encoding=encoding or "utf-8", newline="")
         else:
@@ -66,3 +76,66 @@ def write_bytes(path: "str | os.PathLike", data: bytes) -> None:
     """Write ``data`` to ``path`` atomically."""
     with atomic_file(path, "wb") as handle:
         handle.write(data)
+
+
+class FolderInUse(ValueError):
+    """Another process holds the folder's lock: says which process and what to do."""
+
+
+@contextmanager
+def folder_lock(folder: "str | os.PathLike"):
+    """Hold ``folder/.fpsim.lock`` while writing into ``folder``; yields a note (a string) when
+    a stale lock was taken over, else None.
+
+    The lock file is created with ``O_CREAT | O_EXCL`` (so exactly one process can create it)
+    and holds ``PID HOST``; it is removed on exit, exceptions and Ctrl-C included. A process
+    killed outright leaves it behind: a lock whose process no longer runs on this host is
+    stale and taken over, with a note saying so. A lock held by a running process, from
+    another host, or unreadable, raises ``FolderInUse`` naming the process and the file.
+    (Two processes taking over the same stale lock at the same instant can both succeed;
+    outside that, the second writer is refused.)"""
+    path = Path(folder) / LOCK_NAME
+    note = None
+    for attempt in (1, 2):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            break
+        except FileExistsError:
+            owner = _lock_owner(path)
+            if attempt == 1 and owner is not None and _is_dead(*owner):
+                path.unlink(missing_ok=True)
+                note = (f"took over the stale lock {path} of process {owner[0]}, which no longer "
+                        f"runs (it was stopped without cleaning up)")
+                continue
+            holder = (f"process {owner[0]} on {owner[1]}" if owner is not None
+                      else "another process (the lock file does not say which)")
+            raise FolderInUse(f"{folder} is being written by {holder}: wait for it to finish, or, "
+                              f"if no fpsim runs there, delete {path}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(f"{os.getpid()} {socket.gethostname()}\n")
+        yield note
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _lock_owner(path: Path) -> "tuple[int, str] | None":
+    try:
+        pid, host = path.read_text(encoding="utf-8").split()
+        return int(pid), host
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+
+
+def _is_dead(pid: int, host: str) -> bool:
+    """Whether process ``pid`` of ``host`` is known not to run (only this host's can be
+    checked, and only on POSIX: signal 0 tests for a process without touching it)."""
+    if host != socket.gethostname() or os.name != "posix" or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:         # PermissionError: it runs, as another user
+        return False
+    return False

@@ -27,6 +27,7 @@ True
 from __future__ import annotations
 
 import dataclasses
+import operator
 import re
 from dataclasses import dataclass, field
 
@@ -133,6 +134,16 @@ class Format:
 
 
 def _validate(fmt: Format) -> None:
+    for label, value in (("exp_bits", fmt.exp_bits), ("man_bits", fmt.man_bits),
+                         ("bias", fmt.bias)):
+        if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+            raise TypeError(f"{label} must be an int, got {value!r}")
+        object.__setattr__(fmt, label, operator.index(value))   # NumPy integers as ints
+    for label, value in (("subnormals", fmt.subnormals), ("saturate", fmt.saturate)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{label} must be True or False, got {value!r}")
+    if not isinstance(fmt.name, str):
+        raise TypeError(f"name must be a str, got {fmt.name!r}")
     if fmt.encoding not in ENCODINGS:
         raise ValueError(f"encoding must be one of {ENCODINGS}, got {fmt.encoding!r}")
     if not 2 <= fmt.exp_bits <= 8:
@@ -165,6 +176,8 @@ def custom(exp_bits: int, man_bits: int, *, bias: int | None = None, subnormals:
     for label, value in (("exp_bits", exp_bits), ("man_bits", man_bits)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{label} must be an int, got {value!r}")
+    if not 2 <= exp_bits <= 8:
+        raise ValueError(f"exp_bits must be 2..8 to fit a float32 container, got {exp_bits}")
     if bias is None:
         bias = (1 << (exp_bits - 1)) - 1 + (1 if encoding == "fnuz" else 0)
     if name is None:

@@ -180,7 +180,10 @@ def test_reference_arguments_are_checked():
     with pytest.raises(ValueError, match="ScalerState"):
         replay(Trace(TraceHeader(), ()), state, growth_interval=3)
     scaler = dataclasses.replace(preset("torch"), growth_interval=5)
-    assert replay(Trace(TraceHeader(), ()), scaler, growth_interval=3).agree
+    with pytest.raises(ValueError, match="no steps: nothing to compare"):
+        replay(Trace(TraceHeader(), ()), scaler, growth_interval=3)
+    one_step = Trace(TraceHeader(), (TraceStep(0, False, 65536.0, 65536.0, False),))
+    assert replay(one_step, scaler, growth_interval=3).agree
 
 
 # --- hypothesis: the strategies, and the README's few-line property test -------------------

@@ -3,8 +3,10 @@
 The source is a float32 or float64 array; the framework's result may come as
 
 - the format's own NumPy dtype: ``float16``, or an ``ml_dtypes`` type (``bfloat16``,
-  ``float8_e4m3fn``, ...). ``np.save`` writes those as raw void bytes (``|V2``, ``|V1``);
-  a void array whose item size is the format's width is read as bit patterns;
+  ``float8_e4m3fn``, ...). ``np.save`` writes those as raw void bytes (``|V2``, ``|V1``),
+  or, for ``float8_e5m2``, as ``<f1``, which NumPy cannot read back; ``load_array`` reads
+  that as raw bytes too, and a raw array whose item size is the format's width is read as
+  bit patterns;
 - float32/float64 values (``tensor.float().numpy()``);
 - raw bit patterns, uint8/uint16 (or int8/int16, e.g. ``tensor.view(torch.int16)``), with
   ``bits=True``; decoded with ``fpsim.encoding.decode``.
@@ -38,6 +40,7 @@ import numpy as np
 from ..encoding import decode
 from ..formats import Format, get
 from ..rounding import MODES, round_to
+from ..train.checkpoint import load_npy
 
 __all__ = ["check_cast", "CastReport", "CLASSES", "result_values", "load_array"]
 
@@ -90,8 +93,11 @@ def _unsigned(dtype: np.dtype):
 def result_values(result: np.ndarray, fmt: "Format | str", *, bits: bool = False) -> np.ndarray:
     """The framework's result as float64 values (see the module docstring for the dtypes)."""
     fmt = get(fmt)
-    result = np.asarray(result)
+    result = _native(np.asarray(result))
     kind, name = result.dtype.kind, result.dtype.name
+    if result.dtype.fields is not None or result.dtype.subdtype is not None:
+        raise TypeError(f"the result is a structured array ({result.dtype}); give plain values "
+                        f"or bit patterns, one per source value")
     bit_width = 8 * result.dtype.itemsize
     ml_float = kind == "V" and result.dtype.type is not np.void and _is_ml_float(result.dtype)
     if bits and (kind == "f" or ml_float):
@@ -159,7 +165,7 @@ def check_cast(source, result, fmt: "Format | str", *, mode: str = "nearest_even
     if mode not in MODES or mode == "stochastic":
         raise ValueError(f"mode must be a deterministic rounding mode: "
                          f"{', '.join(m for m in MODES if m != 'stochastic')}; got {mode!r}")
-    source = np.asarray(source)
+    source = _native(np.asarray(source))
     if source.dtype not in (np.float32, np.float64):
         raise TypeError(f"the source must be a float32 or float64 array (the values before the "
                         f"cast), got {source.dtype.name}")
@@ -167,6 +173,9 @@ def check_cast(source, result, fmt: "Format | str", *, mode: str = "nearest_even
     if result.shape != source.shape:
         raise ValueError(f"shapes differ: source {source.shape}, result {result.shape}; the "
                          f"result must be the element-by-element cast of the source")
+    if source.size == 0:
+        raise ValueError("the source is empty: nothing to compare (an empty comparison is "
+                         "not an agreement)")
     theirs = result_values(result, fmt, bits=bits)
     with np.errstate(invalid="ignore"):     # signalling NaNs in float32 data
         ours = round_to(source, fmt, mode).astype(np.float64)
@@ -186,17 +195,19 @@ def check_cast(source, result, fmt: "Format | str", *, mode: str = "nearest_even
     return CastReport(fmt.name, mode, int(source.size), counts, mismatches, tuple(examples))
 
 
-def load_array(path, what: str) -> np.ndarray:
-    """``np.load`` of one ``.npy`` file with errors that say which file and why."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{what} file {str(path)!r} does not exist")
-    try:
-        array = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as err:
-        raise ValueError(f"{what} file {str(path)!r} is not a readable .npy array: {err}") \
-            from None
-    if not isinstance(array, np.ndarray):
-        raise ValueError(f"{what} file {str(path)!r} holds several arrays (.npz); give one "
-                         f".npy array")
+def _native(array: np.ndarray) -> np.ndarray:
+    """Numbers in the machine's byte order (big-endian files convert exactly)."""
+    if array.dtype.kind in "biuf" and not array.dtype.isnative:
+        return array.astype(array.dtype.newbyteorder("="))
     return array
+
+
+def load_array(path, what: str) -> np.ndarray:
+    """One ``.npy`` array (``fpsim.train.checkpoint.load_npy``: header and size checked before
+    the data is read; ``<f1``, ml_dtypes' ``float8_e5m2``, read as raw bytes), with errors
+    that say which file and why."""
+    path = Path(path)
+    if path.suffix == ".npz":
+        raise ValueError(f"{what} file {str(path)!r} is an .npz archive of several arrays; "
+                         f"give one .npy array")
+    return load_npy(path, what, raw_float8=True)

@@ -130,8 +130,16 @@ def _check_scaler(args) -> int:
         trace = read_trace(args.trace)
     except FileNotFoundError as err:
         raise UsageError(str(err)) from None
-    report = replay(trace, args.preset, use_header_params=not args.ignore_header_params,
-                    **overrides)
+    try:
+        report = replay(trace, args.preset, use_header_params=not args.ignore_header_params,
+                        **overrides)
+    except (ValueError, TypeError) as err:
+        if args.ignore_header_params or not trace.header.params:
+            raise
+        raise UsageError(f"{err}; the trace header's params are the recording framework's "
+                         f"settings ({', '.join(trace.header.params)}), which may not fit preset "
+                         f"{args.preset!r}: pass --ignore-header-params to use the preset's own "
+                         f"defaults") from None
     print(report)
     return 0 if report.agree else 1
 

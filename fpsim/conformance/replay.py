@@ -98,7 +98,8 @@ def reference_state(reference, overrides: dict | None = None,
 
 def replay(trace, reference, *, use_header_params: bool = True, **overrides) -> Report:
     """Feed ``trace`` (a ``Trace`` or a path/stream to read one from) through ``reference``
-    and report the first step where they disagree (see the module docstring)."""
+    and report the first step where they disagree (see the module docstring). A trace with
+    no steps raises ``ValueError``: nothing compared is not an agreement."""
     if not isinstance(trace, Trace):
         trace = read_trace(trace)
     header_params = trace.header.params if use_header_params else {}
@@ -107,6 +108,10 @@ def replay(trace, reference, *, use_header_params: bool = True, **overrides) -> 
     except (TypeError, ValueError) as err:
         origin = " (trace header params included)" if header_params else ""
         raise type(err)(f"cannot build the reference{origin}: {err}") from None
+    if not trace.steps:
+        raise ValueError(f"the trace{f' from {trace.header.source}' if trace.header.source else ''}"
+                         f" has no steps: nothing to compare (an empty comparison is not an "
+                         f"agreement)")
     compared = _compared_fields(trace)
     history: list[TraceStep] = []
     for index, recorded in enumerate(trace.steps):

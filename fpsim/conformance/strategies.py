@@ -42,11 +42,12 @@ __all__ = ["random_flags", "bursts", "clean_runs", "collapses", "growth_to_limit
 
 
 def random_flags(max_size: int = 300):
-    """Lists of up to ``max_size`` flags, overflows at a rate drawn from [0, 1]."""
+    """Lists of 1 to ``max_size`` flags (an empty run compares nothing), overflows at a rate
+    drawn from [0, 1]."""
     @st.composite
     def build(draw):
         rate = draw(st.sampled_from([0.0, 0.001, 0.01, 0.1, 0.5, 0.9, 1.0]))
-        size = draw(st.integers(0, max_size))
+        size = draw(st.integers(1, max(max_size, 1)))
         if rate in (0.0, 1.0):
             return [rate == 1.0] * size
         return draw(st.lists(st.floats(0, 1), min_size=size, max_size=size).map(

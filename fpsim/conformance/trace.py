@@ -58,6 +58,8 @@ import os
 from pathlib import Path
 from typing import IO, Iterable, NamedTuple
 
+from ..train.trace import strict_json
+
 __all__ = ["TraceStep", "TraceHeader", "Trace", "TraceWriter", "TraceFormatError",
            "read_trace", "write_trace", "TRACE_FORMAT", "TRACE_VERSION"]
 
@@ -208,10 +210,12 @@ def read_trace(source: "str | os.PathLike | IO[str]") -> Trace:
         if not raw.strip():
             continue
         try:
-            row = json.loads(raw)
+            row = strict_json(raw)
         except json.JSONDecodeError as err:
             raise TraceFormatError(where, number, None,
                                    f"not valid JSON ({err.msg} at column {err.colno})") from None
+        except ValueError as err:       # 1e999, NaN literals, 5000-digit integers, deep nesting
+            raise TraceFormatError(where, number, None, str(err)[:120]) from None
         if not isinstance(row, dict):
             raise TraceFormatError(where, number, None,
                                    f"each line must be a JSON object, got {type(row).__name__}")

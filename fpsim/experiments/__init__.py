@@ -4,7 +4,9 @@ Each experiment is a function ``run(ctx) -> Result`` registered under a short na
 writes its figures (PNG and SVG, through ``fpsim.plots``) into ``ctx.out`` and returns every
 number it shows. ``reproduce`` runs the chosen experiments in order and writes
 ``summary.md`` and ``summary.json``. Everything but wall-clock timings is identical on every
-machine; timings go to ``timings.json`` and ``timings.md`` alone.
+machine; timings go to ``timings.json`` and ``timings.md`` alone. Every file is written
+atomically (``fpsim.files``), and rerunning some experiments (``only``) into a folder that
+holds a run keeps the others' sections in the summaries.
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+
+from ..files import folder_lock, write_text
 
 __all__ = ["Context", "Result", "Experiment", "ExperimentsFailed", "REGISTRY", "BROKEN",
            "register", "reproduce", "names"]
@@ -119,6 +123,11 @@ def reproduce(out: "str | Path" = "figures", *, quick: bool = False,
     """Run the experiments (all, or those named in ``only``) and write their figures,
     ``summary.md``, ``summary.json`` and ``timings.json`` into ``out``.
 
+    With ``only``, the other experiments already summarised in ``out`` keep their sections of
+    ``summary.md`` and ``summary.json``; a folder holding a run of the other mode (quick or
+    full), or summaries that do not read back, is refused before anything runs, so numbers of
+    the two modes never mix.
+
     An experiment that fails to import or raises does not stop the others: they run, their
     outputs and summaries are written, and then ``ExperimentsFailed`` names every failure."""
     available = names(include_broken=True)
@@ -128,13 +137,24 @@ def reproduce(out: "str | Path" = "figures", *, quick: bool = False,
         raise ValueError(f"unknown experiment(s) {', '.join(map(repr, unknown))}; valid names: "
                          f"{', '.join(available)}")
     out = Path(out)
+    kept = _kept_sections(out, [n for n in available if n not in chosen], quick) if only else {}
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ValueError(f"cannot write the output folder {out}: {err.strerror or err}") from None
     report = progress or (lambda message: None)
-    ctx = Context(out, quick, report)
-    results, timings, failures = [], {}, {}
+    with folder_lock(out) as taken_over:     # a second reproduce into ``out`` is refused
+        if taken_over:
+            report(f"note: {taken_over}")
+        results, failures = _run_chosen(Context(out, quick, report), chosen, kept)
+    if failures:
+        raise ExperimentsFailed(failures, [r.name for r in results])
+    return results
+
+
+def _run_chosen(ctx: Context, chosen: list[str], kept: dict) -> tuple[list[Result], dict]:
+    """Run ``chosen`` in order and write the summaries; returns the results and failures."""
+    report, results, timings, failures = ctx.progress, [], {}, {}
     for index, name in enumerate(chosen, start=1):
         if name in BROKEN:
             failures[name] = BROKEN[name]
@@ -151,32 +171,84 @@ def reproduce(out: "str | Path" = "figures", *, quick: bool = False,
             continue
         timings[name] = {"seconds": round(time.perf_counter() - began, 2), **result.timings}
         results.append(result)
-    _write_summaries(out, results, quick, timings)
-    if failures:
-        raise ExperimentsFailed(failures, [r.name for r in results])
-    return results
+    _write_summaries(ctx.out, results, ctx.quick, timings, kept)
+    return results, failures
 
 
-def _write_summaries(out: Path, results: list[Result], quick: bool, timings: dict) -> None:
+def _kept_sections(out: Path, others: list[str], quick: bool) -> dict[str, tuple[dict, str]]:
+    """The summary entries (``summary.json``) and ``summary.md`` sections of the experiments
+    in ``others`` that ``out`` already holds, name -> (entry, section text)."""
+    json_path, md_path = out / "summary.json", out / "summary.md"
+    if not json_path.exists():
+        return {}
     mode = "quick" if quick else "full"
-    payload = {"mode": mode, "experiments": {
-        r.name: {"title": r.title, "figures": r.figures, "numbers": r.numbers} for r in results}}
-    (out / "summary.json").write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    (out / "timings.json").write_text(json.dumps({"mode": mode, "experiments": timings},
-                                                 indent=2, sort_keys=True) + "\n")
+    try:
+        previous = json.loads(json_path.read_text(encoding="utf-8"))
+        sections = _md_sections(md_path.read_text(encoding="utf-8")) if md_path.exists() else {}
+        experiments = previous["experiments"]
+        if not isinstance(experiments, dict):
+            raise TypeError("'experiments' is not an object")
+        previous_mode = previous["mode"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as err:
+        raise ValueError(f"{json_path} does not read back ({type(err).__name__}: {err}), so the "
+                         f"other experiments' summaries cannot be kept; rerun all experiments "
+                         f"or choose another --out") from None
+    if previous_mode != mode and any(name in experiments for name in others):
+        raise ValueError(f"{out} holds a {previous_mode} run; rerunning some experiments in "
+                         f"{mode} mode would mix the two in one summary: rerun them "
+                         f"{'with' if previous_mode == 'quick' else 'without'} --quick, or "
+                         f"choose another --out")
+    kept = {}
+    for name in others:
+        entry = experiments.get(name)
+        if isinstance(entry, dict) and isinstance(entry.get("title"), str):
+            kept[name] = (entry, sections.get(entry["title"], ""))
+    return kept
+
+
+def _md_sections(text: str) -> dict[str, str]:
+    """``summary.md``'s sections by title (the text after ``## ``), each section's text
+    from its heading to the next."""
+    sections, title = {}, None
+    for line in text.split("\n"):
+        if line.startswith("## "):
+            title = line[3:]
+            sections[title] = line + "\n"
+        elif title is not None:
+            sections[title] += line + "\n"
+    return sections
+
+
+def _write_summaries(out: Path, results: list[Result], quick: bool, timings: dict,
+                     kept: dict[str, tuple[dict, str]] | None = None) -> None:
+    mode = "quick" if quick else "full"
+    kept = kept or {}
+    fresh = {r.name: r for r in results}
+    order = [name for name in names(include_broken=True) if name in fresh or name in kept]
+    entries = {name: ({"title": fresh[name].title, "figures": fresh[name].figures,
+                       "numbers": fresh[name].numbers} if name in fresh else kept[name][0])
+               for name in order}
+    payload = {"mode": mode, "experiments": entries}
+    write_text(out / "summary.json", json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    write_text(out / "timings.json", json.dumps({"mode": mode, "experiments": timings},
+                                                indent=2, sort_keys=True) + "\n")
     lines = ["# Mixed Precision Training, reproduced with fpsim", "",
              f"Mode: {mode} (`fpsim reproduce{' --quick' if quick else ''}`). Every number "
              f"below is in `summary.json`; figures are PNG and SVG beside this file.", ""]
-    for r in results:
+    for name in order:
+        if name not in fresh:
+            lines += kept[name][1].rstrip("\n").split("\n") + [""] if kept[name][1] else []
+            continue
+        r = fresh[name]
         lines += [f"## {r.title}", "", r.summary.strip(), ""]
         if r.table:
             lines += [r.table.strip(), ""]
         lines += [f"![{r.title}]({fig})" for fig in r.figures if fig.endswith(".png")] + [""]
-    (out / "summary.md").write_text("\n".join(lines))
+    write_text(out / "summary.md", "\n".join(lines))
     timing_lines = ["# Wall-clock timings (these, and only these, differ between machines)", "",
                     "| experiment | seconds |", "|---|---|"]
     timing_lines += [f"| {name} | {t['seconds']} |" for name, t in timings.items()]
     for r in results:
         if r.timing_table:
             timing_lines += ["", f"## {r.title}", "", r.timing_table.strip()]
-    (out / "timings.md").write_text("\n".join(timing_lines) + "\n")
+    write_text(out / "timings.md", "\n".join(timing_lines) + "\n")

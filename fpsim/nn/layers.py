@@ -26,6 +26,11 @@ __all__ = ["Linear", "Embedding", "Sequential", "ReLU", "Tanh", "Sigmoid", "GELU
            "ACTIVATIONS"]
 
 
+def _check_size(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, xp.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
 class Linear(Module):
     """y = x @ weight.T + bias, weight (out, in) initialised U(+-1/sqrt(in)) like PyTorch;
     one fused op (``autograd.linear``: bias added in the fp32 accumulator)."""
@@ -33,6 +38,8 @@ class Linear(Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, rng=None,
                  accumulation=None):
         super().__init__()
+        _check_size("in_features", in_features)
+        _check_size("out_features", out_features)
         rng = init.as_rng(rng)
         self.in_features, self.out_features = in_features, out_features
         self.accumulation = accumulation
@@ -55,6 +62,8 @@ class Embedding(Module):
 
     def __init__(self, num_embeddings: int, embedding_dim: int, *, rng=None):
         super().__init__()
+        _check_size("num_embeddings", num_embeddings)
+        _check_size("embedding_dim", embedding_dim)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.weight = parameter(init.normal(rng, (num_embeddings, embedding_dim)))
 

@@ -110,13 +110,14 @@ class Module:
         if strict and (missing or unexpected):
             raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys "
                            f"{unexpected}")
+        for name, param in own.items():   # check them all before changing any
+            if name in state and xp.shape(state[name]) != param.shape:
+                raise ValueError(f"load_state_dict: {name!r} has shape "
+                                 f"{xp.shape(state[name])}, the parameter has shape {param.shape}")
         for name, param in own.items():
             if name not in state:
                 continue
             values = xp.asarray(state[name])
-            if values.shape != param.shape:
-                raise ValueError(f"load_state_dict: {name!r} has shape {values.shape}, the "
-                                 f"parameter has shape {param.shape}")
             if values.dtype not in (xp.float32, xp.float64):
                 values = values.astype(xp.float64)
             param.data = xp.array(round_array(values, param.fmt), container_of(param.fmt))

@@ -155,16 +155,29 @@ class Optimizer:
         return out
 
     def load_state_dict(self, arrays: dict[str, xp.ndarray]) -> None:
-        names = {name for name, _ in self.named}
-        unknown = [k for k in arrays if k != "step_count" and k.split("/")[1] not in names]
+        """Load what ``state_dict`` gave. Every array is checked (names, shapes, float dtypes,
+        a non-negative integer step count) before anything changes; ``ValueError`` names the
+        first that does not fit."""
+        expected = self._expected_state()
+        unknown = sorted(set(arrays) - set(expected))
         if unknown:
-            raise ValueError(f"optimizer state names parameters this optimizer does not have: "
+            raise ValueError(f"optimizer state has arrays this optimizer does not have: "
                              f"{unknown[:5]}")
-        self.step_count = int(arrays["step_count"])
+        required = [k for k, (shape, _) in expected.items()
+                    if k not in arrays and (k == "step_count" or k.startswith("master/"))]
+        if required:
+            raise ValueError(f"optimizer state lacks {required[:5]}")
+        for key, value in arrays.items():
+            shape, kinds = expected[key]
+            value = xp.asarray(value)
+            if value.shape != shape or value.dtype.kind not in kinds:
+                raise ValueError(f"optimizer state {key!r} is {value.dtype}{list(value.shape)}; "
+                                 f"expected shape {list(shape)} of kind {kinds!r}")
+        step_count = int(arrays["step_count"])
+        if step_count < 0:
+            raise ValueError(f"optimizer step_count must be >= 0, got {step_count}")
+        self.step_count = step_count
         for name, p in self.named:
-            if not isinstance(p.fmt, Format):
-                raise ValueError(f"parameter {name!r} is in {p.fmt}, not a number format; the "
-                                 f"optimizer simulates formats (use a policy like '32-true')")
             if self.master_fmt is not None:
                 self.masters[name] = xp.array(arrays[f"master/{name}"], xp.float32)
             template = self.rule.init(p.data)
@@ -172,6 +185,19 @@ class Optimizer:
                           if f"state/{name}/{f}" in arrays else None)
                       for f in template._fields}
             self.states[name] = type(template)(**fields)
+
+    def _expected_state(self) -> dict:
+        """Array name -> (shape, accepted dtype kinds) of everything ``state_dict`` may give."""
+        expected = {"step_count": ((), "iu")}
+        for name, p in self.named:
+            if not isinstance(p.fmt, Format):
+                raise ValueError(f"parameter {name!r} is in {p.fmt}, not a number format; the "
+                                 f"optimizer simulates formats (use a policy like '32-true')")
+            if self.master_fmt is not None:
+                expected[f"master/{name}"] = (tuple(p.shape), "f")
+            for field in self.rule.init(p.data)._fields:
+                expected[f"state/{name}/{field}"] = (tuple(p.shape), "f")
+        return expected
 
 
 def _grad_array(p: Tensor) -> xp.ndarray:

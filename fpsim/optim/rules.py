@@ -33,8 +33,9 @@ class Update(NamedTuple):
 
 
 def _check(name: str, value: float, low: float, *, low_open=False, high=None) -> None:
-    bad = (not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value)
-           or value < low or (low_open and value == low) or (high is not None and value >= high))
+    bad = (not isinstance(value, (int, float)) or isinstance(value, bool)
+           or not math.isfinite(value) or value < low or (low_open and value == low)
+           or (high is not None and value >= high))
     if bad:
         interval = f"{'(' if low_open else '['}{low}, {high if high is not None else 'inf'})"
         raise ValueError(f"{name} must be a number in {interval}, got {value!r}")

@@ -50,7 +50,8 @@ def round_to(x, fmt: "Format | str", mode: str = "nearest_even", *, seed=None, o
 
     Parameters
     ----------
-    x : float32 or float64 ndarray, NumPy float32/float64 scalar, or Python float/int
+    x : float32 or float64 ndarray (either byte order; the result is in the machine's),
+        NumPy float32/float64 scalar, or Python float/int
     fmt : a ``Format`` or a name (``"fp16"``, ``"bf16"``, ``"e4m3"``, ``"e5m10"``, ...)
     mode : one of ``MODES``:
         ``"nearest_even"`` (IEEE default), ``"nearest_away"`` (ties away from zero),
@@ -94,6 +95,10 @@ def round_to(x, fmt: "Format | str", mode: str = "nearest_even", *, seed=None, o
     elif seed is not None or offset is not None or rng is not None:
         raise ValueError(f"seed, offset and rng are only used by mode='stochastic', "
                          f"not by mode={mode!r}")
+    for label, flag in (("subnormals", subnormals), ("saturate", saturate), ("daz", daz)):
+        if flag is not None and not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"{label} must be True, False or None (the format's own rule), got "
+                            f"{flag!r}")
     rules = Rules.of(fmt, subnormals=fmt.subnormals if subnormals is None else bool(subnormals),
                      saturate=fmt.saturate if saturate is None else bool(saturate),
                      daz=bool(daz))
@@ -137,6 +142,8 @@ def _as_container(x):
     """Turn the input into a float32/float64 ndarray and a function giving the output back in
     the input's own kind (Python float, NumPy scalar or array)."""
     if isinstance(x, np.ndarray):
+        if x.dtype.kind == "f" and x.dtype.itemsize in (4, 8) and not x.dtype.isnative:
+            x = x.astype(x.dtype.newbyteorder("="))   # big-endian data: same values, our order
         if x.dtype not in (np.float32, np.float64):
             raise TypeError(_dtype_message(x.dtype))
         return x, lambda out: out

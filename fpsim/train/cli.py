@@ -9,6 +9,7 @@ reported in one line before training starts, with exit status 2.
 from __future__ import annotations
 
 import argparse
+import sys
 
 import numpy as np
 
@@ -16,7 +17,7 @@ from .. import nn
 from ..autograd import get_policy, use_policy
 from ..optim import SGD, Adam, AdamW, Optimizer
 from .data import DATASETS, make_dataset
-from .loop import train
+from .loop import ADJUSTABLE_ON_RESUME, train
 
 __all__ = ["register", "run"]
 
@@ -52,6 +53,13 @@ def register(commands) -> None:
     p.add_argument("--trace-format", default="jsonl", choices=("jsonl", "csv"))
     p.add_argument("--checkpoint-every", type=int, default=None, help="steps between checkpoints")
     p.add_argument("--resume", default=None, help="checkpoint.npz to continue from")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run that --out already holds (refused without this)")
+    p.add_argument("--allow-change", action="append", default=[], metavar="FIELD",
+                   choices=ADJUSTABLE_ON_RESUME,
+                   help=f"let a resumed run change this setting "
+                        f"({', '.join(ADJUSTABLE_ON_RESUME)}; repeatable); any other "
+                        f"difference from the checkpoint is refused")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
 
 
@@ -68,6 +76,12 @@ def _sizes(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     """Train as the arguments say; returns the exit status (ValueError/TypeError propagate to
     the caller, which reports them with status 2)."""
+    for option, value, low in (("--samples", args.samples, 1), ("--features", args.features, 1),
+                               ("--classes", args.classes, 2), ("--steps", args.steps, 1),
+                               ("--batch-size", args.batch_size, 1),
+                               ("--checkpoint-every", args.checkpoint_every, 1)):
+        if value is not None and value < low:
+            raise ValueError(f"{option} must be an integer >= {low}, got {value}")
     if args.optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {args.optimizer!r}; choose {', '.join(OPTIMIZERS)}")
     policy = get_policy(args.policy)
@@ -89,7 +103,10 @@ def run(args: argparse.Namespace) -> int:
     result = train(model, data, optimizer=optimizer, scaler=args.scaler, policy=policy,
                    steps=args.steps, batch_size=args.batch_size, seed=args.seed, out=args.out,
                    trace_layout=args.trace_format, checkpoint_every=args.checkpoint_every,
-                   resume=args.resume, progress=False if args.quiet else None, config=config)
+                   resume=args.resume, progress=False if args.quiet else None, config=config,
+                   overwrite=args.overwrite, allow_changes=args.allow_change)
+    for note in result.notes:
+        print(f"fpsim train: note: {note}", file=sys.stderr)
     if not args.quiet:
         last = result.records[-1]
         skipped = sum(r.skipped for r in result.records)

@@ -43,7 +43,15 @@ class Dataset:
         if y.size and (y.min() < 0 or y.max() >= self.classes):
             raise ValueError(f"{self.name}: labels must lie in 0..{self.classes - 1}, got "
                              f"{int(y.min())}..{int(y.max())}")
-        object.__setattr__(self, "x", np.ascontiguousarray(x, np.float32))
+        with np.errstate(over="ignore"):
+            x32 = np.ascontiguousarray(x, np.float32)
+        beyond = ~np.isfinite(x32)
+        if beyond.any():
+            row, col = map(int, np.argwhere(beyond)[0])
+            raise ValueError(f"{self.name}: {int(beyond.sum())} input value(s) overflow float32 "
+                             f"(|x| > 3.4e38), the first at sample {row}, feature {col} "
+                             f"({float(x[row, col])!r}); scale the data first")
+        object.__setattr__(self, "x", x32)
         object.__setattr__(self, "y", np.ascontiguousarray(y, np.int64))
 
     @property

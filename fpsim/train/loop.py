@@ -14,7 +14,7 @@ with exactly the bits the uninterrupted run had.
 """
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import hashlib
 import json
 import os
@@ -28,20 +28,21 @@ from .. import backend
 from ..backend import xp
 
 from .._version import __version__ as _fpsim_version
+from ..files import folder_lock, write_text
 from ..autograd import Tensor, cross_entropy, get_policy, no_grad, use_policy
 from ..exact.underflow import count_gradient_underflow
 from ..optim import SGD, Optimizer
 from ..scaling import NoScaler, ScalerState, StaticScaler, preset
-from .checkpoint import load_checkpoint, save_checkpoint
 from .data import Dataset
-from .trace import StepRecord, TraceWriter, read_trace
+from .resume import (ADJUSTABLE_ON_RESUME, check_allowed_changes, check_same_config,
+                     restore_checkpoint, run_identity, save_training_checkpoint)
+from .trace import StepRecord, TraceWriter, format_record, read_trace, trace_header
 
-__all__ = ["train", "TrainResult", "resolve_scaler", "loss_hash"]
+__all__ = ["train", "TrainResult", "resolve_scaler", "loss_hash", "RUN_FILES",
+           "ADJUSTABLE_ON_RESUME"]
 
-_COUNTERS = ("scale", "growth_tracker", "hysteresis_left", "step", "last_overflow_step",
-             "consecutive_skips", "total_skips", "total_overflows", "growths", "backoffs")
-
-
+# What a run folder holds; a folder with any of them holds a run.
+RUN_FILES = ("run.json", "trace.jsonl", "trace.csv", "checkpoint.npz")
 def resolve_scaler(spec):
     """A scaler configuration from what users write: None or "none"; a number or
     "static:1024" (static scale); "dynamic" (torch's GradScaler); a preset name ("torch",
@@ -85,6 +86,7 @@ class TrainResult:
     optimizer: Optimizer
     out: Path | None = None
     nonfinite_steps: list[int] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)   # what was done on the user's behalf
 
     @property
     def losses(self) -> xp.ndarray:
@@ -99,15 +101,24 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler=No
           policy="16-mixed", steps: int = 100, batch_size: int = 64, seed: int = 0,
           out: "str | os.PathLike | None" = None, trace_layout: str = "jsonl",
           checkpoint_every: int | None = None, resume: "str | os.PathLike | None" = None,
-          progress: bool | None = None, config: dict | None = None) -> TrainResult:
+          progress: bool | None = None, config: dict | None = None, overwrite: bool = False,
+          allow_changes=()) -> TrainResult:
     """Train ``model`` (a ``Module`` mapping ``(batch, features)`` to class logits) on
     ``data`` for ``steps`` steps. Everything is checked before the first step: bad input
     raises ``ValueError``/``TypeError`` and nothing is written.
 
-    ``optimizer`` defaults to SGD(lr=0.1) with an fp32 master copy; ``scaler`` takes what
-    ``resolve_scaler`` accepts. With ``out``, writes ``run.json``, ``trace.jsonl`` (or
-    ``.csv``), and ``checkpoint.npz`` every ``checkpoint_every`` steps and at the end.
-    ``resume``: a checkpoint written by an earlier run with the same configuration.
+    ``optimizer`` (built for ``model``) defaults to SGD(lr=0.1) with an fp32 master copy;
+    ``scaler`` takes what ``resolve_scaler`` accepts. With ``out``, writes ``run.json``,
+    ``trace.jsonl`` (or ``.csv``), and ``checkpoint.npz`` every ``checkpoint_every`` steps and
+    at the end, holding ``out/.fpsim.lock`` meanwhile (a second writer is refused). A folder
+    that already holds a run is refused unless ``resume`` continues it or ``overwrite=True``
+    replaces it.
+
+    ``resume``: a checkpoint written by an earlier run with the same configuration (every
+    field but ``steps``; ``allow_changes`` may name fields of ``ADJUSTABLE_ON_RESUME`` that
+    are allowed to differ). The checkpoint is checked completely first, and the trace in
+    ``out`` must hold every step before the checkpoint's; steps after it (and a last line
+    torn by a crash) are dropped, as ``TrainResult.notes`` says.
     """
     _check_count("steps", steps, 1)
     _check_count("batch_size", batch_size, 1)
@@ -117,20 +128,13 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler=No
         raise TypeError(f"data must be an fpsim.train.Dataset, got {type(data).__name__}")
     if trace_layout not in ("jsonl", "csv"):
         raise ValueError(f"trace_layout must be 'jsonl' or 'csv', got {trace_layout!r}")
+    allow_changes = check_allowed_changes(allow_changes)
     policy = get_policy(policy)
     with use_policy(policy):
         optimizer = optimizer if optimizer is not None else Optimizer(model, SGD(lr=0.1))
+    _check_optimizer_fits(model, optimizer)
     scaler_cfg = resolve_scaler(scaler)
     _dry_run(model, data, policy)
-
-    rng = backend.host_rng(seed)
-    state = scaler_cfg.init()
-    start = 0
-    if resume is not None:
-        start, state = _restore(resume, model, optimizer, scaler_cfg, rng)
-        if start >= steps:
-            raise ValueError(f"checkpoint {resume} is at step {start}; ask for more than "
-                             f"{start} steps to continue")
 
     settings = dict(config or {}, policy=policy.name if hasattr(policy, "name") else str(policy),
                     steps=steps, batch_size=batch_size, seed=seed,
@@ -138,12 +142,37 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler=No
                     master=str(optimizer.master_fmt) if optimizer.master_fmt else None,
                     clip_norm=optimizer.clip_norm, scaler=repr(scaler_cfg), data=data.name,
                     model=type(model).__name__)
-    out_dir, writer, kept = _open_outputs(out, trace_layout, settings, start, resume)
+    identity = run_identity(settings, optimizer, data, model)
+    rng = backend.host_rng(seed)
+    state = scaler_cfg.init()
+    start = 0
+    if resume is not None:
+        start, state = restore_checkpoint(resume, model, optimizer, scaler_cfg, rng, identity,
+                                allow_changes)
+        if start >= steps:
+            raise ValueError(f"checkpoint {resume} is at step {start}; ask for more than "
+                             f"{start} steps to continue")
+    with contextlib.ExitStack() as stack:
+        out_dir, writer, kept, notes = _open_outputs(stack, out, trace_layout, settings, start,
+                                                     resume, overwrite, identity, allow_changes)
+        result = _run(model, data, optimizer, state, policy, rng, range(start, steps),
+                      batch_size, writer, out_dir, checkpoint_every, identity, kept, progress,
+                      steps)
+        result.notes[:0] = notes
+        if out_dir is not None:
+            save_training_checkpoint(out_dir / "checkpoint.npz", model, optimizer,
+                                     result.scaler_state, rng, steps, identity)
+            _finish_run_json(out_dir, result, settings, start, identity)
+    return result
+
+
+def _run(model, data, optimizer, state, policy, rng, step_range, batch_size, writer, out_dir,
+         checkpoint_every, identity, kept, progress, steps) -> TrainResult:
     records: list[StepRecord] = list(kept)
     nonfinite: list[int] = [r.step for r in kept if not xp.isfinite(r.loss)]
-    bar = _progress_bar(steps, start, progress)
+    bar = _progress_bar(steps, step_range.start, progress)
     try:
-        for step in range(start, steps):
+        for step in step_range:
             began = time.perf_counter()
             idx = rng.integers(0, len(data), batch_size)
             with use_policy(policy):
@@ -164,7 +193,8 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler=No
             if writer is not None:
                 writer.write(record)
             if out_dir is not None and checkpoint_every and (step + 1) % checkpoint_every == 0:
-                _save(out_dir / "checkpoint.npz", model, optimizer, state, rng, step + 1)
+                save_training_checkpoint(out_dir / "checkpoint.npz", model, optimizer, state,
+                                         rng, step + 1, identity)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{value:.4g}", scale=f"{scale:g}")
@@ -173,11 +203,20 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler=No
             bar.close()
         if writer is not None:
             writer.close()
-    result = TrainResult(records, state, optimizer, out_dir, nonfinite)
-    if out_dir is not None:
-        _save(out_dir / "checkpoint.npz", model, optimizer, state, rng, steps)
-        _finish_run_json(out_dir, result)
-    return result
+    return TrainResult(records, state, optimizer, out_dir, nonfinite)
+
+
+def _check_optimizer_fits(model, optimizer) -> None:
+    if not isinstance(optimizer, Optimizer):
+        raise TypeError(f"optimizer must be an fpsim.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    own = {id(p) for _, p in model.named_parameters()}
+    theirs = {id(p) for _, p in optimizer.named}
+    if own != theirs:
+        raise ValueError(f"the optimizer was built for another model: it updates "
+                         f"{len(theirs - own)} parameter(s) that are not this model's and "
+                         f"misses {len(own - theirs)} of its {len(own)}; build it with "
+                         f"Optimizer(model, rule)")
 
 
 def _check_count(name: str, value, low: int) -> None:
@@ -196,9 +235,12 @@ def _dry_run(model, data: Dataset, policy) -> None:
                          f"(batch, {data.classes})")
 
 
-def _open_outputs(out, layout, settings, start, resume):
+def _open_outputs(stack: contextlib.ExitStack, out, layout, settings, start, resume,
+                  overwrite, identity, allow_changes):
+    """Lock ``out``, check what it holds, write ``run.json`` and open the trace; returns
+    (folder, trace writer, trace records kept from before ``start``, notes)."""
     if out is None:
-        return None, None, []
+        return None, None, [], []
     out_dir = Path(out)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -206,32 +248,93 @@ def _open_outputs(out, layout, settings, start, resume):
         probe.write_text("ok")
         probe.unlink()
     except OSError as err:
-        raise ValueError(f"cannot write the output folder {out_dir}: {err.strerror or err}") from None
+        raise ValueError(f"cannot write the output folder {out_dir}: "
+                         f"{err.strerror or err}") from None
+    taken_over = stack.enter_context(folder_lock(out_dir))
+    notes = [taken_over] if taken_over else []
     trace_path = out_dir / f"trace.{layout}"
-    kept = []
-    if resume is not None and trace_path.exists():
-        kept = [r for r in read_trace(trace_path) if r.step < start]
-    info = {"fpsim": _fpsim_version, "python": sys.version.split()[0],
+    present = [name for name in RUN_FILES if (out_dir / name).exists()]
+    kept: list[StepRecord] = []
+    if resume is None and present and not overwrite:
+        resume_hint = (f"continue it with --resume {out_dir / 'checkpoint.npz'} and more "
+                       f"--steps, " if "checkpoint.npz" in present else "")
+        raise ValueError(f"{out_dir} already holds a run ({', '.join(present)}); {resume_hint}"
+                         f"replace it with --overwrite (overwrite=True), or choose another "
+                         f"--out")
+    if resume is None:
+        for name in present:
+            (out_dir / name).unlink()
+    else:
+        _check_folder_run(out_dir, identity, allow_changes)
+        if start > 0:
+            kept, note = _kept_trace(trace_path, start)
+            notes += [note] if note else []
+    write_text(out_dir / "run.json", json.dumps(_run_info(settings, start, identity), indent=2,
+                                                sort_keys=True) + "\n")
+    if resume is not None:
+        write_text(trace_path, trace_header(layout) + "".join(format_record(r, layout)
+                                                              for r in kept))
+    writer = TraceWriter(trace_path, layout, append=resume is not None)
+    return out_dir, writer, kept, notes
+
+
+def _kept_trace(trace_path: Path, start: int) -> tuple[list[StepRecord], str]:
+    """The trace's records before ``start`` (the checkpoint's step) and a note on what was
+    dropped; refuses a trace that does not hold every one of those steps."""
+    if not trace_path.exists():
+        raise ValueError(f"cannot resume at step {start}: there is no {trace_path} with steps "
+                         f"0..{start - 1}; resume with --out set to the folder that holds the "
+                         f"run's trace")
+    text = trace_path.read_bytes().decode("utf-8", errors="replace")
+    torn = bool(text) and not text.endswith("\n")
+    records = read_trace(trace_path, drop_torn_tail=True)
+    kept = [r for r in records if r.step < start]
+    if [r.step for r in kept] != list(range(start)):
+        steps = f"steps {kept[0].step}..{kept[-1].step}" if kept else "no steps"
+        raise ValueError(f"cannot resume at step {start}: {trace_path} holds {steps} before it "
+                         f"(it must hold 0..{start - 1} in order); the resumed trace would "
+                         f"have a gap")
+    dropped = len(records) - len(kept)
+    parts = ([f"{dropped} step(s) after step {start - 1}"] if dropped else []) + \
+        (["a last line torn by an interruption"] if torn else [])
+    note = (f"{trace_path}: dropped {' and '.join(parts)}; the trace continues from the "
+            f"checkpoint's step {start}") if parts else ""
+    return kept, note
+
+
+def _check_folder_run(out_dir: Path, identity: dict, allow_changes: frozenset) -> None:
+    """The trace a resume continues must be this run's: ``run.json``'s configuration must
+    match, as the checkpoint's does."""
+    path = out_dir / "run.json"
+    if not path.exists():
+        return
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))["identity"]
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError, KeyError, TypeError) as err:
+        raise ValueError(f"cannot resume into {out_dir}: {path} does not say which run its trace "
+                         f"belongs to ({type(err).__name__}: {err}); resume into the folder of "
+                         f"the checkpoint's run") from None
+    check_same_config(f"{path} (the run whose trace would continue)", recorded, identity,
+                      allow_changes)
+
+
+def _run_info(settings: dict, start: int, identity: dict) -> dict:
+    return {"fpsim": _fpsim_version, "python": sys.version.split()[0],
             **backend.versions(), "ml_dtypes": _version_of("ml_dtypes"),
             "platform": platform.platform(), "backend": backend.name(), "resumed_at": start,
-            "config": settings}
-    (out_dir / "run.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-    writer = TraceWriter(trace_path, layout)
-    for record in kept:
-        writer.write(record)
-    return out_dir, writer, kept
+            "config": settings, "identity": identity}
 
 
-def _finish_run_json(out_dir: Path, result: TrainResult) -> None:
-    path = out_dir / "run.json"
-    info = json.loads(path.read_text())
+def _finish_run_json(out_dir: Path, result: TrainResult, settings: dict, start: int,
+                     identity: dict) -> None:
+    info = _run_info(settings, start, identity)
     info["summary"] = {
         "steps": len(result.records), "final_loss": _json_number(result.records[-1].loss),
         "loss_sha256": result.loss_hash, "skipped_steps": sum(r.skipped for r in result.records),
         "nonfinite_loss_steps": result.nonfinite_steps[:100],
         "final_scale": _json_number(result.scaler_state.scale),
     }
-    path.write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    write_text(out_dir / "run.json", json.dumps(info, indent=2, sort_keys=True) + "\n")
 
 
 def _json_number(value: float):
@@ -245,28 +348,6 @@ def _version_of(package: str) -> str:
         return version(package)
     except PackageNotFoundError:
         return "not installed"
-
-
-def _save(path: Path, model, optimizer: Optimizer, state: ScalerState, rng, step: int) -> None:
-    arrays = {f"param/{name}": value for name, value in model.state_dict().items()}
-    arrays.update({f"optim/{k}": v for k, v in optimizer.state_dict().items()})
-    meta = {"step": step, "rng": rng.bit_generator.state,
-            "scaler": {name: getattr(state, name) for name in _COUNTERS}}
-    save_checkpoint(path, arrays, meta)
-
-
-def _restore(path, model, optimizer: Optimizer, scaler_cfg, rng):
-    arrays, meta = load_checkpoint(path)
-    params = {k[len("param/"):]: v for k, v in arrays.items() if k.startswith("param/")}
-    try:
-        model.load_state_dict(params)
-    except (KeyError, ValueError) as err:
-        raise ValueError(f"checkpoint {path} does not fit this model: {err}") from None
-    optimizer.load_state_dict({k[len("optim/"):]: v for k, v in arrays.items()
-                               if k.startswith("optim/")})
-    rng.bit_generator.state = meta["rng"]
-    state = dataclasses.replace(scaler_cfg.init(), **meta["scaler"])
-    return int(meta["step"]), state
 
 
 def _progress_bar(steps: int, start: int, progress: bool | None):

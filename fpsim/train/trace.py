@@ -1,6 +1,12 @@
 """Per-step training traces: one record a step, written and flushed as training goes, so an
 interrupted run leaves a readable trace up to its last completed step.
 
+A trace grows while training runs, so it cannot be replaced whole at every step as other
+outputs are (``fpsim.files``). Instead each record goes to the file in one ``write`` of a
+whole line in append mode: a line is either all there or, after a crash mid-write (a full
+disk, a power cut), the file's last line lacks its newline. ``read_trace`` refuses such a torn
+line by default, naming it; ``drop_torn_tail=True`` drops it (what resuming does).
+
 Two layouts with the same columns: JSON Lines (``.jsonl``, the default) and CSV (``.csv``).
 Floats are written with ``repr`` (shortest round-trip form) and the loss also as its exact
 float32 bits in hex, so a trace read back gives the same bits.
@@ -26,7 +32,8 @@ from typing import IO, NamedTuple
 
 import numpy as np
 
-__all__ = ["StepRecord", "TraceWriter", "read_trace", "TraceError", "TRACE_VERSION"]
+__all__ = ["StepRecord", "TraceWriter", "read_trace", "TraceError", "TRACE_VERSION",
+           "format_record", "trace_header", "split_torn_tail", "strict_json"]
 
 TRACE_VERSION = 1
 
@@ -78,44 +85,67 @@ def _json_float(value: float):
 
 
 class TraceWriter:
-    """Append ``StepRecord`` rows to a file (or text stream) and flush after every row."""
+    """Write ``StepRecord`` rows to a file (or text stream), each row one whole line written
+    at once. A path is created (or emptied) unless ``append=True``, which adds rows to a trace
+    that already has its header."""
 
-    def __init__(self, target: "str | os.PathLike | IO[str]", layout: str | None = None):
+    def __init__(self, target: "str | os.PathLike | IO[str]", layout: str | None = None, *,
+                 append: bool = False):
         if isinstance(target, (str, os.PathLike)):
-            path = Path(target)
-            layout = layout or ("csv" if path.suffix == ".csv" else "jsonl")
-            self._stream: IO[str] = open(path, "w", newline="", encoding="utf-8")
-            self._owned = True
-        else:
-            layout = layout or "jsonl"
-            self._stream, self._owned = target, False
+            layout = layout or ("csv" if Path(target).suffix == ".csv" else "jsonl")
+        layout = layout or "jsonl"
         if layout not in ("jsonl", "csv"):
             raise ValueError(f"trace layout must be 'jsonl' or 'csv', got {layout!r}")
         self.layout = layout
-        self._csv = None
-        if layout == "csv":
-            self._csv = csv.DictWriter(self._stream, fieldnames=FIELDS, lineterminator="\n")
-            self._csv.writeheader()
+        self._fd: int | None = None
+        self._stream: IO[str] | None = None
+        if isinstance(target, (str, os.PathLike)):
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
+            self._fd = os.open(target, flags, 0o644)
+        else:
+            self._stream = target
+        if layout == "csv" and not append:
+            self._emit(",".join(FIELDS) + "\n")
+
+    def _emit(self, line: str) -> None:
+        if self._stream is not None:
+            self._stream.write(line)
+            self._stream.flush()
+            return
+        data = line.encode("utf-8")
+        while data:     # one write() in practice; a short write happens only on a full disk
+            data = data[os.write(self._fd, data):]
 
     def write(self, record: StepRecord) -> None:
-        row = record.as_row()
-        if self._csv is not None:
-            self._csv.writerow({k: repr(v) if isinstance(v, float) else v
-                                for k, v in row.items()})
-        else:
-            row = {k: _json_float(v) if isinstance(v, float) else v for k, v in row.items()}
-            self._stream.write(json.dumps(row) + "\n")
-        self._stream.flush()
+        self._emit(format_record(record, self.layout))
 
     def close(self) -> None:
-        if self._owned:
-            self._stream.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def __enter__(self) -> "TraceWriter":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def format_record(record: StepRecord, layout: str = "jsonl") -> str:
+    """One trace line (newline included) for ``record``, as ``TraceWriter`` writes it."""
+    row = record.as_row()
+    if layout == "csv":
+        buffer = io.StringIO()
+        csv.DictWriter(buffer, fieldnames=FIELDS, lineterminator="\n").writerow(
+            {k: repr(v) if isinstance(v, float) else v for k, v in row.items()})
+        return buffer.getvalue()
+    return json.dumps({k: _json_float(v) if isinstance(v, float) else v
+                       for k, v in row.items()}) + "\n"
+
+
+def trace_header(layout: str) -> str:
+    """What a trace of ``layout`` starts with before its first record."""
+    return ",".join(FIELDS) + "\n" if layout == "csv" else ""
 
 
 def _parse_value(name: str, raw, where: str):
@@ -148,16 +178,26 @@ def _bad_float(where: str, name: str, raw):
     raise TraceError(f"{where}: field {name!r} must be a number (or 'nan'/'inf'), got {raw!r}")
 
 
-def read_trace(source: "str | os.PathLike | IO[str]") -> list[StepRecord]:
+def read_trace(source: "str | os.PathLike | IO[str]", *,
+               drop_torn_tail: bool = False) -> list[StepRecord]:
     """Read a trace written by ``TraceWriter``; ``TraceError`` names the line and field that
-    is wrong. Checks that ``loss_bits`` agrees with ``loss``."""
+    is wrong. Checks that ``loss_bits`` agrees with ``loss``. A last line without its newline
+    was torn by a crash while it was written: an error, or dropped with ``drop_torn_tail``."""
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
-        text = path.read_text(encoding="utf-8")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise TraceError(f"{path}: not UTF-8 text ({err.reason})") from None
         name, is_csv = str(path), path.suffix == ".csv"
     else:
         text = source.read()
         name, is_csv = "<trace>", text.startswith("step,")
+    whole, torn = split_torn_tail(text)
+    if torn and not drop_torn_tail:
+        raise TraceError(f"{name} line {whole.count(chr(10)) + 1}: torn (no newline at the end; "
+                         f"the run stopped while writing it)")
+    text = whole
     if is_csv:
         rows = list(csv.DictReader(io.StringIO(text)))
         numbered = [(i + 2, row) for i, row in enumerate(rows)]
@@ -167,9 +207,11 @@ def read_trace(source: "str | os.PathLike | IO[str]") -> list[StepRecord]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = strict_json(line)
             except json.JSONDecodeError as err:
                 raise TraceError(f"{name} line {lineno}: not JSON ({err.msg})") from None
+            except ValueError as err:   # 1e999, NaN literals, 5000-digit integers, deep nesting
+                raise TraceError(f"{name} line {lineno}: {str(err)[:120]}") from None
             if not isinstance(row, dict):
                 raise TraceError(f"{name} line {lineno}: expected a JSON object")
             numbered.append((lineno, row))
@@ -188,3 +230,31 @@ def read_trace(source: "str | os.PathLike | IO[str]") -> list[StepRecord]:
                              f"{record.loss!r} ({record.loss_bits})")
         records.append(record)
     return records
+
+
+def strict_json(text: str):
+    """``json.loads`` that refuses, with ``ValueError``, what would silently change or stall
+    a reading: numbers beyond float range (``1e999`` would read as inf), ``NaN``/``Infinity``
+    literals (traces write those as strings), integers of more than 4300 digits, and nesting
+    deeper than Python's recursion limit."""
+    def finite(raw: str) -> float:
+        value = float(raw)
+        if math.isinf(value):
+            raise ValueError(f"the number {raw[:20]}{'...' if len(raw) > 20 else ''} is beyond "
+                             f"float range; write 'inf' as a string if inf is meant")
+        return value
+
+    def constant(name: str):
+        raise ValueError(f"{name} is not JSON; write it as the string {name.lower()[:3]!r}")
+
+    try:
+        return json.loads(text, parse_float=finite, parse_constant=constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def split_torn_tail(text: str) -> tuple[str, str]:
+    """``text`` split into its whole lines and a last line that lacks its newline ("" if
+    none)."""
+    cut = text.rfind("\n") + 1
+    return text[:cut], text[cut:]

@@ -1,0 +1,151 @@
+"""Checkpoints of a training run, and the checks that make a resume exact or refused.
+
+A training checkpoint holds the model's parameters (``param/...``), the optimizer's arrays
+(``optim/...``) and metadata: the step, the batch generator's state, the scaler's counters and
+the run's configuration (``run_identity``). ``restore_checkpoint`` checks all of it against
+the run being resumed before it changes anything: the configuration field by field (a
+difference is refused, naming the fields, unless it is in ``ADJUSTABLE_ON_RESUME`` and
+allowed), the metadata keys and types, and every array's name, shape and dtype.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import math
+from pathlib import Path
+
+from ..optim import Optimizer
+from ..scaling import ScalerState
+from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from .data import Dataset
+
+__all__ = ["ADJUSTABLE_ON_RESUME", "check_allowed_changes", "run_identity",
+           "save_training_checkpoint", "restore_checkpoint", "check_same_config"]
+
+# Configuration fields a resumed run may change when asked to (``allow_changes``): they steer
+# the next updates without changing what the checkpoint's state means.
+ADJUSTABLE_ON_RESUME = ("lr", "weight_decay", "clip_norm")
+
+_COUNTERS = ("scale", "growth_tracker", "hysteresis_left", "step", "last_overflow_step",
+             "consecutive_skips", "total_skips", "total_overflows", "growths", "backoffs")
+
+
+def check_allowed_changes(allow_changes) -> frozenset:
+    if isinstance(allow_changes, str):
+        allow_changes = [allow_changes]
+    allowed = frozenset(allow_changes)
+    wrong = sorted(str(name) for name in allowed if name not in ADJUSTABLE_ON_RESUME)
+    if wrong:
+        raise ValueError(f"allow_changes: {', '.join(wrong)} cannot change on resume (the "
+                         f"checkpoint's state depends on it); fields that can: "
+                         f"{', '.join(ADJUSTABLE_ON_RESUME)}")
+    return allowed
+
+
+def run_identity(settings: dict, optimizer: Optimizer, data: Dataset, model) -> dict:
+    """The configuration a checkpoint belongs to, field by field (``steps`` aside): what a
+    resumed run must match."""
+    ident = {k: v for k, v in settings.items() if k not in ("steps", "optimizer", "command")}
+    rule = optimizer.rule
+    ident["optimizer"] = type(rule).__name__
+    if dataclasses.is_dataclass(rule):
+        ident.update({f.name: getattr(rule, f.name) for f in dataclasses.fields(rule)})
+    ident["data_sha256"] = hashlib.sha256(data.x.tobytes() + data.y.tobytes()).hexdigest()
+    ident["parameters"] = {name: [str(p.fmt), *map(int, p.shape)]
+                           for name, p in model.named_parameters()}
+    return json.loads(json.dumps(ident, default=str))   # as it reads back from a checkpoint
+
+
+def save_training_checkpoint(path: Path, model, optimizer: Optimizer, state: ScalerState, rng,
+                             step: int, identity: dict) -> None:
+    """Save the run's state after ``step`` steps (atomically: ``save_checkpoint``)."""
+    arrays = {f"param/{name}": value for name, value in model.state_dict().items()}
+    arrays.update({f"optim/{k}": v for k, v in optimizer.state_dict().items()})
+    meta = {"step": step, "rng": rng.bit_generator.state, "config": identity,
+            "scaler": {name: getattr(state, name) for name in _COUNTERS}}
+    save_checkpoint(path, arrays, meta)
+
+
+_META_KEYS = ("step", "rng", "scaler", "config")
+
+
+def restore_checkpoint(path, model, optimizer: Optimizer, scaler_cfg, rng, identity: dict,
+                       allow_changes: frozenset):
+    """Check the checkpoint completely against this run, then load it into ``model``,
+    ``optimizer`` and ``rng``; returns (step, scaler state)."""
+    arrays, meta = load_checkpoint(path)
+
+    def bad(problem: str) -> CheckpointError:
+        return CheckpointError(f"checkpoint {path}: {problem}")
+
+    unknown = sorted(set(meta) - set(_META_KEYS))
+    missing = [k for k in _META_KEYS if k not in meta]
+    if unknown or missing:
+        raise bad(f"metadata has unknown keys {unknown} / lacks {missing}; an fpsim training "
+                  f"checkpoint has {', '.join(_META_KEYS)}")
+    step = meta["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise bad(f"step must be a non-negative integer, got {step!r}")
+    check_same_config(f"checkpoint {path}", meta["config"], identity, allow_changes)
+    state = _scaler_state(meta["scaler"], scaler_cfg, bad)
+    probe = copy.deepcopy(rng)
+    try:
+        probe.bit_generator.state = meta["rng"]
+    except (TypeError, ValueError, KeyError) as err:
+        raise bad(f"the batch generator's state does not load ({err})") from None
+    params = {k[len("param/"):]: v for k, v in arrays.items() if k.startswith("param/")}
+    optim = {k[len("optim/"):]: v for k, v in arrays.items() if k.startswith("optim/")}
+    strays = [k for k in arrays if not k.startswith(("param/", "optim/"))]
+    if strays:
+        raise bad(f"unknown arrays {strays[:5]}; a training checkpoint holds param/... and "
+                  f"optim/... arrays")
+    own = model.state_dict()
+    if set(params) != set(own):
+        raise bad(f"parameters {sorted(set(own) - set(params))[:5]} missing, "
+                  f"{sorted(set(params) - set(own))[:5]} unknown: it does not fit this model")
+    for name, value in params.items():
+        if value.shape != own[name].shape or value.dtype != own[name].dtype:
+            raise bad(f"parameter {name!r} is {value.dtype}{list(value.shape)}, the model's "
+                      f"is {own[name].dtype}{list(own[name].shape)}")
+    try:
+        optimizer.load_state_dict(optim)     # checks every array before it changes anything
+    except (KeyError, ValueError, TypeError) as err:
+        raise bad(f"optimizer state does not fit: {err}") from None
+    model.load_state_dict(params)
+    rng.bit_generator.state = meta["rng"]
+    return step, state
+
+
+def check_same_config(what: str, saved, identity: dict, allow_changes: frozenset) -> None:
+    """Refuse to resume when ``saved`` (the configuration recorded in ``what``) differs from
+    this run's ``identity`` in any field but those in ``allow_changes``, naming the fields."""
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{what}: the recorded configuration must be an object, got "
+                              f"{saved!r}")
+    differ = [k for k in sorted(set(saved) | set(identity))
+              if saved.get(k) != identity.get(k) and k not in allow_changes]
+    if differ:
+        shown = "; ".join(f"{k}: recorded {saved.get(k)!r}, now {identity.get(k)!r}"
+                          for k in differ[:6])
+        adjustable = [k for k in differ if k in ADJUSTABLE_ON_RESUME]
+        hint = (f" ({', '.join(adjustable)} may change if you say so: --allow-change "
+                f"{adjustable[0]})" if adjustable else "")
+        raise ValueError(f"cannot resume from {what}: the configuration differs in "
+                         f"{', '.join(differ)} ({shown}){hint}; resume with the same settings")
+
+
+def _scaler_state(saved, scaler_cfg, bad) -> ScalerState:
+    if not isinstance(saved, dict) or set(saved) != set(_COUNTERS):
+        raise bad(f"scaler state must hold exactly {', '.join(_COUNTERS)}")
+    scale = saved["scale"]
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or \
+            not (math.isfinite(scale) and scale >= 0):
+        # 0 is a state torch's GradScaler reaches (no floor), so it is a state to resume
+        raise bad(f"scaler scale must be a finite number >= 0, got {scale!r}")
+    for name in _COUNTERS[1:]:
+        value, low = saved[name], -1 if name == "last_overflow_step" else 0
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise bad(f"scaler counter {name} must be an integer >= {low}, got {value!r}")
+    return dataclasses.replace(scaler_cfg.init(), **saved)
