@@ -33,6 +33,7 @@ from ..optim import SGD, Optimizer
 from ..scaling import NoScaler, ScalerState, StaticScaler, preset
 from .checkpoint import load_checkpoint, save_checkpoint
 from .data import Dataset
+from .recipes import recipe_for, recipe_record, scaler_name
 from .trace import StepRecord, TraceWriter, read_trace
 
 __all__ = ["train", "TrainResult", "resolve_scaler", "loss_hash"]
@@ -94,7 +95,7 @@ class TrainResult:
         return loss_hash(self.losses)
 
 
-def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler=None,
+def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler="recipe",
           policy="16-mixed", steps: int = 100, batch_size: int = 64, seed: int = 0,
           out: "str | os.PathLike | None" = None, trace_layout: str = "jsonl",
           checkpoint_every: int | None = None, resume: "str | os.PathLike | None" = None,
@@ -103,9 +104,13 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler=No
     ``data`` for ``steps`` steps. Everything is checked before the first step: bad input
     raises ``ValueError``/``TypeError`` and nothing is written.
 
-    ``optimizer`` defaults to SGD(lr=0.1) with an fp32 master copy; ``scaler`` takes what
-    ``resolve_scaler`` accepts. With ``out``, writes ``run.json``, ``trace.jsonl`` (or
-    ``.csv``), and ``checkpoint.npz`` every ``checkpoint_every`` steps and at the end.
+    ``optimizer`` defaults to SGD(lr=0.1) with the master copy the policy's recipe keeps
+    (``fpsim.train.recipe_for``: fp32 for the mixed recipes, none for the true ones);
+    ``scaler`` takes what ``resolve_scaler`` accepts, or ``"recipe"`` (the default): the
+    recipe's scaler (torch's dynamic GradScaler for "16-mixed", none otherwise). ``run.json``
+    records the recipe's defaults and what the run changed from them (``recipe``,
+    ``overrides``). With ``out``, writes ``run.json``, ``trace.jsonl`` (or ``.csv``), and
+    ``checkpoint.npz`` every ``checkpoint_every`` steps and at the end.
     ``resume``: a checkpoint written by an earlier run with the same configuration.
     """
     _check_count("steps", steps, 1)
@@ -117,8 +122,12 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler=No
     if trace_layout not in ("jsonl", "csv"):
         raise ValueError(f"trace_layout must be 'jsonl' or 'csv', got {trace_layout!r}")
     policy = get_policy(policy)
+    recipe = recipe_for(policy)
     with use_policy(policy):
-        optimizer = optimizer if optimizer is not None else Optimizer(model, SGD(lr=0.1))
+        optimizer = (optimizer if optimizer is not None
+                     else Optimizer(model, SGD(lr=0.1), master=recipe.master))
+    if isinstance(scaler, str) and scaler.strip().lower() == "recipe":
+        scaler = recipe.scaler
     scaler_cfg = resolve_scaler(scaler)
     _dry_run(model, data, policy)
 
@@ -136,7 +145,8 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler=No
                     optimizer=repr(optimizer.rule),
                     master=str(optimizer.master_fmt) if optimizer.master_fmt else None,
                     clip_norm=optimizer.clip_norm, scaler=repr(scaler_cfg), data=data.name,
-                    model=type(model).__name__)
+                    model=type(model).__name__, scaler_name=scaler_name(scaler_cfg),
+                    **recipe_record(recipe, optimizer.master_fmt, scaler_cfg))
     out_dir, writer, kept = _open_outputs(out, trace_layout, settings, start, resume)
     records: list[StepRecord] = list(kept)
     nonfinite: list[int] = [r.step for r in kept if not np.isfinite(r.loss)]
