@@ -207,3 +207,11 @@ def test_help_is_plain_text_with_defaults(command, capsys, monkeypatch):
         assert "(default: the recipe's" in text
     if command == "reproduce":
         assert "(default: figures)" in text
+
+
+def test_train_plot_draws_the_run_beside_its_trace(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--steps", "4", "--samples", "64", "--hidden", "4", "--out", str(out),
+                 "--plot"]) == 0
+    assert (out / "trace.png").read_bytes().startswith(b"\x89PNG")
+    assert f"wrote {out}/trace.png" in capsys.readouterr().out

@@ -12,13 +12,12 @@ runs, or say that no run recorded them.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
 
 from ..conformance.trace import TRACE_FORMAT, read_trace
-from ..train.runs import Run, load_run
+from ..train.runs import Run, first_json_row, load_run
 from .style import figure_style, new_figure, write_figure
 
 import matplotlib.pyplot as plt  # noqa: E402  (style chose the backend)
@@ -48,13 +47,8 @@ def open_run(path: "Run | str | os.PathLike") -> Run:
 
 
 def _is_scaler_trace(path: Path) -> bool:
-    try:
-        with open(path, encoding="utf-8") as stream:
-            first = next((line for line in stream if line.strip()), "")
-        header = json.loads(first)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(header, dict) and header.get("format") == TRACE_FORMAT
+    header = first_json_row(path)
+    return header is not None and header.get("format") == TRACE_FORMAT
 
 
 def _scaler_trace_run(path: Path) -> Run:

@@ -40,7 +40,7 @@ from pathlib import Path
 from .trace import read_trace
 
 __all__ = ["Run", "load_run", "compare_runs", "Comparison", "Difference", "run_label",
-           "TRAINING_COLUMNS"]
+           "TRAINING_COLUMNS", "first_json_row", "show_value"]
 
 TRAINING_COLUMNS = ("loss", "scale", "found_inf", "skipped", "grad_norm", "underflow_fraction",
                     "lost_update_fraction", "wall_time")
@@ -115,6 +115,11 @@ def load_run(path: "str | os.PathLike") -> Run:
     else:
         raise FileNotFoundError(f"no run at {path}: give a run folder (run.json and "
                                 f"trace.jsonl or trace.csv) or a trace file")
+    header = first_json_row(trace_path)
+    if header is not None and "format" in header:
+        raise ValueError(f"{trace_path} is a framework's loss-scaler trace, not a training "
+                         f"trace: read it with fpsim.plots.open_run (as fpsim plot and fpsim "
+                         f"compare do)")
     records = read_trace(trace_path)
     info = _read_info(info_path) if info_path.is_file() else {}
     expected = info.get("config", {}).get("steps")
@@ -127,6 +132,18 @@ def load_run(path: "str | os.PathLike") -> Run:
     columns = {name: tuple(getattr(r, name) for r in records) for name in TRAINING_COLUMNS}
     return Run(label, str(path), "training", tuple(r.step for r in records), columns, info,
                expected if isinstance(expected, int) else None, complete)
+
+
+def first_json_row(path: "str | os.PathLike") -> dict | None:
+    """The first non-blank line of a text file as a JSON object, or None when it is not one
+    (a CSV trace, binary data): how a trace's kind is told without reading it all."""
+    try:
+        with open(path, encoding="utf-8") as stream:
+            first = next((line for line in stream if line.strip()), "")
+        row = json.loads(first)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return row if isinstance(row, dict) else None
 
 
 def _read_info(path: Path) -> dict:
@@ -166,6 +183,11 @@ def show_value(name: str, value) -> str:
             return f"{value!r} (0x{struct.unpack('<I', struct.pack('<f', value))[0]:08x})"
         return f"{value!r} ({value.hex()})"
     return "-" if value is None else repr(value)
+
+
+def _short(value, width: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def _bits(name: str, value):
@@ -219,7 +241,7 @@ class Comparison:
         if self.config_differences:
             lines.append("configuration differences (A | B):")
             for key, (va, vb) in list(self.config_differences.items())[:12]:
-                lines.append(f"  {key}: {va!r} | {vb!r}")
+                lines.append(f"  {key}: {_short(va)} | {_short(vb)}")
             if len(self.config_differences) > 12:
                 lines.append(f"  ... and {len(self.config_differences) - 12} more")
         return "\n".join(lines)
