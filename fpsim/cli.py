@@ -6,6 +6,8 @@
     fpsim demo                    a short tour of what reduced precision does to numbers
     fpsim train [options]         train a built-in model, every step traced (fpsim train -h)
     fpsim reproduce [--quick]     rerun the paper's experiments: figures and summary
+    fpsim plot RUN [RUN ...] --out FILE   draw runs' traces side by side (PNG or SVG)
+    fpsim compare RUN_A RUN_B     where two runs first differ, bit for bit
     fpsim check-scaler TRACE      replay a framework's loss-scaler trace through a preset
     fpsim check-cast SRC --against THEIRS --format F   compare a framework's cast with ours
 
@@ -34,6 +36,29 @@ __all__ = ["main"]
 
 class UsageError(Exception):
     """Bad input from the command line: reported in one line, exit status 2."""
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Plain-text help for every command: description paragraphs wrapped to the terminal,
+    indented lines (examples) kept as written, and each option's default shown unless it has
+    none worth showing (None, False)."""
+
+    def _fill_text(self, text, width, indent):
+        import textwrap
+
+        paragraphs = []
+        for block in text.strip("\n").split("\n\n"):
+            if block.startswith(" "):
+                paragraphs.append(textwrap.indent(block, indent))
+            else:
+                paragraphs.append(textwrap.fill(" ".join(block.split()), width,
+                                                initial_indent=indent, subsequent_indent=indent))
+        return "\n\n".join(paragraphs)
+
+    def _get_help_string(self, action):
+        if action.default in (None, False) or "%(default)" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def _format_table() -> str:
@@ -81,28 +106,39 @@ def _demo() -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fpsim", description="Bit-exact reduced-precision "
-                                     "number formats and training simulation.")
+                                     "number formats and training simulation.",
+                                     formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"fpsim {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    commands.add_parser("formats", help="list the built-in number formats")
-    commands.add_parser("demo", help="a short tour of reduced-precision effects")
-    desc = commands.add_parser("describe", help="round a value into a format and show its bits")
+    commands.add_parser("formats", help="list the built-in number formats",
+                        description="List the built-in number formats with their exact "
+                                    "constants, and the names accepted.")
+    commands.add_parser("demo", help="a short tour of reduced-precision effects",
+                        description="A one-screen tour: one value in six formats, gradient "
+                                    "underflow against loss scales, update swamping.")
+    desc = commands.add_parser("describe", help="round a value into a format and show its bits",
+                               description="Round a value into a format and show the stored "
+                                           "value, its rounding error, bits and class.")
     # argparse takes "-inf" and "-1e-8" for options unless its negative-number pattern
     # (a private attribute, the one way to widen it) says they are numbers.
     desc._negative_number_matcher = re.compile(
         r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$|^-0x[0-9a-f.]+p[-+]?\d+$",
         re.IGNORECASE)
     desc.add_argument("value", help="a number, e.g. 0.1, 1e-8, -inf, 0x1p-24")
-    desc.add_argument("-f", "--format", default="fp16", help="format name (default fp16)")
+    desc.add_argument("-f", "--format", default="fp16", help="format name")
     desc.add_argument("-m", "--mode", default="nearest_even",
                       help=f"rounding mode: {', '.join(m for m in MODES if m != 'stochastic')}")
     from .conformance import cli as conformance_cli
     from .experiments import cli as experiments_cli
+    from .plots import cli as plots_cli
     from .train import cli as train_cli
 
     train_cli.register(commands)
+    plots_cli.register(commands)
     experiments_cli.register(commands)
     conformance_cli.register(commands)
+    for sub in commands.choices.values():
+        sub.formatter_class = HelpFormatter
     return parser
 
 
@@ -154,7 +190,18 @@ def _run(argv: list[str] | None) -> int:
         elif args.command == "train":
             from .train import cli as train_cli
 
-            return train_cli.run(args)
+            status = train_cli.run(args)
+            if status == 0 and args.plot:
+                from .plots import plot_runs
+
+                written = plot_runs([args.out], f"{args.out}/trace.png")
+                if not args.quiet:
+                    print(f"wrote {written}")
+            return status
+        elif args.command in ("plot", "compare"):
+            from .plots import cli as plots_cli
+
+            return plots_cli.run(args)
         elif args.command == "reproduce":
             from .experiments import cli as experiments_cli
 

@@ -4,9 +4,10 @@ import json
 import math
 
 from fpsim.experiments import reproduce
-from fpsim.experiments.loss_curves import escape_step, median, typical_gap
+from fpsim.experiments.loss_curves import PLATEAU, escape_step, median, spike, typical_gap
+from fpsim.train import StepRecord
 
-PINNED = "7e3b55a1c4b7119af952efbf08a4c0e73ce006504766ad90f3c3a682634655c3"
+PINNED = "f47c0c167ee0d3778027ab102da881b70491f8eb1ab9071412bc17fb0c99403d"
 
 
 def test_helpers():
@@ -15,6 +16,24 @@ def test_helpers():
     assert escape_step(plateau) is None
     assert escape_step(plateau + [0.5] * 20) == 21   # the 10-step mean first drops below 1.87
     assert typical_gap([1.0] * 5, [1.0] * 4 + [100.0]) == 0.0   # one spike does not count
+
+
+def test_spike_is_traced_to_its_outlier_batch():
+    """A run that has learned (loss 0.05, gradient norm 1) meets a batch with a gradient 50x
+    the usual at step 40; its loss climbs to 30 at step 44, whose overflow is skipped twice."""
+    losses = [2.08] * 10 + [0.05] * 30 + [1.0, 0.2, 0.4, 0.6, 30.0, 12.0, 0.5] + [0.05] * 20
+    records = []
+    for step, loss in enumerate(losses):
+        skipped = step in (44, 45)
+        records.append(StepRecord(step, loss, 1024.0 if step < 46 else 256.0, skipped, skipped,
+                                  float("nan") if skipped else (50.0 if step == 40 else 1.0),
+                                  0.0, 0.0, 0.0))
+    found = spike(records, escape_step(losses))
+    assert found["step"] == 44 and found["loss"] == 30.0 > PLATEAU
+    assert (found["trigger_step"], found["trigger_grad_norm"], found["usual_grad_norm"]) == \
+        (40, 50.0, 1.0)
+    assert found["skipped_steps"] == [44, 45] and found["scale_after"] == 256.0
+    assert spike(records[:40], escape_step(losses[:40])) is None   # no spike above the plateau
 
 
 def test_loss_curves_numbers(tmp_path):

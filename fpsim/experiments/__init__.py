@@ -119,9 +119,12 @@ def names(*, include_broken: bool = False) -> list[str]:
 
 def reproduce(out: "str | Path" = "figures", *, quick: bool = False,
               only: list[str] | None = None,
-              progress: Callable[[str], None] | None = None) -> list[Result]:
+              progress: Callable[[str], None] | None = None,
+              on_start: Callable[[str], None] | None = None) -> list[Result]:
     """Run the experiments (all, or those named in ``only``) and write their figures,
-    ``summary.md``, ``summary.json`` and ``timings.json`` into ``out``.
+    ``summary.md``, ``summary.json`` and ``timings.json`` into ``out``. ``progress`` receives
+    short messages; ``on_start(name)`` is called as each experiment begins (a progress bar's
+    hook).
 
     With ``only``, the other experiments already summarised in ``out`` keep their sections of
     ``summary.md`` and ``summary.json``; a folder holding a run of the other mode (quick or
@@ -161,15 +164,19 @@ def _run_chosen(ctx: Context, chosen: list[str], kept: dict) -> tuple[list[Resul
             report(f"[{index}/{len(chosen)}] {name}: skipped, {BROKEN[name]}")
             continue
         experiment = REGISTRY[name]
+        if on_start is not None:
+            on_start(name)
         report(f"[{index}/{len(chosen)}] {experiment.title}")
-        began = time.perf_counter()
+        began, cpu_began = time.perf_counter(), time.process_time()
         try:
             result = experiment.run(ctx)
         except Exception as err:  # noqa: BLE001 - collected, reported, raised at the end
             failures[name] = f"{type(err).__name__}: {err}"
             report(f"[{index}/{len(chosen)}] {name} failed: {failures[name]}")
             continue
-        timings[name] = {"seconds": round(time.perf_counter() - began, 2), **result.timings}
+        timings[name] = {"seconds": round(time.perf_counter() - began, 2),
+                         "cpu_seconds": round(time.process_time() - cpu_began, 2),
+                         **result.timings}
         results.append(result)
     _write_summaries(ctx.out, results, ctx.quick, timings, kept)
     return results, failures
@@ -246,8 +253,9 @@ def _write_summaries(out: Path, results: list[Result], quick: bool, timings: dic
         lines += [f"![{r.title}]({fig})" for fig in r.figures if fig.endswith(".png")] + [""]
     write_text(out / "summary.md", "\n".join(lines))
     timing_lines = ["# Wall-clock timings (these, and only these, differ between machines)", "",
-                    "| experiment | seconds |", "|---|---|"]
-    timing_lines += [f"| {name} | {t['seconds']} |" for name, t in timings.items()]
+                    "| experiment | seconds | CPU seconds (all threads) |", "|---|---|---|"]
+    timing_lines += [f"| {name} | {t['seconds']} | {t['cpu_seconds']} |"
+                     for name, t in timings.items()]
     for r in results:
         if r.timing_table:
             timing_lines += ["", f"## {r.title}", "", r.timing_table.strip()]

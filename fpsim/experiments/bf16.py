@@ -48,7 +48,7 @@ def run(ctx: Context) -> Result:
         model = build_mlp(policy)
         result = train(model, data, optimizer=Optimizer(model, SGD(lr=LR_CLASSIFIER)),
                        scaler=None, policy=policy, steps=steps_classifier, batch_size=BATCH,
-                       seed=0)
+                       seed=0, progress=False)
         mixed_losses[label] = result.losses
         underflow = [r.underflow_fraction for r in result.records]
         classifier[label] = {

@@ -103,9 +103,42 @@ def train_one(policy: str, scaler: str, steps: int) -> dict:
         "weight_growth": [mean(np.abs(end[n]).ravel()) / mean(np.abs(start[n]).ravel())
                           for n in layers],
         "skipped_steps": int(sum(r.skipped for r in result.records)),
+        "spike": spike(result.records, escape_step(losses)),
         "final_scale": float(result.scaler_state.scale),
         "wall_seconds": sum(r.wall_time for r in result.records),
     }
+
+
+def spike(records, escaped: int | None) -> dict | None:
+    """The largest loss after a run has left the plateau, if it rises above the plateau
+    again, and what set it off: the first step of the LOOKBACK before it whose gradient norm
+    was more than OUTLIER times the median of the LOOKBACK steps before that (an outlier
+    batch), and the steps the scaler skipped from there to AFTER steps past the peak."""
+    if escaped is None:
+        return None
+    losses = [float(r.loss) for r in records]
+    peak = max(range(escaped, len(losses)), key=lambda i: (losses[i], -i))
+    if not losses[peak] > PLATEAU:
+        return None
+    norms = [float(r.grad_norm) for r in records]
+
+    def usual(step: int) -> float:
+        return median([n for n in norms[max(0, step - LOOKBACK):step] if math.isfinite(n)])
+
+    trigger = next((t for t in range(max(LOOKBACK, peak - LOOKBACK), peak + 1)
+                    if math.isfinite(norms[t]) and norms[t] > OUTLIER * usual(t)), None)
+    start = trigger if trigger is not None else peak
+    skipped = [r.step for r in records[start:peak + AFTER + 1] if r.skipped]
+    return {"step": peak, "loss": losses[peak], "scale": float(records[peak].scale),
+            "trigger_step": trigger,
+            "trigger_loss": losses[trigger] if trigger is not None else None,
+            "trigger_grad_norm": norms[trigger] if trigger is not None else None,
+            "usual_grad_norm": usual(trigger) if trigger is not None else None,
+            "skipped_steps": skipped,
+            "scale_after": float(records[min(peak + AFTER, len(records) - 1)].scale)}
+
+
+LOOKBACK, OUTLIER, AFTER = 20, 10.0, 10
 
 
 def _moved(now: np.ndarray, before: np.ndarray) -> float:
@@ -197,4 +230,30 @@ def _summary(steps: int, fp32: dict, none: dict, s128: dict, dyn: dict) -> str:
         f"{s128['typical_gap_to_fp32']:.3f}) and {dynamic} at {_when(dyn)} (final gap "
         f"{dyn['final_gap_to_fp32']:+.3f}, typical {dyn['typical_gap_to_fp32']:.3f}), against "
         f"{none['typical_gap_to_fp32']:.3f} for the unscaled run. What remains is the noise of "
-        f"runs that fp16's rounding of activations sends down slightly different paths.")
+        f"runs that fp16's rounding of activations sends down slightly different paths."
+        + _spike_sentence(dyn, fp32, s128))
+
+
+def _spike_sentence(run: dict, *others: dict) -> str:
+    """The dynamic run's late loss spike, explained from its trace."""
+    sp = run["spike"]
+    if not sp or sp["trigger_step"] is None:
+        return ""
+    t = sp["trigger_step"]
+    skipped = sp["skipped_steps"]
+    overflow = (f"; only then do the spike's fp16 gradients overflow at scale {sp['scale']:g}, "
+                f"so the scaler skips step{'s' if len(skipped) > 1 else ''} "
+                f"{', '.join(map(str, skipped))} and backs off to {sp['scale_after']:g}: it "
+                f"reacts to the spike, it does not cause it" if skipped else "")
+    calm = ", ".join(f"{o['losses'][t]:.3f}" for o in others)
+    return (f" The dynamic run's loss spikes to {sp['loss']:.1f} at step {sp['step']} (off the "
+            f"left panel's scale). Its trace shows why: at step {t} a batch gives it a loss of "
+            f"{sp['trigger_loss']:.2f} where it had been near {median(run['losses'][t - 10:t]):.2f}, "
+            f"with a gradient norm of {sp['trigger_grad_norm']:.0f}, "
+            f"{sp['trigger_grad_norm'] / sp['usual_grad_norm']:.0f} times its usual "
+            f"{sp['usual_grad_norm']:.1f}; Adam, normalising by second moments built from far "
+            f"smaller gradients, turns that outlier into a step many times its usual size on "
+            f"every weight, and its momentum keeps following it, so the loss climbs for "
+            f"{sp['step'] - t} steps{overflow}. The same batch at the same step gives the "
+            f"fp32 and scale-128 runs, which fit the data less tightly by then, losses of "
+            f"{calm} and no such gradient.")

@@ -71,7 +71,7 @@ def run(ctx: Context) -> Result:
         # NaN weights are the point of one run: the engine's float32 ops would warn.
         with np.errstate(invalid="ignore", over="ignore"):
             result = train(model, data, optimizer=Optimizer(model, SGD(lr=LR)), scaler=scaler,
-                           policy=POLICY, steps=steps, batch_size=BATCH, seed=0)
+                           policy=POLICY, steps=steps, batch_size=BATCH, seed=0, progress=False)
         records = result.records
         scales = [r.scale for r in records]
         skipped = [r.skipped for r in records]

@@ -64,7 +64,7 @@ def first_step_moments(policy: str, data, eps: float) -> dict:
     optimizer = Optimizer(model, Adam(lr=LR, eps=eps), master=None)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         train(model, data, optimizer=optimizer, policy=policy, steps=1, batch_size=BATCH,
-              seed=0)
+              seed=0, progress=False)
     m = np.concatenate([s.exp_avg.reshape(-1) for s in optimizer.states.values()])
     v = np.concatenate([s.exp_avg_sq.reshape(-1) for s in optimizer.states.values()])
     return {"v_zero_m_nonzero": float(np.mean((v == 0) & (m != 0))),
@@ -85,7 +85,7 @@ def run(ctx: Context) -> Result:
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             result = train(model, train_data, optimizer=optimizer,
                            scaler=preset(scaler) if scaler else None, policy=policy,
-                           steps=steps, batch_size=BATCH, seed=0)
+                           steps=steps, batch_size=BATCH, seed=0, progress=False)
         speed[label] = steps / (time.perf_counter() - began)
         acc, nonfinite_rows = accuracy(model, policy, test_data)
         params = np.concatenate([v.reshape(-1) for v in model.state_dict().values()])

@@ -36,7 +36,9 @@ def plot_loss_curves(runs: dict, plateau: float, snapshot: int, stem: Path) -> l
             wx.plot(np.arange(1, len(moved) + 1), 100 * np.asarray(moved), color=color, ls=ls,
                     marker="o", ms=3.5, lw=1.2, label=label)
         ax.axhline(plateau, color="0.5", lw=0.8, ls=(0, (4, 3)))
-        ax.annotate("ln 8: guessing the class frequencies", (0, plateau), xytext=(4, 4),
+        # "log(8)", not "ln 8": in DejaVu Sans a lower-case l reads as a capital I ("In 8")
+        ax.annotate(f"log({round(np.exp(plateau))}) = {plateau:.3f}: guessing the class "
+                    f"frequencies", (0, plateau), xytext=(4, 4),
                     textcoords="offset points", fontsize=7, color="0.35")
         ax.set_xlabel("training step")
         ax.set_ylabel(f"training loss (faint: per step; bold: mean of {SMOOTH})")
@@ -46,9 +48,11 @@ def plot_loss_curves(runs: dict, plateau: float, snapshot: int, stem: Path) -> l
         for (label, r), color in zip(runs.items(), COLORS):
             peak = int(np.argmax(r["losses"]))
             if r["losses"][peak] > top:
-                ax.annotate(f"spike to {r['losses'][peak]:.3g} (off scale)", (peak, top),
-                            xytext=(-4, -10), textcoords="offset points", fontsize=7,
-                            color=color, ha="right")
+                # the text sits in the empty band below the plateau, an arrow to the spike
+                ax.annotate(_spike_text(r["losses"][peak], peak, r.get("spike")), (peak, top),
+                            xytext=(0.72, 0.74), textcoords="axes fraction", fontsize=6.5,
+                            color=color, ha="right", va="top",
+                            arrowprops={"arrowstyle": "->", "color": color, "lw": 0.8})
         ax.legend(fontsize=7, loc="lower left", frameon=True, facecolor="white",
                   framealpha=0.9, edgecolor="none")
         ux.set_xlabel("training step")
@@ -64,3 +68,19 @@ def plot_loss_curves(runs: dict, plateau: float, snapshot: int, stem: Path) -> l
         wx.set_ylim(-3, 103)
         fig.tight_layout()
         return save_figure(fig, stem)
+
+
+def _spike_text(loss: float, step: int, spike: dict | None) -> str:
+    """What the spike is and, when the experiment found its trigger, why it happened."""
+    text = f"spike to {loss:.3g} at step {step} (off scale)"
+    if not spike or spike["step"] != step or spike["trigger_step"] is None:
+        return text
+    ratio = spike["trigger_grad_norm"] / spike["usual_grad_norm"]
+    text += (f":\nan outlier batch at step {spike['trigger_step']} (gradient\nnorm "
+             f"{ratio:.0f}x the usual) that Adam's momentum\nkeeps following")
+    skipped = spike["skipped_steps"]
+    if skipped:
+        steps = ", ".join(map(str, skipped))
+        text += (f"; the spike's fp16\ngradients overflow: step{'s' if len(skipped) > 1 else ''} "
+                 f"{steps} skipped,\nscale {spike['scale']:g} -> {spike['scale_after']:g}")
+    return text

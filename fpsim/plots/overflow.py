@@ -44,13 +44,19 @@ def plot_overflow(runs: dict, stem: Path, window: int = 20) -> list[Path]:
             ax.set_xlabel("step")
             ax.set_ylabel("log2(loss scale)")
             ax.legend(fontsize=7, loc="center right")
+        # The dynamic runs' curves nearly coincide: a wide pale line under a narrow dashed
+        # one keeps each visible, and the note says how far apart they are.
+        dynamic_styles = iter([dict(linestyle="-", linewidth=3.2, alpha=0.45),
+                               dict(linestyle="--", linewidth=1.3)] * len(runs))
+        means = {}
         for label, run in runs.items():
             steps = np.arange(len(run["losses"]))
             losses = np.asarray(run["losses"], np.float64)
             finite = np.isfinite(losses)
             shown = running_mean(np.where(finite, losses, np.nan), window)
-            loss_ax.plot(steps, shown, color=palette[label], label=label,
-                         linestyle="-" if run["dynamic"] else ":")
+            means[label] = shown
+            style = next(dynamic_styles) if run["dynamic"] else dict(linestyle=":")
+            loss_ax.plot(steps, shown, color=palette[label], label=label, **style)
             if not finite.all():
                 first = int(np.argmin(finite))
                 level = losses[:first].mean() if first else 0.0
@@ -58,6 +64,11 @@ def plot_overflow(runs: dict, stem: Path, window: int = 20) -> list[Path]:
                 loss_ax.annotate(f"loss NaN from step {first}", (first, level),
                                  xytext=(10, -16), textcoords="offset points", fontsize=7,
                                  color=palette[label])
+        if len(dynamic) == 2:
+            gap = np.nanmax(np.abs(means[dynamic[0]] - means[dynamic[1]]))
+            loss_ax.text(0.98, 0.2, f"{dynamic[0]} (wide) and\n{dynamic[1]} (dashed):\n"
+                         f"running means at most {gap:.3f} apart", transform=loss_ax.transAxes,
+                         ha="right", va="bottom", fontsize=7, color="0.3")
         loss_ax.set_xlabel("step")
         loss_ax.set_ylabel(f"training loss ({window}-step running mean)")
         loss_ax.set_title("training loss")

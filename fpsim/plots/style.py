@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
 from ..files import atomic_file  # noqa: E402
 
-__all__ = ["figure_style", "save_figure", "new_figure"]
+__all__ = ["figure_style", "save_figure", "new_figure", "write_figure", "FIGURE_TYPES"]
 
 _STYLE = {
     "svg.hashsalt": "fpsim",
@@ -53,6 +53,26 @@ def figure_style():
 def new_figure(width: float = 6.0, height: float = 3.6, **subplots):
     """A figure and axes in our style (call inside ``figure_style()``)."""
     return plt.subplots(figsize=(width, height), **subplots)
+
+
+FIGURE_TYPES = tuple(_NO_METADATA)
+
+
+def write_figure(fig, path: "str | Path") -> Path:
+    """Write ``fig`` to ``path`` (PNG or SVG, chosen by the extension) without timestamps or
+    versions, atomically (``fpsim.files.atomic_file``), and close the figure."""
+    path = Path(path)
+    ext = path.suffix.lower().lstrip(".")
+    if ext not in _NO_METADATA:
+        plt.close(fig)
+        raise ValueError(f"cannot write a figure to {path}: the name must end in "
+                         f"{' or '.join('.' + e for e in _NO_METADATA)}")
+    try:
+        with atomic_file(path, "wb") as handle:
+            fig.savefig(handle, format=ext, metadata=_NO_METADATA[ext])
+    finally:
+        plt.close(fig)
+    return path
 
 
 def save_figure(fig, stem: "str | Path", formats=("png", "svg")) -> list[Path]:

@@ -52,8 +52,10 @@ def plot_underflow(hist: dict, fractions: dict, layers: list[str], quantiles: li
         ax.set_ylabel("% of nonzero values")
         ax.set_title("Activation gradients recorded in fp32, against fp16's range")
         ax.text(0.01, 0.97,
-                f"zero in fp32: {100 * fractions['zero_in_fp32']:.1f}% of all values "
-                f"(not shown)\nzero once cast to fp16: {100 * fractions['zero_in_fp16']:.1f}%"
+                f"% of the nonzero values throughout (the\n"
+                f"{100 * fractions['zero_in_fp32']:.1f}% of all values that are zero in fp32 "
+                f"are left out):\nfp16 rounds {100 * fractions['lost_of_nonzero']:.1f}% to 0 "
+                f"and {100 * fractions['subnormal_of_nonzero']:.1f}% to subnormals;"
                 f"\nof the values fp16 loses, loss scale\n8 / 128 / 32768 recovers "
                 + " / ".join(f"{100 * fractions['by_scale'][s]['recovered_of_lost']:.1f}%"
                              for s in ("8", "128", "32768")),

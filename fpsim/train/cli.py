@@ -1,10 +1,6 @@
-"""``fpsim train``: a built-in model on built-in data, every step traced.
-
-    fpsim train --data teacher --hidden 64,64 --policy 16-mixed --scaler dynamic \\
-                --optimizer sgd --lr 0.1 --steps 500 --out runs/mixed
-
-Bad input (a zero learning rate, an unknown policy or preset, an unwritable folder...) is
-reported in one line before training starts, with exit status 2.
+"""``fpsim train``: a built-in model on built-in data, every step traced (``DESCRIPTION``
+is its help text). Bad input (a zero learning rate, an unknown policy or preset, an unwritable
+folder...) is reported in one line before training starts, with exit status 2.
 """
 from __future__ import annotations
 
@@ -17,41 +13,62 @@ from .. import nn
 from ..autograd import get_policy, use_policy
 from ..optim import SGD, Adam, AdamW, Optimizer
 from .data import DATASETS, make_dataset
-from .loop import ADJUSTABLE_ON_RESUME, train
+from .loop import ADJUSTABLE_ON_RESUME, resolve_scaler, train
+from .recipes import recipe_for, recipe_record, scaler_name
 
 __all__ = ["register", "run"]
 
 OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": AdamW}
 
 
+DESCRIPTION = """\
+Train a built-in MLP on built-in data, every step traced, for example:
+
+  fpsim train --data teacher --hidden 64,64 --policy 16-true --steps 500 --out runs/half
+
+The precision string sets the recipe as Lightning does: master copy and loss scaler follow
+from it (16-mixed: fp32 master, torch's dynamic scaler; bf16-mixed: fp32 master, no scaler;
+32-true, 16-true, bf16-true: no master copy, no scaler); --master and --scaler override them,
+and run.json and the summary line say so. Without --out nothing is written. Bad input is
+reported in one line before training starts, with exit status 2."""
+
+
 def register(commands) -> None:
     p = commands.add_parser("train", help="train a built-in model and write a per-step trace",
-                            description=__doc__.split("\n\n")[0])
+                            description=DESCRIPTION)
     p.add_argument("--data", default="teacher", help=f"data set: {', '.join(DATASETS)}")
-    p.add_argument("--samples", type=int, default=2048, help="number of samples (2048)")
-    p.add_argument("--features", type=int, default=16, help="input features (16)")
-    p.add_argument("--classes", type=int, default=4, help="classes (4)")
+    p.add_argument("--samples", type=int, default=2048, help="number of samples")
+    p.add_argument("--features", type=int, default=16, help="input features")
+    p.add_argument("--classes", type=int, default=4, help="classes")
     p.add_argument("--hidden", default="64,64", help="hidden layer sizes, comma-separated")
     p.add_argument("--activation", default="relu", help="relu, tanh, sigmoid or gelu")
     p.add_argument("--policy", default="16-mixed",
-                   help="precision policy: 32-true, 16-mixed, bf16-mixed, 16-true, bf16-true, "
-                        "or params=...,compute=...,output=...")
+                   help="precision recipe: 32-true, 16-mixed, bf16-mixed, 16-true, bf16-true, "
+                        "or jmp style params=...,compute=...,output=...")
     p.add_argument("--optimizer", default="sgd", help=f"{', '.join(OPTIMIZERS)}")
-    p.add_argument("--lr", type=float, default=0.1, help="learning rate (0.1)")
-    p.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (0)")
-    p.add_argument("--weight-decay", type=float, default=0.0, help="weight decay (0)")
-    p.add_argument("--master", default="fp32",
-                   help="master-weight format, or 'none' to update the weights directly")
-    p.add_argument("--clip-norm", type=float, default=None, help="clip the global grad norm")
-    p.add_argument("--scaler", default="dynamic",
-                   help="none, dynamic, static:N, or a preset: torch, apex, deepspeed, "
-                        "megatron, tf-keras, keras3, jmp")
-    p.add_argument("--steps", type=int, default=200, help="training steps (200)")
-    p.add_argument("--batch-size", type=int, default=64, help="batch size (64)")
+    p.add_argument("--lr", type=float, default=0.1, help="learning rate")
+    p.add_argument("--momentum", type=float, default=0.0, help="SGD momentum")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="weight decay")
+    p.add_argument("--master", default=None,
+                   help="master-weight format (fp32, ...), or 'none' to update the weights "
+                        "directly (default: the recipe's: fp32 for 16-mixed and bf16-mixed, "
+                        "none otherwise)")
+    p.add_argument("--clip-norm", type=float, default=None,
+                   help="clip the global gradient norm to this value (default: no clipping)")
+    p.add_argument("--scaler", default=None,
+                   help="none, dynamic (torch's GradScaler), static:N, or a preset: torch, "
+                        "apex, deepspeed, megatron, tf-keras, keras3, jmp (default: the "
+                        "recipe's: dynamic for 16-mixed, none otherwise)")
+    p.add_argument("--steps", type=int, default=200, help="training steps")
+    p.add_argument("--batch-size", type=int, default=64, help="batch size")
     p.add_argument("--seed", type=int, default=0, help="seed for data, weights and batches")
-    p.add_argument("--out", default=None, help="output folder for run.json, trace, checkpoint")
-    p.add_argument("--trace-format", default="jsonl", choices=("jsonl", "csv"))
-    p.add_argument("--checkpoint-every", type=int, default=None, help="steps between checkpoints")
+    p.add_argument("--out", default=None,
+                   help="folder for run.json, the trace and checkpoint.npz (default: write "
+                        "nothing)")
+    p.add_argument("--trace-format", default="jsonl", choices=("jsonl", "csv"),
+                   help="trace file layout")
+    p.add_argument("--checkpoint-every", type=int, default=None,
+                   help="steps between checkpoints (default: one at the end)")
     p.add_argument("--resume", default=None, help="checkpoint.npz to continue from")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run that --out already holds (refused without this)")
@@ -60,7 +77,25 @@ def register(commands) -> None:
                    help=f"let a resumed run change this setting "
                         f"({', '.join(ADJUSTABLE_ON_RESUME)}; repeatable); any other "
                         f"difference from the checkpoint is refused")
+    p.add_argument("--plot", action="store_true",
+                   help="also draw the run (fpsim plot) into OUT/trace.png at the end; needs "
+                        "--out")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
+
+
+def recipe_line(recipe, master_fmt, scaler_config) -> str:
+    """The summary's first line: the recipe's master copy and scaler, and for each default an
+    option overrode, the recipe's own value beside the one used."""
+    record = recipe_record(recipe, master_fmt, scaler_config)
+    used = {"master": str(master_fmt) if master_fmt is not None else None,
+            "scaler": scaler_name(scaler_config)}
+    parts = []
+    for key, value in used.items():
+        text = f"{key} {value or 'none'}"
+        if key in record["overrides"]:
+            text += f" (--{key}; the recipe's is {record['recipe'][key] or 'none'})"
+        parts.append(text)
+    return f"recipe {recipe.policy}: {', '.join(parts)}"
 
 
 def _sizes(text: str) -> list[int]:
@@ -82,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
                                ("--checkpoint-every", args.checkpoint_every, 1)):
         if value is not None and value < low:
             raise ValueError(f"{option} must be an integer >= {low}, got {value}")
+    if args.plot and args.out is None:
+        raise ValueError("--plot draws the run into its --out folder: give --out FOLDER too")
     if args.optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {args.optimizer!r}; choose {', '.join(OPTIMIZERS)}")
     policy = get_policy(args.policy)
@@ -92,7 +129,12 @@ def run(args: argparse.Namespace) -> int:
     elif args.momentum:
         raise ValueError("--momentum is an SGD option; Adam has beta1")
     rule = OPTIMIZERS[args.optimizer](**rule_kwargs)
-    master = None if args.master.lower() == "none" else args.master
+    recipe = recipe_for(policy)
+    if args.master is None:
+        master = recipe.master
+    else:
+        master = None if args.master.lower() == "none" else args.master
+    scaler = resolve_scaler(recipe.scaler if args.scaler is None else args.scaler)
     with use_policy(policy):
         model = nn.MLP([args.features, *_sizes(args.hidden), args.classes],
                        activation=args.activation, rng=args.seed)
@@ -100,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     config = {"command": "train", "data": args.data, "samples": args.samples,
               "features": args.features, "classes": args.classes, "hidden": args.hidden,
               "activation": args.activation}
-    result = train(model, data, optimizer=optimizer, scaler=args.scaler, policy=policy,
+    result = train(model, data, optimizer=optimizer, scaler=scaler, policy=policy,
                    steps=args.steps, batch_size=args.batch_size, seed=args.seed, out=args.out,
                    trace_layout=args.trace_format, checkpoint_every=args.checkpoint_every,
                    resume=args.resume, progress=False if args.quiet else None, config=config,
@@ -108,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
     for note in result.notes:
         print(f"fpsim train: note: {note}", file=sys.stderr)
     if not args.quiet:
+        print(recipe_line(recipe, optimizer.master_fmt, scaler))
         last = result.records[-1]
         skipped = sum(r.skipped for r in result.records)
         underflow = float(np.mean([r.underflow_fraction for r in result.records]))
@@ -119,4 +162,7 @@ def run(args: argparse.Namespace) -> int:
                   f"first at step {result.nonfinite_steps[0]}")
         if result.out is not None:
             print(f"wrote {result.out}/run.json, trace.{args.trace_format}, checkpoint.npz")
+        else:
+            print("nothing written (no --out): give --out FOLDER to keep run.json, the trace "
+                  "and a checkpoint")
     return 0

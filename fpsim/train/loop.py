@@ -36,6 +36,7 @@ from ..scaling import NoScaler, ScalerState, StaticScaler, preset
 from .data import Dataset
 from .resume import (ADJUSTABLE_ON_RESUME, check_allowed_changes, check_same_config,
                      restore_checkpoint, run_identity, save_training_checkpoint)
+from .recipes import recipe_for, recipe_record, scaler_name
 from .trace import StepRecord, TraceWriter, format_record, read_trace, trace_header
 
 __all__ = ["train", "TrainResult", "resolve_scaler", "loss_hash", "RUN_FILES",
@@ -43,6 +44,8 @@ __all__ = ["train", "TrainResult", "resolve_scaler", "loss_hash", "RUN_FILES",
 
 # What a run folder holds; a folder with any of them holds a run.
 RUN_FILES = ("run.json", "trace.jsonl", "trace.csv", "checkpoint.npz")
+
+
 def resolve_scaler(spec):
     """A scaler configuration from what users write: None or "none"; a number or
     "static:1024" (static scale); "dynamic" (torch's GradScaler); a preset name ("torch",
@@ -97,7 +100,7 @@ class TrainResult:
         return loss_hash(self.losses)
 
 
-def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler=None,
+def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler="recipe",
           policy="16-mixed", steps: int = 100, batch_size: int = 64, seed: int = 0,
           out: "str | os.PathLike | None" = None, trace_layout: str = "jsonl",
           checkpoint_every: int | None = None, resume: "str | os.PathLike | None" = None,
@@ -107,8 +110,12 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler=No
     ``data`` for ``steps`` steps. Everything is checked before the first step: bad input
     raises ``ValueError``/``TypeError`` and nothing is written.
 
-    ``optimizer`` (built for ``model``) defaults to SGD(lr=0.1) with an fp32 master copy;
-    ``scaler`` takes what ``resolve_scaler`` accepts. With ``out``, writes ``run.json``,
+    ``optimizer`` (built for ``model``) defaults to SGD(lr=0.1) with the master copy the
+    policy's recipe keeps (``fpsim.train.recipe_for``: fp32 for the mixed recipes, none for the
+    true ones); ``scaler`` takes what ``resolve_scaler`` accepts, or ``"recipe"`` (the default):
+    the recipe's scaler (torch's dynamic GradScaler for "16-mixed", none otherwise).
+    ``run.json`` records the recipe's defaults and what the run changed from them (``recipe``,
+    ``overrides``). With ``out``, writes ``run.json``,
     ``trace.jsonl`` (or ``.csv``), and ``checkpoint.npz`` every ``checkpoint_every`` steps and
     at the end, holding ``out/.fpsim.lock`` meanwhile (a second writer is refused). A folder
     that already holds a run is refused unless ``resume`` continues it or ``overwrite=True``
@@ -130,9 +137,13 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler=No
         raise ValueError(f"trace_layout must be 'jsonl' or 'csv', got {trace_layout!r}")
     allow_changes = check_allowed_changes(allow_changes)
     policy = get_policy(policy)
+    recipe = recipe_for(policy)
     with use_policy(policy):
-        optimizer = optimizer if optimizer is not None else Optimizer(model, SGD(lr=0.1))
+        optimizer = (optimizer if optimizer is not None
+                     else Optimizer(model, SGD(lr=0.1), master=recipe.master))
     _check_optimizer_fits(model, optimizer)
+    if isinstance(scaler, str) and scaler.strip().lower() == "recipe":
+        scaler = recipe.scaler
     scaler_cfg = resolve_scaler(scaler)
     _dry_run(model, data, policy)
 
@@ -141,7 +152,8 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler=No
                     optimizer=repr(optimizer.rule),
                     master=str(optimizer.master_fmt) if optimizer.master_fmt else None,
                     clip_norm=optimizer.clip_norm, scaler=repr(scaler_cfg), data=data.name,
-                    model=type(model).__name__)
+                    model=type(model).__name__, scaler_name=scaler_name(scaler_cfg),
+                    **recipe_record(recipe, optimizer.master_fmt, scaler_cfg))
     identity = run_identity(settings, optimizer, data, model)
     rng = backend.host_rng(seed)
     state = scaler_cfg.init()

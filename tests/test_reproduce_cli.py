@@ -1,0 +1,59 @@
+"""`fpsim reproduce` as a user meets it: a progress bar on a terminal and silence off one,
+wall-clock timings that never dirty the repository's figures/, and run times in the README
+that match the measured table the benchmark checks."""
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from fpsim.cli import main
+from fpsim.experiments.cli import MEASURED_SECONDS, ProgressBars
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_off_a_terminal_only_the_final_line_is_printed(tmp_path, capsys):
+    assert main(["reproduce", "--quick", "--only", "underflow", "--out", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    assert len(captured.out.splitlines()) == 1
+    assert captured.out.startswith(f"wrote 1 experiment(s) to {tmp_path}/")
+    assert (tmp_path / "timings.json").exists() and (tmp_path / "timings.md").exists()
+
+
+def test_progress_bars_show_the_whole_run_and_each_experiment(capsys):
+    bars = ProgressBars({"first": 0.3, "second": 0.3})
+    bars.start("first")
+    bars.message("  a sub-run")
+    time.sleep(0.7)  # past its expected time: it waits at 99%, not 100%
+    assert bars.current.n == pytest.approx(0.99 * 0.3)
+    bars.start("second")
+    bars.close()
+    err = capsys.readouterr().err
+    assert "all experiments" in err and "a sub-run" in err and "first" in err
+    assert bars.overall.n == pytest.approx(0.6)  # both finished: the overall bar is full
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(),
+                    reason="needs git and a checkout")
+def test_timings_in_figures_are_not_tracked():
+    for name in ("timings.json", "timings.md"):
+        ignored = subprocess.run(["git", "check-ignore", "-q", f"figures/{name}"], cwd=ROOT,
+                                 check=False)
+        assert ignored.returncode == 0, f"figures/{name} must be ignored by git"
+        tracked = subprocess.run(["git", "ls-files", "--error-unmatch", f"figures/{name}"],
+                                 cwd=ROOT, capture_output=True, check=False)
+        assert tracked.returncode != 0, f"figures/{name} must not be tracked"
+
+
+def test_readme_states_the_measured_run_times():
+    text = (ROOT / "README.md").read_text()
+    for mode, command in (("quick", "fpsim reproduce --quick"), ("full", "fpsim reproduce")):
+        stated = re.search(rf"`{re.escape(command)}`\s+takes\s+about\s+(\d+)\s+s\s+of\s+CPU\s+time",
+                           text)
+        assert stated, (f"README must state the {mode} run time: '`{command}` takes about N s "
+                        f"of CPU time'")
+        assert int(stated.group(1)) == round(sum(MEASURED_SECONDS[mode].values()))
