@@ -149,13 +149,14 @@ def reproduce(out: "str | Path" = "figures", *, quick: bool = False,
     with folder_lock(out) as taken_over:     # a second reproduce into ``out`` is refused
         if taken_over:
             report(f"note: {taken_over}")
-        results, failures = _run_chosen(Context(out, quick, report), chosen, kept)
+        results, failures = _run_chosen(Context(out, quick, report), chosen, kept, on_start)
     if failures:
         raise ExperimentsFailed(failures, [r.name for r in results])
     return results
 
 
-def _run_chosen(ctx: Context, chosen: list[str], kept: dict) -> tuple[list[Result], dict]:
+def _run_chosen(ctx: Context, chosen: list[str], kept: dict,
+                on_start: Callable[[str], None] | None) -> tuple[list[Result], dict]:
     """Run ``chosen`` in order and write the summaries; returns the results and failures."""
     report, results, timings, failures = ctx.progress, [], {}, {}
     for index, name in enumerate(chosen, start=1):
