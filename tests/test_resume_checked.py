@@ -21,6 +21,7 @@ SMALL = ["train", "--samples", "128", "--features", "4", "--hidden", "8", "--bat
 
 def run(out, steps, resume=None, lr=0.1, rule=None, master="fp32", hidden=8, samples=128,
         batch_size=8, **kwargs):
+    kwargs.setdefault("scaler", None)       # not the recipe's: a scaler that never skips
     data = make_dataset("blobs", n=samples, features=4, classes=3, seed=0)
     with use_policy("16-mixed"):
         model = nn.MLP([4, hidden, 3], rng=0)
@@ -45,7 +46,7 @@ def test_a_different_configuration_is_refused_with_the_fields_named(tmp_path, ca
     assert main([*SMALL, *resume, "--lr", "0.2", "--seed", "1", "--policy", "bf16-mixed"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("fpsim: error: cannot resume")
-    assert "differs in data_sha256, lr, policy, seed (" in err and "--allow-change lr" in err
+    assert "differs in data_sha256, lr, policy, scaler, seed (" in err and "--allow-change lr" in err
     assert snapshot(out) == before                   # run.json, trace, checkpoint untouched
     assert main([*SMALL, *resume, "--lr", "0.2"]) == 2
     assert main([*SMALL, *resume, "--lr", "0.2", "--allow-change", "lr"]) == 0

@@ -47,7 +47,10 @@ def check_allowed_changes(allow_changes) -> frozenset:
 def run_identity(settings: dict, optimizer: Optimizer, data: Dataset, model) -> dict:
     """The configuration a checkpoint belongs to, field by field (``steps`` aside): what a
     resumed run must match."""
-    ident = {k: v for k, v in settings.items() if k not in ("steps", "optimizer", "command")}
+    # the recipe's account (recipe, overrides, scaler_name) follows from policy, master and
+    # scaler, which are compared themselves
+    derived = ("steps", "optimizer", "command", "recipe", "overrides", "scaler_name")
+    ident = {k: v for k, v in settings.items() if k not in derived}
     rule = optimizer.rule
     ident["optimizer"] = type(rule).__name__
     if dataclasses.is_dataclass(rule):
