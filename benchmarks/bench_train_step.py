@@ -106,7 +106,7 @@ def whole_step(sizes, batch, policy):
     (overflow check, scaler update, unscale, global gradient norm, master-weight SGD update,
     lost-update count) and ``zero_grad``. "16-mixed" runs with the dynamic scaler (what a mixed
     run asks for), "32-true" without a scaler."""
-    from fpsim.autograd.underflow import count_gradient_underflow
+    from fpsim.exact import count_gradient_underflow
     from fpsim.optim import SGD, Optimizer
     from fpsim.train import resolve_scaler
 
