@@ -23,6 +23,27 @@ Second certificate (``sums_exactly``), for what the first cannot take (exact tie
 zeros): if every term is a multiple of 2**q and U < 2**(q + 53), U >= S, every partial sum
 is a multiple of 2**q below 2**(q + 53) in magnitude, hence a float64: approx is s itself.
 
+Split certificate (``split_certify``), for the few elements the first one leaves, with their
+K terms at hand: one error-free split (the extraction step of Rump, Ogita and Oishi's
+AccSum, "Accurate floating-point summation part I", SIAM J. Sci. Comput. 31(1), 2008) makes
+the float64 result nearly exact, so only exact ties and exact sums remain. Take sigma, a
+power of two >= 2U (U >= S, K < 2**26). For each term p, |p| <= S <= sigma/2, so
+fl(sigma + p) lies in [sigma/2, 3 sigma/2] and hi = fl(sigma + p) - sigma is exact (Sterbenz),
+a multiple of 2**-53 sigma (the float64 spacing there is 2**-53 sigma or 2**-52 sigma);
+lo = p - hi = (sigma + p) - fl(sigma + p) is that addition's rounding error, a float64
+(computed exactly) with |lo| <= 2**-53 sigma. Then sum |hi| <= S + K 2**-53 sigma <= sigma:
+every partial sum of the hi parts is a multiple of 2**-53 sigma of magnitude <= sigma, a
+float64, so tau = fl(sum hi) is exact in any order. The lo parts' float64 sum E errs by at
+most g sum |lo| <= g K 2**-53 sigma (as above, g = ``error_factor(K)``), and r = fl(tau + E)
+by less than 2**-52 |r|: |r - s| <= 2**-52 |r| + K**2 2**-105 sigma. The half-width
+w = fl(2**-50 |r| + K**2 2**-103 sigma) (both products exact: powers of two, K**2 < 2**53)
+is at least (2**-50 |r| + K**2 2**-103 sigma)(1 - u), and each end fl64(r -+ w) errs by at
+most u (|r| + w), so w (1 - u) - u |r| >= |r - s|: the ends enclose s and the first
+certificate's monotonicity argument applies. Where they do not agree and every lo part is
+zero, tau is s itself (an exact zero takes the IEEE sign from the terms, ``sums.zero_sum``).
+No step depends on the summation order. Terms are multiples of 2**-298 below 2**266
+(products of float32 values): nothing underflows or overflows in float64.
+
 >>> import numpy as np
 >>> approx = np.float64([1.0, 1.0 + 2.0 ** -24])      # fl64 sums of two terms each
 >>> N = np.float64([2.0, 2.0])                         # >= sum |p|
@@ -35,8 +56,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..rounding import thread_scratch
+from .sums import zero_sum
 
-__all__ = ["error_factor", "width_factor", "certify", "sums_exactly"]
+__all__ = ["error_factor", "width_factor", "certify", "sums_exactly", "split_certify"]
 
 _CHUNK = 1 << 15    # elements per chunk of the float32 path: temporaries stay in cache
 
@@ -131,3 +153,35 @@ def sums_exactly(upper: np.ndarray, lowest_bit: np.ndarray) -> np.ndarray:
     """Where the float64 sum is exact (second certificate): ``upper`` >= sum |p| and every
     term a multiple of 2**``lowest_bit``."""
     return upper < np.ldexp(1.0, np.minimum(lowest_bit + 53, 1023))
+
+
+def split_certify(terms: np.ndarray, upper: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(fp32 values, known): for each row of ``terms`` (2-D float64, exact products of float32
+    values) whose absolute sum is at most ``upper``, the exact row sum rounded once to fp32
+    (nearest even, IEEE sign for exact zeros) where ``known``; garbage elsewhere (the split
+    certificate in the module docstring)."""
+    rows, k = terms.shape
+    if k >= 1 << 26:
+        return np.zeros(rows, np.float32), np.zeros(rows, bool)
+    sigma = np.ldexp(1.0, np.frexp(upper + upper)[1])      # a power of two >= 2U (1 for 0)
+    column = sigma[:, None]
+    parts = np.add(terms, column)
+    parts -= column                                        # the hi parts, exact
+    tau = parts.sum(axis=1)                                # exact, any order
+    np.subtract(terms, parts, out=parts)                   # the lo parts, exact
+    with np.errstate(over="ignore", invalid="ignore"):
+        r = tau + parts.sum(axis=1)
+        w = np.abs(r) * 2.0 ** -50
+        w += sigma * (float(k * k) * 2.0 ** -103)
+        low = (r - w).astype(np.float32)
+        high = (r + w).astype(np.float32)
+    known = _same_bits(low, high)
+    if not known.all():
+        where = np.flatnonzero(~known)
+        where = where[~parts[where].any(axis=1)]           # every lo part zero: tau is s
+        with np.errstate(over="ignore"):
+            high[where] = tau[where]
+        zero = where[tau[where] == 0]
+        high[zero] = zero_sum(terms[zero])
+        known[where] = True
+    return high, known

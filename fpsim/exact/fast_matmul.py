@@ -12,8 +12,9 @@ and ``f = rnd_out o pre``, the result is ``f(rnd32(s))`` with ``s`` the exact do
     certified where  bits(lo32) == bits(hi32)   (acc = hi32), except all-zero rows/columns
     the rest:       certified where f(lo32) == f(hi32) and pre(lo32), pre(hi32) are nonzero
                     of one sign                                          (acc = hi32)
-                    else exact: +-0 where every product is zero, approx where provably
-                    exact, else round to odd (math.fsum for a few, integer limbs for many)
+                    else exact: the split certificate on the gathered products (exact
+                    when every low part is zero), else round to odd (math.fsum for a
+                    few, integer limbs for many)
     out = rnd_out(pre(acc))
 
 Proof. (1) Enclosure: ``certificate`` (the interval certificate, N = ||a_i|| ||b_j||, as on the
@@ -29,11 +30,12 @@ certified at the fp32 level; at the f level pre is then +-0 + bias, nonzero only
 bias, where the zero's sign does not matter (+-0 + b = b). Any other exact zero sum has approx
 = +-0 and w > 0, so lo32 and hi32 differ in sign: not certified at the fp32 level, and at the f
 level only when a nonzero bias makes both pre values that same nonzero number. (4) The exact
-step: where every product is zero the sum is -0 exactly when every product is -0 (IEEE
-addition), else +0; otherwise the second certificate (``certificate.sums_exactly``, with qa +
-qb, lower bounds on the lowest set bit of row i and column j: approx is s), else the exact sum
-rounded to odd (``fsum_round_to_odd`` or ``round_to_odd_sum``, the same value) and cast once to
-fp32. Non-finite inputs, K = 0 and empty shapes are left to the general path (``matmul_2d``
+step, on the gathered products of the elements left: the split certificate
+(``certificate.split_certify``: one error-free split makes the float64 sum almost exact, so
+it takes all but exact ties and exact sums; where every low part is zero its exact high sum
+is s, an exact zero signed by the IEEE rule: -0 exactly when every product is -0), else the
+exact sum rounded to odd (``fsum_round_to_odd`` or ``round_to_odd_sum``, the same value) and
+cast once to fp32. Non-finite inputs, K = 0 and empty shapes are left to the general path (``matmul_2d``
 returns None). Work arrays are reused per thread (``_scratch``); results are always fresh
 arrays.
 """
@@ -46,8 +48,8 @@ import numpy as np
 from ..formats import FP16, FP32
 from ..rounding import round_to, thread_scratch
 from . import underflow
-from .certificate import certify, error_factor, sums_exactly, width_factor
-from .certified import cauchy_schwarz_bound, lowest_bit_exponent, per_line_lowest_bit
+from .certificate import certify, error_factor, split_certify, width_factor
+from .certified import cauchy_schwarz_bound
 from .odd import round_to_odd
 from .sums import ELEMENTS_PER_CHUNK, round_to_odd_sum, zero_sum
 
@@ -106,7 +108,7 @@ def matmul_2d(a: np.ndarray, b: np.ndarray, out_fmt, bias: np.ndarray | None = N
     if not certified.all():
         rows, cols = _f_uncertified(certified, low32, pre, out, bias, out_fmt)
         if rows.size:
-            acc = _exact_elements(a, b, a64, b64, approx, row_norm, col_norm, rows, cols, g)
+            acc = _exact_elements(a64, b64, row_norm, col_norm, rows, cols, g)
             with np.errstate(over="ignore"):
                 if bias is not None:
                     acc += bias[cols]
@@ -166,45 +168,34 @@ def _f_agree(low32, pre_high, out_high, bias, out_fmt) -> np.ndarray:
     return same_sign & (out_low.view(np.uint32) == out_high.view(np.uint32))
 
 
-def _exact_elements(a, b, a64, b64, approx, row_norm, col_norm, rows, cols, g,
-                    zeros_done: bool = False) -> np.ndarray:
+def _exact_elements(a64, b64, row_norm, col_norm, rows, cols, g) -> np.ndarray:
     """The exact sums of elements (rows, cols) rounded once to fp32 (float32), with the
-    IEEE sign of exact zeros; the second certificate, then integer limbs."""
-    if rows.size <= _FSUM_MAX:
-        return fsum_round_to_odd(a64[rows, :] * b64[:, cols].T).astype(np.float32)
+    IEEE sign of exact zeros: the split certificate on their gathered products, then the
+    exact sum (rounded to odd, cast once) for the exact ties it leaves."""
     out = np.empty(rows.size, np.float32)
-    zero = approx[rows, cols] == 0
-    if zero.any() and not zeros_done:   # all products zero (disjoint supports after relu)
-        where = np.nonzero(zero)[0]
-        products = a64[rows[where], :] * b64[:, cols[where]].T
-        all_zero = ~products.any(axis=1)
-        out[where[all_zero]] = zero_sum(products[all_zero])
-        rest = np.ones(rows.size, bool)
-        rest[where[all_zero]] = False
-        if rest.any():
-            out[rest] = _exact_elements(a, b, a64, b64, approx, row_norm, col_norm,
-                                        rows[rest], cols[rest], g, zeros_done=True)
-        return out
-    m, n = a.shape[0], b.shape[1]
-    upper = cauchy_schwarz_bound(row_norm[rows], col_norm[cols], g)  # >= sum |a_ik b_kj|
-    qa = per_line_lowest_bit(rows, lambda u: a[u, :], lambda: lowest_bit_exponent(a, axis=1), m)
-    qb = per_line_lowest_bit(cols, lambda u: b[:, u].T, lambda: lowest_bit_exponent(b, axis=0), n)
-    exact = sums_exactly(upper, qa + qb)
-    values = approx[rows, cols]
-    nonzero = exact & (values != 0)
-    with np.errstate(over="ignore"):
-        out[nonzero] = values[nonzero]                               # exact: one rounding
-    zero = exact & (values == 0)
-    if zero.any():       # an exact zero sum: -0 only when every product is -0
-        out[zero] = zero_sum(a64[rows[zero], :] * b64[:, cols[zero]].T)
-    todo = np.nonzero(~exact)[0]
-    step = max(1, ELEMENTS_PER_CHUNK // a.shape[1])
-    for lo in range(0, todo.size, step):
-        part = todo[lo:lo + step]
-        products = a64[rows[part], :] * b64[:, cols[part]].T
-        with np.errstate(over="ignore"):
-            out[part] = round_to_odd_sum(products)      # round-to-odd, then one fp32 cast
+    step = max(1, ELEMENTS_PER_CHUNK // a64.shape[1])
+    for lo in range(0, rows.size, step):
+        r, c = rows[lo:lo + step], cols[lo:lo + step]
+        products = _products(a64, b64, r, c)
+        upper = cauchy_schwarz_bound(row_norm[r], col_norm[c], g)     # >= sum |a_ik b_kj|
+        acc, known = split_certify(products, upper)
+        rest = np.flatnonzero(~known)
+        if rest.size:
+            exact = (fsum_round_to_odd(products[rest]) if rest.size <= _FSUM_MAX
+                     else round_to_odd_sum(products[rest]))
+            with np.errstate(over="ignore"):
+                acc[rest] = exact                      # round-to-odd, then one fp32 cast
+        out[lo:lo + step] = acc
     return out
+
+
+def _products(a64, b64, rows, cols) -> np.ndarray:
+    """(len(rows), K) products a64[rows[e], k] * b64[k, cols[e]], exact in float64. Gathered
+    by np.take along b's memory order, so that both factors share one layout (a mixed-layout
+    product, or fancy indexing of a C-ordered b's columns, is several times slower)."""
+    if b64.flags.c_contiguous:      # b's columns are strided: build the products k-major
+        return (np.take(a64.T, rows, axis=1) * np.take(b64, cols, axis=1)).T
+    return np.take(a64, rows, axis=0) * np.take(b64.T, cols, axis=0)
 
 
 def fsum_round_to_odd(products: np.ndarray) -> np.ndarray:
