@@ -100,14 +100,14 @@ def certify(approx: np.ndarray, width: np.ndarray, width_cols: np.ndarray | None
     scratch = thread_scratch()
     low = scratch.get("certify.low", np.float32, approx.size).reshape(approx.shape)
     high = np.empty(approx.shape, np.float32)
+    certified = scratch.get("certify.same", bool, approx.size).reshape(approx.shape)
     if approx.ndim > 2 and approx[0].size >= _CHUNK:      # big matrices: one at a time
         for i in range(approx.shape[0]):
             _fp32_ends(approx[i], _line(width, approx, i), _line(width_cols, approx, i),
-                       low[i], high[i])
+                       low[i], high[i], certified[i])
     else:
-        _fp32_ends(approx, width, width_cols, low, high)
-    certified = scratch.get("certify.same", bool, approx.size).reshape(approx.shape)
-    return low, high, _same_bits(low, high, certified)
+        _fp32_ends(approx, width, width_cols, low, high, certified)
+    return low, high, certified
 
 
 def _line(x, approx, i):
@@ -117,8 +117,9 @@ def _line(x, approx, i):
     return x[0] if x.shape[0] == 1 else x[i]
 
 
-def _fp32_ends(approx, width, width_cols, low, high) -> None:
-    """low, high = fl32(fl64(approx -+ w)), chunks of rows along axis 0."""
+def _fp32_ends(approx, width, width_cols, low, high, same) -> None:
+    """low, high = fl32(fl64(approx -+ w)) and same = their bit patterns agree, chunks of
+    rows along axis 0 (each chunk compared while it is in cache)."""
     lines = approx.shape[0]
     step = max(1, _CHUNK // max(1, approx.size // max(1, lines)))
     chunk = (min(step, lines),) + approx.shape[1:]
@@ -137,6 +138,7 @@ def _fp32_ends(approx, width, width_cols, low, high) -> None:
             low[lo:hi] = e
             np.add(x, w, out=e)
             high[lo:hi] = e
+            _same_bits(low[lo:hi], high[lo:hi], same[lo:hi])
 
 
 def _rows(x, approx, lo, hi):

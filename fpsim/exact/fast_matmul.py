@@ -86,14 +86,16 @@ def matmul_2d(a: np.ndarray, b: np.ndarray, out_fmt, bias: np.ndarray | None = N
     output) to the underflow counter, as ``accumulation._to_output`` does."""
     m, k = a.shape
     n = b.shape[1]
-    if k == 0 or m == 0 or n == 0 or not (_finite(a) and _finite(b)):
-        return None
-    if bias is not None and not _finite(bias):
+    if k == 0 or m == 0 or n == 0 or (bias is not None and not _finite(bias)):
         return None
     a64, b64 = _widen(a, "a"), _widen(b, "b")
-    approx = np.matmul(a64, b64, out=_scratch("approx", (m, n), np.float64))
     row_norm = np.sqrt(np.einsum("ik,ik->i", a64, a64))
     col_norm = np.sqrt(np.einsum("kj,kj->j", b64, b64))
+    # Squares of float32 values cannot overflow a float64 sum (K 2**256 < 2**1024), so the
+    # norms are finite exactly when a and b are: one check, no extra pass over the operands.
+    if not (np.isfinite(row_norm.sum()) and np.isfinite(col_norm.sum())):
+        return None
+    approx = np.matmul(a64, b64, out=_scratch("approx", (m, n), np.float64))
     g = error_factor(k)
     low32, high32, certified = certify(approx, (row_norm * width_factor(k))[:, None], col_norm)
     zero_rows, zero_cols = row_norm == 0, col_norm == 0
