@@ -53,6 +53,8 @@ No step depends on the summation order. Terms are multiples of 2**-298 below 2**
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..rounding import thread_scratch
@@ -123,7 +125,7 @@ def _fp32_ends(approx, width, width_cols, low, high, same) -> None:
     lines = approx.shape[0]
     step = max(1, _CHUNK // max(1, approx.size // max(1, lines)))
     chunk = (min(step, lines),) + approx.shape[1:]
-    size = int(np.prod(chunk))
+    size = math.prod(chunk)
     scratch = thread_scratch()
     w_buf = scratch.get("certify.width", np.float64, size).reshape(chunk)
     end = scratch.get("certify.end", np.float64, size).reshape(chunk)

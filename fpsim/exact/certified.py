@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..formats import FP32
-from ..rounding import round_to
+from ..rounding import round_to, thread_scratch
 from .certificate import certify, error_factor, sums_exactly, width_factor
 from .sums import ELEMENTS_PER_CHUNK, round_to_odd_sum, zero_sum
 
@@ -94,15 +94,23 @@ def exact_rows_sum(rows: np.ndarray, acc, *, force_fallback: bool = False
                    ) -> tuple[np.ndarray, int]:
     """Sum of each row of a (n, K) float32 array, exact, rounded once to ``acc``."""
     count_rows, k = rows.shape
-    finite = np.isfinite(rows)
-    all_finite = bool(finite.all())
-    x64 = rows.astype(np.float64) if all_finite else np.where(finite, rows, 0).astype(np.float64)
+    # Reused buffers: fresh ones of this size cost more in page faults than the sums.
+    x64 = thread_scratch().get("rows_sum.x64", np.float64, rows.size).reshape(rows.shape)
+    np.copyto(x64, rows)
+    work = thread_scratch().get("rows_sum.abs", np.float64, rows.size).reshape(rows.shape)
+    magnitude = np.abs(x64, out=work).sum(axis=1)
+    # Finite float32 values cannot overflow a float64 sum (K 2**128 < 2**1024): the sum of
+    # magnitudes is finite exactly when every value is.
+    all_finite = bool(np.isfinite(magnitude.sum()))
+    if not all_finite:
+        finite = np.isfinite(rows)
+        np.copyto(x64, np.where(finite, rows, np.float32(0)))
+        magnitude = np.abs(x64, out=work).sum(axis=1)
     if force_fallback:
         out = np.empty(count_rows, np.float64)
         todo = np.ones(count_rows, bool)
     else:
         approx = x64.sum(axis=1)
-        magnitude = np.abs(x64).sum(axis=1)
         g = error_factor(k)
         out, certified = _certify_acc(approx, magnitude * width_factor(k), None, acc)
         zero = magnitude == 0

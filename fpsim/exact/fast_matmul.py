@@ -98,10 +98,9 @@ def matmul_2d(a: np.ndarray, b: np.ndarray, out_fmt, bias: np.ndarray | None = N
     approx = np.matmul(a64, b64, out=_scratch("approx", (m, n), np.float64))
     g = error_factor(k)
     low32, high32, certified = certify(approx, (row_norm * width_factor(k))[:, None], col_norm)
-    zero_rows, zero_cols = row_norm == 0, col_norm == 0
-    if zero_rows.any() or zero_cols.any():
-        certified[zero_rows, :] = False
-        certified[:, zero_cols] = False
+    if not (row_norm.all() and col_norm.all()):
+        certified[row_norm == 0, :] = False
+        certified[:, col_norm == 0] = False
     pre = high32                                # acc = hi32 wherever certified
     with np.errstate(over="ignore"):
         if bias is not None:
@@ -124,7 +123,7 @@ def matmul_2d(a: np.ndarray, b: np.ndarray, out_fmt, bias: np.ndarray | None = N
 def _scratch(name: str, shape: tuple, dtype) -> np.ndarray:
     """A reused per-thread work array: ``round_to``'s per-thread buffers (fresh large arrays
     cost page faults on every call), under names of their own."""
-    return thread_scratch().get(name, dtype, int(np.prod(shape))).reshape(shape)
+    return thread_scratch().get(name, dtype, math.prod(shape)).reshape(shape)
 
 
 def _widen(x: np.ndarray, name: str) -> np.ndarray:
@@ -143,17 +142,17 @@ def _f_uncertified(certified, low32, pre_high, out_high, bias, out_fmt):
     both (so pre(acc) keeps the zero/nonzero pattern of the exact path); it only helps when
     f is coarser than rnd32 (an output format or a bias). Few candidates: gathered; many
     (fp16 data makes exact fp32 ties common): checked over the whole matrix."""
-    if bias is None and out_fmt == FP32:
-        return _where_2d(~certified)
     uncertified = np.logical_not(certified, out=_scratch("uncertified", certified.shape, bool))
+    if bias is None and out_fmt == FP32:
+        return _where_2d(uncertified)
     if 8 * np.count_nonzero(uncertified) < certified.size:
         rows, cols = _where_2d(uncertified)
         ok = _f_agree(low32[rows, cols], pre_high[rows, cols], out_high[rows, cols],
                       None if bias is None else bias[cols], out_fmt)
         return rows[~ok], cols[~ok]
-    ok = _f_agree(low32, pre_high, out_high, bias, out_fmt)
-    ok |= certified
-    return _where_2d(~ok)
+    ok = _f_agree(low32, pre_high, out_high, bias, out_fmt, _scratch)
+    np.logical_and(uncertified, np.logical_not(ok, out=ok), out=uncertified)
+    return _where_2d(uncertified)
 
 
 def _where_2d(mask: np.ndarray):
@@ -161,13 +160,23 @@ def _where_2d(mask: np.ndarray):
     return np.divmod(np.flatnonzero(mask), mask.shape[1])
 
 
-def _f_agree(low32, pre_high, out_high, bias, out_fmt) -> np.ndarray:
+def _f_agree(low32, pre_high, out_high, bias, out_fmt, scratch=None) -> np.ndarray:
+    """Where f gives one bit pattern at both ends and pre is nonzero of one sign at both.
+    ``scratch``: ``_scratch``, to work in reused buffers (whole matrices: fresh ones cost
+    page faults), the result then valid until the next call."""
+    def buffer(name, dtype):
+        return np.empty(low32.shape, dtype) if scratch is None else scratch(name, low32.shape,
+                                                                            dtype)
     with np.errstate(over="ignore", invalid="ignore"):
-        pre_low = low32 + bias if bias is not None else low32
-        same_sign = (pre_low != 0) & (pre_high != 0)
-        same_sign &= np.signbit(pre_low) == np.signbit(pre_high)
+        pre_low = low32 if bias is None else np.add(low32, bias, out=buffer("f.pre", np.float32))
+        same = np.not_equal(pre_low, 0, out=buffer("f.same", bool))
+        test = np.not_equal(pre_high, 0, out=buffer("f.test", bool))
+        same &= test
+        sign = np.signbit(pre_low, out=buffer("f.sign", bool))
+        same &= np.equal(sign, np.signbit(pre_high, out=test), out=test)
         out_low = round_out(pre_low, out_fmt)
-    return same_sign & (out_low.view(np.uint32) == out_high.view(np.uint32))
+        same &= np.equal(out_low.view(np.uint32), out_high.view(np.uint32), out=test)
+    return same
 
 
 def _exact_elements(a64, b64, row_norm, col_norm, rows, cols, g) -> np.ndarray:
