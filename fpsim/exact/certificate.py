@@ -121,25 +121,23 @@ def _line(x, approx, i):
 
 def _fp32_ends(approx, width, width_cols, low, high, same) -> None:
     """low, high = fl32(fl64(approx -+ w)) and same = their bit patterns agree, chunks of
-    rows along axis 0 (each chunk compared while it is in cache)."""
+    rows along axis 0 (each chunk compared while it is in cache). The float64 subtraction
+    and addition write straight into the float32 arrays: NumPy computes them in float64 (the
+    inputs' loop) and casts each result once on output, the same bits as a float64
+    temporary cast afterwards."""
     lines = approx.shape[0]
     step = max(1, _CHUNK // max(1, approx.size // max(1, lines)))
     chunk = (min(step, lines),) + approx.shape[1:]
-    size = math.prod(chunk)
-    scratch = thread_scratch()
-    w_buf = scratch.get("certify.width", np.float64, size).reshape(chunk)
-    end = scratch.get("certify.end", np.float64, size).reshape(chunk)
+    w_buf = thread_scratch().get("certify.width", np.float64, math.prod(chunk)).reshape(chunk)
     with np.errstate(invalid="ignore", over="ignore"):
         for lo in range(0, lines, step):
             hi = min(lines, lo + step)
-            x, e = approx[lo:hi], end[:hi - lo]
+            x = approx[lo:hi]
             w = _rows(width, approx, lo, hi)
             if width_cols is not None:
                 w = np.multiply(w, _rows(width_cols, approx, lo, hi), out=w_buf[:hi - lo])
-            np.subtract(x, w, out=e)
-            low[lo:hi] = e
-            np.add(x, w, out=e)
-            high[lo:hi] = e
+            np.subtract(x, w, out=low[lo:hi])
+            np.add(x, w, out=high[lo:hi])
             _same_bits(low[lo:hi], high[lo:hi], same[lo:hi])
 
 
