@@ -49,6 +49,11 @@ class Arith:
         x = np.asarray(x)
         if self.native and x.dtype == np.float32:
             return x
+        if self.native and x.dtype == np.float64:   # the IEEE cast is round_to's fp32 rounding
+            with np.errstate(over="ignore", invalid="ignore"):
+                y = x.astype(np.float32)
+            if y.size == 0 or not np.isnan(y.min()):   # NaN payloads: round_to's rule below
+                return y
         with np.errstate(over="ignore", invalid="ignore"):
             return round_to(x.astype(np.float64, copy=False), self.fmt).astype(np.float32)
 
