@@ -236,7 +236,8 @@ def main(argv=None) -> None:
     print(whole)
     print("-" * len(whole))
     print("\n".join(whole_rows))
-    print("targets: mixed/32 <= 2.0 on both models; mixed/torch <= 1.0 on the small model")
+    print("targets: mixed/32 <= 2.0 on both models; mixed/torch <= 1.0 on the small model; "
+          "whole step\n  w32/floor and wmix/floor <= 3 on the small model, <= 1.5 on the large")
     print("f64 floor: the float64 BLAS products alone of one exact-model step; where "
           "torch/floor <= 1,\n  torch's whole step is no slower than that floor and the "
           "mixed/torch target cannot be met with exact accumulation")

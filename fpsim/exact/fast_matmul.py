@@ -35,9 +35,9 @@ step, on the gathered products of the elements left: the split certificate
 it takes all but exact ties and exact sums; where every low part is zero its exact high sum
 is s, an exact zero signed by the IEEE rule: -0 exactly when every product is -0), else the
 exact sum rounded to odd (``fsum_round_to_odd`` or ``round_to_odd_sum``, the same value) and
-cast once to fp32. Non-finite inputs, K = 0 and empty shapes are left to the general path (``matmul_2d``
-returns None). Work arrays are reused per thread (``_scratch``); results are always fresh
-arrays.
+cast once to fp32. Non-finite inputs (seen as non-finite norms), K = 0 and empty shapes are
+left to the general path (``matmul_2d`` returns None). Work arrays are reused per thread
+(``_scratch``); results are always fresh arrays.
 """
 from __future__ import annotations
 
