@@ -82,7 +82,7 @@ def width_factor(terms: int) -> float:
 
 
 def certify(approx: np.ndarray, width: np.ndarray, width_cols: np.ndarray | None = None,
-            round_end=None):
+            round_end=None, *, high: np.ndarray | None = None):
     """(low, high, certified): the ends approx -+ w rounded by ``round_end``, and where their
     bit patterns agree (there the exact sum rounds to ``high``).
 
@@ -92,7 +92,9 @@ def certify(approx: np.ndarray, width: np.ndarray, width_cols: np.ndarray | None
     arrays to rounded arrays (``round_to`` in any mode but stochastic); None is the float32
     cast, computed chunk by chunk so the temporaries stay in cache: ``low`` and
     ``certified`` then live in this thread's reused buffers, valid until the next call, and
-    ``high`` is a fresh float32 array. ``approx`` has at least one axis.
+    ``high`` is a fresh float32 array, or the ``high`` given (float32, approx's shape): a
+    reused buffer where the caller keeps no result in it (fresh pages cost page faults).
+    ``approx`` has at least one axis.
     """
     if round_end is not None:
         with np.errstate(invalid="ignore", over="ignore"):
@@ -101,7 +103,8 @@ def certify(approx: np.ndarray, width: np.ndarray, width_cols: np.ndarray | None
         return low, high, _same_bits(low, high)
     scratch = thread_scratch()
     low = scratch.get("certify.low", np.float32, approx.size).reshape(approx.shape)
-    high = np.empty(approx.shape, np.float32)
+    if high is None:
+        high = np.empty(approx.shape, np.float32)
     certified = scratch.get("certify.same", bool, approx.size).reshape(approx.shape)
     if approx.ndim > 2 and approx[0].size >= _CHUNK:      # big matrices: one at a time
         for i in range(approx.shape[0]):

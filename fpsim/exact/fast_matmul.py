@@ -97,7 +97,10 @@ def matmul_2d(a: np.ndarray, b: np.ndarray, out_fmt, bias: np.ndarray | None = N
         return None
     approx = np.matmul(a64, b64, out=_scratch("approx", (m, n), np.float64))
     g = error_factor(k)
-    low32, high32, certified = certify(approx, (row_norm * width_factor(k))[:, None], col_norm)
+    # pre is the output itself for fp32; otherwise only a work array (out is rounded from it)
+    pre_buffer = None if out_fmt == FP32 else _scratch("pre", (m, n), np.float32)
+    low32, high32, certified = certify(approx, (row_norm * width_factor(k))[:, None], col_norm,
+                                       high=pre_buffer)
     if not (row_norm.all() and col_norm.all()):
         certified[row_norm == 0, :] = False
         certified[:, col_norm == 0] = False
