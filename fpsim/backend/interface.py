@@ -43,7 +43,7 @@ NAMESPACE = frozenset("""
     matmul einsum
     reshape moveaxis swapaxes transpose expand_dims squeeze broadcast_to broadcast_arrays
     broadcast_shapes shape atleast_1d concatenate stack split delete ix_ take_along_axis
-    put_along_axis array_equal shares_memory errstate
+    put_along_axis take array_equal shares_memory errstate
 """.split())
 
 

@@ -23,6 +23,27 @@ Second certificate (``sums_exactly``), for what the first cannot take (exact tie
 zeros): if every term is a multiple of 2**q and U < 2**(q + 53), U >= S, every partial sum
 is a multiple of 2**q below 2**(q + 53) in magnitude, hence a float64: approx is s itself.
 
+Split certificate (``split_certify``), for the few elements the first one leaves, with their
+K terms at hand: one error-free split (the extraction step of Rump, Ogita and Oishi's
+AccSum, "Accurate floating-point summation part I", SIAM J. Sci. Comput. 31(1), 2008) makes
+the float64 result nearly exact, so only exact ties and exact sums remain. Take sigma, a
+power of two >= 2U (U >= S, K < 2**26). For each term p, |p| <= S <= sigma/2, so
+fl(sigma + p) lies in [sigma/2, 3 sigma/2] and hi = fl(sigma + p) - sigma is exact (Sterbenz),
+a multiple of 2**-53 sigma (the float64 spacing there is 2**-53 sigma or 2**-52 sigma);
+lo = p - hi = (sigma + p) - fl(sigma + p) is that addition's rounding error, a float64
+(computed exactly) with |lo| <= 2**-53 sigma. Then sum |hi| <= S + K 2**-53 sigma <= sigma:
+every partial sum of the hi parts is a multiple of 2**-53 sigma of magnitude <= sigma, a
+float64, so tau = fl(sum hi) is exact in any order. The lo parts' float64 sum E errs by at
+most g sum |lo| <= g K 2**-53 sigma (as above, g = ``error_factor(K)``), and r = fl(tau + E)
+by less than 2**-52 |r|: |r - s| <= 2**-52 |r| + K**2 2**-105 sigma. The half-width
+w = fl(2**-50 |r| + K**2 2**-103 sigma) (both products exact: powers of two, K**2 < 2**53)
+is at least (2**-50 |r| + K**2 2**-103 sigma)(1 - u), and each end fl64(r -+ w) errs by at
+most u (|r| + w), so w (1 - u) - u |r| >= |r - s|: the ends enclose s and the first
+certificate's monotonicity argument applies. Where they do not agree and every lo part is
+zero, tau is s itself (an exact zero takes the IEEE sign from the terms, ``sums.zero_sum``).
+No step depends on the summation order. Terms are multiples of 2**-298 below 2**266
+(products of float32 values): nothing underflows or overflows in float64.
+
 >>> import numpy as np
 >>> approx = np.float64([1.0, 1.0 + 2.0 ** -24])      # fl64 sums of two terms each
 >>> N = np.float64([2.0, 2.0])                         # >= sum |p|
@@ -32,11 +53,14 @@ is a multiple of 2**q below 2**(q + 53) in magnitude, hence a float64: approx is
 """
 from __future__ import annotations
 
-import numpy as np
+import math
 
-from ..rounding import thread_scratch
+from ..backend import xp
 
-__all__ = ["error_factor", "width_factor", "certify", "sums_exactly"]
+from ..backend import scratch
+from .sums import zero_sum
+
+__all__ = ["error_factor", "width_factor", "certify", "sums_exactly", "split_certify"]
 
 _CHUNK = 1 << 15    # elements per chunk of the float32 path: temporaries stay in cache
 
@@ -57,8 +81,8 @@ def width_factor(terms: int) -> float:
     return (g + 2.0 ** -50) * (1 + 2 * g) * (1 + 2.0 ** -39)
 
 
-def certify(approx: np.ndarray, width: np.ndarray, width_cols: np.ndarray | None = None,
-            round_end=None):
+def certify(approx: xp.ndarray, width: xp.ndarray, width_cols: xp.ndarray | None = None,
+            round_end=None, *, high: xp.ndarray | None = None):
     """(low, high, certified): the ends approx -+ w rounded by ``round_end``, and where their
     bit patterns agree (there the exact sum rounds to ``high``).
 
@@ -68,24 +92,26 @@ def certify(approx: np.ndarray, width: np.ndarray, width_cols: np.ndarray | None
     arrays to rounded arrays (``round_to`` in any mode but stochastic); None is the float32
     cast, computed chunk by chunk so the temporaries stay in cache: ``low`` and
     ``certified`` then live in this thread's reused buffers, valid until the next call, and
-    ``high`` is a fresh float32 array. ``approx`` has at least one axis.
+    ``high`` is a fresh float32 array, or the ``high`` given (float32, approx's shape): a
+    reused buffer where the caller keeps no result in it (fresh pages cost page faults).
+    ``approx`` has at least one axis.
     """
     if round_end is not None:
-        with np.errstate(invalid="ignore", over="ignore"):
+        with xp.errstate(invalid="ignore", over="ignore"):
             w = width if width_cols is None else width * width_cols
             low, high = round_end(approx - w), round_end(approx + w)
         return low, high, _same_bits(low, high)
-    scratch = thread_scratch()
-    low = scratch.get("certify.low", np.float32, approx.size).reshape(approx.shape)
-    high = np.empty(approx.shape, np.float32)
+    low = scratch("certify.low", xp.float32, approx.size).reshape(approx.shape)
+    if high is None:
+        high = xp.empty(approx.shape, xp.float32)
+    certified = scratch("certify.same", bool, approx.size).reshape(approx.shape)
     if approx.ndim > 2 and approx[0].size >= _CHUNK:      # big matrices: one at a time
         for i in range(approx.shape[0]):
             _fp32_ends(approx[i], _line(width, approx, i), _line(width_cols, approx, i),
-                       low[i], high[i])
+                       low[i], high[i], certified[i])
     else:
-        _fp32_ends(approx, width, width_cols, low, high)
-    certified = scratch.get("certify.same", bool, approx.size).reshape(approx.shape)
-    return low, high, _same_bits(low, high, certified)
+        _fp32_ends(approx, width, width_cols, low, high, certified)
+    return low, high, certified
 
 
 def _line(x, approx, i):
@@ -95,26 +121,26 @@ def _line(x, approx, i):
     return x[0] if x.shape[0] == 1 else x[i]
 
 
-def _fp32_ends(approx, width, width_cols, low, high) -> None:
-    """low, high = fl32(fl64(approx -+ w)), chunks of rows along axis 0."""
+def _fp32_ends(approx, width, width_cols, low, high, same) -> None:
+    """low, high = fl32(fl64(approx -+ w)) and same = their bit patterns agree, chunks of
+    rows along axis 0 (each chunk compared while it is in cache). The float64 subtraction
+    and addition write straight into the float32 arrays: NumPy computes them in float64 (the
+    inputs' loop) and casts each result once on output, the same bits as a float64
+    temporary cast afterwards."""
     lines = approx.shape[0]
     step = max(1, _CHUNK // max(1, approx.size // max(1, lines)))
     chunk = (min(step, lines),) + approx.shape[1:]
-    size = int(np.prod(chunk))
-    scratch = thread_scratch()
-    w_buf = scratch.get("certify.width", np.float64, size).reshape(chunk)
-    end = scratch.get("certify.end", np.float64, size).reshape(chunk)
-    with np.errstate(invalid="ignore", over="ignore"):
+    w_buf = scratch("certify.width", xp.float64, math.prod(chunk)).reshape(chunk)
+    with xp.errstate(invalid="ignore", over="ignore"):
         for lo in range(0, lines, step):
             hi = min(lines, lo + step)
-            x, e = approx[lo:hi], end[:hi - lo]
+            x = approx[lo:hi]
             w = _rows(width, approx, lo, hi)
             if width_cols is not None:
-                w = np.multiply(w, _rows(width_cols, approx, lo, hi), out=w_buf[:hi - lo])
-            np.subtract(x, w, out=e)
-            low[lo:hi] = e
-            np.add(x, w, out=e)
-            high[lo:hi] = e
+                w = xp.multiply(w, _rows(width_cols, approx, lo, hi), out=w_buf[:hi - lo])
+            xp.subtract(x, w, out=low[lo:hi])
+            xp.add(x, w, out=high[lo:hi])
+            _same_bits(low[lo:hi], high[lo:hi], same[lo:hi])
 
 
 def _rows(x, approx, lo, hi):
@@ -122,12 +148,44 @@ def _rows(x, approx, lo, hi):
     return x[lo:hi] if x.ndim == approx.ndim and x.shape[0] != 1 else x
 
 
-def _same_bits(low: np.ndarray, high: np.ndarray, out=None) -> np.ndarray:
-    uint = np.uint32 if low.dtype == np.float32 else np.uint64
-    return np.equal(low.view(uint), high.view(uint), out=out)
+def _same_bits(low: xp.ndarray, high: xp.ndarray, out=None) -> xp.ndarray:
+    uint = xp.uint32 if low.dtype == xp.float32 else xp.uint64
+    return xp.equal(low.view(uint), high.view(uint), out=out)
 
 
-def sums_exactly(upper: np.ndarray, lowest_bit: np.ndarray) -> np.ndarray:
+def sums_exactly(upper: xp.ndarray, lowest_bit: xp.ndarray) -> xp.ndarray:
     """Where the float64 sum is exact (second certificate): ``upper`` >= sum |p| and every
     term a multiple of 2**``lowest_bit``."""
-    return upper < np.ldexp(1.0, np.minimum(lowest_bit + 53, 1023))
+    return upper < xp.ldexp(1.0, xp.minimum(lowest_bit + 53, 1023))
+
+
+def split_certify(terms: xp.ndarray, upper: xp.ndarray) -> tuple[xp.ndarray, xp.ndarray]:
+    """(fp32 values, known): for each row of ``terms`` (2-D float64, exact products of float32
+    values) whose absolute sum is at most ``upper``, the exact row sum rounded once to fp32
+    (nearest even, IEEE sign for exact zeros) where ``known``; garbage elsewhere (the split
+    certificate in the module docstring)."""
+    rows, k = terms.shape
+    if k >= 1 << 26:
+        return xp.zeros(rows, xp.float32), xp.zeros(rows, bool)
+    sigma = xp.ldexp(1.0, xp.frexp(upper + upper)[1])      # a power of two >= 2U (1 for 0)
+    column = sigma[:, None]
+    parts = xp.add(terms, column)
+    parts -= column                                        # the hi parts, exact
+    tau = parts.sum(axis=1)                                # exact, any order
+    xp.subtract(terms, parts, out=parts)                   # the lo parts, exact
+    with xp.errstate(over="ignore", invalid="ignore"):
+        r = tau + parts.sum(axis=1)
+        w = xp.abs(r) * 2.0 ** -50
+        w += sigma * (float(k * k) * 2.0 ** -103)
+        low = (r - w).astype(xp.float32)
+        high = (r + w).astype(xp.float32)
+    known = _same_bits(low, high)
+    if not known.all():
+        where = xp.flatnonzero(~known)
+        where = where[~parts[where].any(axis=1)]           # every lo part zero: tau is s
+        with xp.errstate(over="ignore"):
+            high[where] = tau[where]
+        zero = where[tau[where] == 0]
+        high[zero] = zero_sum(terms[zero])
+        known[where] = True
+    return high, known

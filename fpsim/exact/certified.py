@@ -12,10 +12,10 @@ used.
 """
 from __future__ import annotations
 
-import numpy as np
+from ..backend import xp
 
 from ..formats import FP32
-from ..rounding import round_to
+from ..backend import round_to, scratch
 from .certificate import certify, error_factor, sums_exactly, width_factor
 from .sums import ELEMENTS_PER_CHUNK, round_to_odd_sum, zero_sum
 
@@ -23,11 +23,11 @@ __all__ = ["exact_matmul", "exact_rows_sum", "lowest_bit_exponent", "per_line_lo
            "cauchy_schwarz_bound"]
 
 
-def _round_acc(x: np.ndarray, acc) -> np.ndarray:
+def _round_acc(x: xp.ndarray, acc) -> xp.ndarray:
     """float64 -> float64 values of ``acc`` (nearest even); fp32 by the hardware cast."""
     if acc == FP32:     # IEEE binary32 nearest-even cast: subnormals, overflow to inf
-        with np.errstate(over="ignore", invalid="ignore"):
-            return x.astype(np.float32).astype(np.float64)
+        with xp.errstate(over="ignore", invalid="ignore"):
+            return x.astype(xp.float32).astype(xp.float64)
     return round_to(x, acc)
 
 
@@ -35,13 +35,13 @@ def _certify_acc(approx, width, width_cols, acc):
     """(approx's rounding to ``acc`` where certified, as float64; certified mask)."""
     if acc == FP32:
         _, high, certified = certify(approx, width, width_cols)
-        return high.astype(np.float64), certified
+        return high.astype(xp.float64), certified
     _, high, certified = certify(approx, width, width_cols, lambda x: round_to(x, acc))
     return high, certified
 
 
-def exact_matmul(a3: np.ndarray, b3: np.ndarray, acc, *, force_fallback: bool = False
-                 ) -> tuple[np.ndarray, int]:
+def exact_matmul(a3: xp.ndarray, b3: xp.ndarray, acc, *, force_fallback: bool = False
+                 ) -> tuple[xp.ndarray, int]:
     """(nb, M, K) @ (nb, K, N) float32 -> (float64 values of ``acc``, fallback count).
 
     Each element is the exact dot product rounded once to ``acc`` (nearest even); the sign
@@ -49,15 +49,15 @@ def exact_matmul(a3: np.ndarray, b3: np.ndarray, acc, *, force_fallback: bool = 
     """
     nb, m, k = a3.shape
     n = b3.shape[2]
-    finite_a, finite_b = np.isfinite(a3), np.isfinite(b3)
+    finite_a, finite_b = xp.isfinite(a3), xp.isfinite(b3)
     all_finite = bool(finite_a.all() and finite_b.all())
-    a64 = a3.astype(np.float64) if all_finite else np.where(finite_a, a3, 0).astype(np.float64)
-    b64 = b3.astype(np.float64) if all_finite else np.where(finite_b, b3, 0).astype(np.float64)
+    a64 = a3.astype(xp.float64) if all_finite else xp.where(finite_a, a3, 0).astype(xp.float64)
+    b64 = b3.astype(xp.float64) if all_finite else xp.where(finite_b, b3, 0).astype(xp.float64)
     if force_fallback:
-        out = np.empty((nb, m, n), np.float64)
-        todo = np.ones((nb, m, n), bool)
+        out = xp.empty((nb, m, n), xp.float64)
+        todo = xp.ones((nb, m, n), bool)
     else:
-        approx = np.matmul(a64, b64)
+        approx = xp.matmul(a64, b64)
         g = error_factor(k)
         row_norm, col_norm = _norms(a64, b64)
         out, certified = _certify_acc(approx, (row_norm * width_factor(k))[:, :, None],
@@ -65,7 +65,7 @@ def exact_matmul(a3: np.ndarray, b3: np.ndarray, acc, *, force_fallback: bool = 
         zero_sum = (row_norm[:, :, None] == 0) | (col_norm[:, None, :] == 0)
         todo = ~certified & ~zero_sum
         if todo.any():                                 # second certificate: approx is exact
-            b_i, m_i, n_i = np.nonzero(todo)
+            b_i, m_i, n_i = xp.nonzero(todo)
             qa = per_line_lowest_bit(b_i * m + m_i, lambda u: a3[u // m, u % m, :],
                            lambda: lowest_bit_exponent(a3, axis=2), nb * m)
             qb = per_line_lowest_bit(b_i * n + n_i, lambda u: b3[u // n, :, u % n],
@@ -79,7 +79,7 @@ def exact_matmul(a3: np.ndarray, b3: np.ndarray, acc, *, force_fallback: bool = 
         _fix_zero_signs(out, zero_sum, a3, b3)         # exact zeros: IEEE sign rule
     count = int(todo.sum())
     if count:
-        where = np.nonzero(todo)
+        where = xp.nonzero(todo)
         step = max(1, ELEMENTS_PER_CHUNK // max(k, 1))
         for lo in range(0, count, step):
             b_i, m_i, n_i = (w[lo:lo + step] for w in where)
@@ -90,19 +90,27 @@ def exact_matmul(a3: np.ndarray, b3: np.ndarray, acc, *, force_fallback: bool = 
     return out, count
 
 
-def exact_rows_sum(rows: np.ndarray, acc, *, force_fallback: bool = False
-                   ) -> tuple[np.ndarray, int]:
+def exact_rows_sum(rows: xp.ndarray, acc, *, force_fallback: bool = False
+                   ) -> tuple[xp.ndarray, int]:
     """Sum of each row of a (n, K) float32 array, exact, rounded once to ``acc``."""
     count_rows, k = rows.shape
-    finite = np.isfinite(rows)
-    all_finite = bool(finite.all())
-    x64 = rows.astype(np.float64) if all_finite else np.where(finite, rows, 0).astype(np.float64)
+    # Reused buffers: fresh ones of this size cost more in page faults than the sums.
+    x64 = scratch("rows_sum.x64", xp.float64, rows.size).reshape(rows.shape)
+    xp.copyto(x64, rows)
+    work = scratch("rows_sum.abs", xp.float64, rows.size).reshape(rows.shape)
+    magnitude = xp.abs(x64, out=work).sum(axis=1)
+    # Finite float32 values cannot overflow a float64 sum (K 2**128 < 2**1024): the sum of
+    # magnitudes is finite exactly when every value is.
+    all_finite = bool(xp.isfinite(magnitude.sum()))
+    if not all_finite:
+        finite = xp.isfinite(rows)
+        xp.copyto(x64, xp.where(finite, rows, xp.float32(0)))
+        magnitude = xp.abs(x64, out=work).sum(axis=1)
     if force_fallback:
-        out = np.empty(count_rows, np.float64)
-        todo = np.ones(count_rows, bool)
+        out = xp.empty(count_rows, xp.float64)
+        todo = xp.ones(count_rows, bool)
     else:
         approx = x64.sum(axis=1)
-        magnitude = np.abs(x64).sum(axis=1)
         g = error_factor(k)
         out, certified = _certify_acc(approx, magnitude * width_factor(k), None, acc)
         zero = magnitude == 0
@@ -111,24 +119,24 @@ def exact_rows_sum(rows: np.ndarray, acc, *, force_fallback: bool = False
             certified |= zero
         todo = ~certified
         if todo.any():
-            idx = np.nonzero(todo)[0]
+            idx = xp.nonzero(todo)[0]
             lowest = lowest_bit_exponent(rows[idx], axis=1)
             idx = idx[sums_exactly(magnitude[idx] * (1 + 2 * g), lowest)]
-            out[idx] = np.where(approx[idx] == 0, 0.0, _round_acc(approx[idx], acc))
+            out[idx] = xp.where(approx[idx] == 0, 0.0, _round_acc(approx[idx], acc))
             todo[idx] = False
     count = int(todo.sum())
     if count:
         out[todo] = _round_acc(round_to_odd_sum(x64[todo]), acc)
     if not all_finite:
-        special = np.where(finite, 0.0, rows.astype(np.float64))
-        with np.errstate(invalid="ignore"):
+        special = xp.where(finite, 0.0, rows.astype(xp.float64))
+        with xp.errstate(invalid="ignore"):
             special = special.sum(axis=1)              # IEEE: NaN wins, +inf + -inf is NaN
         bad = ~finite.all(axis=1)
         out[bad] = special[bad]
     return out, count
 
 
-def lowest_bit_exponent(x: np.ndarray, axis: int) -> np.ndarray:
+def lowest_bit_exponent(x: xp.ndarray, axis: int) -> xp.ndarray:
     """A lower bound, over ``axis``, on the exponent of the lowest set bit of each nonzero
     float32 (exact except for powers of two, up to 1 low; zeros are ignored; an all-zero
     line gives 2000; non-finite values give garbage, as their results are replaced anyway).
@@ -137,35 +145,35 @@ def lowest_bit_exponent(x: np.ndarray, axis: int) -> np.ndarray:
     exactly that bit's value when the fraction is nonzero. For a power of two it clears an
     exponent bit instead and lowers |x| by at least |x| / 2: one bit low, still a bound.
     """
-    bits = np.ascontiguousarray(x).view(np.uint32) & np.uint32(0x7FFFFFFF)
-    cleared = bits - np.uint32(1)          # zeros wrap around; they are masked out below
+    bits = xp.ascontiguousarray(x).view(xp.uint32) & xp.uint32(0x7FFFFFFF)
+    cleared = bits - xp.uint32(1)          # zeros wrap around; they are masked out below
     cleared &= bits
-    low = bits.view(np.float32) - cleared.view(np.float32)      # exact (Sterbenz)
+    low = bits.view(xp.float32) - cleared.view(xp.float32)      # exact (Sterbenz)
     if low.shape[axis] == 0:
-        return np.full(np.delete(low.shape, axis), 2000, np.int64)
+        return xp.full(xp.delete(low.shape, axis), 2000, xp.int64)
     # a plain where + min (not ufunc.reduce(where=, initial=)): every array library has both
-    smallest = np.where(bits != 0, low, np.float32(np.inf)).min(axis=axis)
-    exponent = np.frexp(smallest)[1].astype(np.int64) - 1
-    return np.where(np.isinf(smallest), 2000, exponent)
+    smallest = xp.where(bits != 0, low, xp.float32(xp.inf)).min(axis=axis)
+    exponent = xp.frexp(smallest)[1].astype(xp.int64) - 1
+    return xp.where(xp.isinf(smallest), 2000, exponent)
 
 
-def per_line_lowest_bit(keys: np.ndarray, lines, all_lines, total: int) -> np.ndarray:
+def per_line_lowest_bit(keys: xp.ndarray, lines, all_lines, total: int) -> xp.ndarray:
     """lowest_bit_exponent of the line named by each key: over the distinct lines gathered
     (few of them) or over every line at once (many), whichever reads less memory."""
-    unique, inverse = np.unique(keys, return_inverse=True)
+    unique, inverse = xp.unique(keys, return_inverse=True)
     if unique.size * 8 > total:
         return all_lines().reshape(-1)[keys]
     return lowest_bit_exponent(lines(unique), axis=1)[inverse]
 
 
-def _norms(a64: np.ndarray, b64: np.ndarray):
+def _norms(a64: xp.ndarray, b64: xp.ndarray):
     """||a_i||_2 and ||b_j||_2 in float64, (nb, M) and (nb, N); each errs by less than
     (K/2 + 2) u relative, which ``cauchy_schwarz_bound``'s 1 + 2g covers."""
-    return (np.sqrt(np.einsum("bmk,bmk->bm", a64, a64)),
-            np.sqrt(np.einsum("bkn,bkn->bn", b64, b64)))
+    return (xp.sqrt(xp.einsum("bmk,bmk->bm", a64, a64)),
+            xp.sqrt(xp.einsum("bkn,bkn->bn", b64, b64)))
 
 
-def cauchy_schwarz_bound(row_norm, col_norm, g: float) -> np.ndarray:
+def cauchy_schwarz_bound(row_norm, col_norm, g: float) -> xp.ndarray:
     """U >= sum_k |a_ik b_kj|: ||a_i|| ||b_j|| (Cauchy-Schwarz) inflated by 1 + 2g,
     g = K * 2**-52, which covers the norms' rounding. One pass over a and b instead of a
     second matrix product; about 1.5x looser than sum |a||b| on random data."""
@@ -177,35 +185,35 @@ def _fix_zero_signs(out, all_zero, a3, b3) -> None:
     with a product of positive sign is +0 (a nonzero one cancels; all zero: +0 + -0)."""
     if not all_zero.any():
         return
-    for batch in np.unique(np.nonzero(all_zero)[0]):
+    for batch in xp.unique(xp.nonzero(all_zero)[0]):
         mask = all_zero[batch]
-        rows, cols = np.nonzero(mask.any(axis=1))[0], np.nonzero(mask.any(axis=0))[0]
-        dtype = np.float32 if a3.shape[2] < 1 << 24 else np.float64  # exact counts
-        sign_a = np.signbit(a3[batch][rows]).astype(dtype)               # (r, K)
-        sign_b = np.signbit(b3[batch][:, cols]).astype(dtype)            # (K, c)
+        rows, cols = xp.nonzero(mask.any(axis=1))[0], xp.nonzero(mask.any(axis=0))[0]
+        dtype = xp.float32 if a3.shape[2] < 1 << 24 else xp.float64  # exact counts
+        sign_a = xp.signbit(a3[batch][rows]).astype(dtype)               # (r, K)
+        sign_b = xp.signbit(b3[batch][:, cols]).astype(dtype)            # (K, c)
         # Count the products with a positive sign.
         positive = (1 - sign_a) @ (1 - sign_b) + sign_a @ sign_b
         negative_zero = (positive == 0) & (a3.shape[2] > 0)
-        sub = out[batch][np.ix_(rows, cols)]
-        sub_mask = mask[np.ix_(rows, cols)]
-        sub[sub_mask] = np.where(negative_zero, -0.0, 0.0)[sub_mask]
-        out[batch][np.ix_(rows, cols)] = sub
+        sub = out[batch][xp.ix_(rows, cols)]
+        sub_mask = mask[xp.ix_(rows, cols)]
+        sub[sub_mask] = xp.where(negative_zero, -0.0, 0.0)[sub_mask]
+        out[batch][xp.ix_(rows, cols)] = sub
 
 
 def _apply_non_finite(out, a3, b3, finite_a, finite_b) -> None:
     """IEEE results for every element whose row of a or column of b holds inf or NaN."""
     bad_rows = ~finite_a.all(axis=2)                   # (nb, M)
     bad_cols = ~finite_b.all(axis=1)                   # (nb, N)
-    with np.errstate(invalid="ignore"):
-        f = np.float32
-        a_inf, b_inf = np.isinf(a3), np.isinf(b3)
+    with xp.errstate(invalid="ignore"):
+        f = xp.float32
+        a_inf, b_inf = xp.isinf(a3), xp.isinf(b3)
         a_pos, a_neg = (a3 > 0), (a3 < 0)              # NaN is neither
         b_pos, b_neg = (b3 > 0), (b3 < 0)
-        a_nan, b_nan = np.isnan(a3), np.isnan(b3)
+        a_nan, b_nan = xp.isnan(a3), xp.isnan(b3)
         a_zero, b_zero = (a3 == 0), (b3 == 0)
 
     def count(pairs):                                  # sum of indicator matmuls, exact
-        return sum(np.matmul(x.astype(f), y.astype(f)) for x, y in pairs)
+        return sum(xp.matmul(x.astype(f), y.astype(f)) for x, y in pairs)
 
     positive_inf = count([(a_inf & a_pos, b_pos), (a_inf & a_neg, b_neg),
                           (~a_inf & a_pos, b_inf & b_pos), (~a_inf & a_neg, b_inf & b_neg)])
@@ -213,7 +221,7 @@ def _apply_non_finite(out, a3, b3, finite_a, finite_b) -> None:
                           (~a_inf & a_pos, b_inf & b_neg), (~a_inf & a_neg, b_inf & b_pos)])
     nan = count([(a_inf, b_zero), (a_zero, b_inf)])
     nan = nan + a_nan.any(axis=2)[:, :, None] + b_nan.any(axis=1)[:, None, :]
-    result = np.where(positive_inf > 0, np.inf, -np.inf)
-    result[(nan > 0) | ((positive_inf > 0) & (negative_inf > 0))] = np.nan
+    result = xp.where(positive_inf > 0, xp.inf, -xp.inf)
+    result[(nan > 0) | ((positive_inf > 0) & (negative_inf > 0))] = xp.nan
     affected = bad_rows[:, :, None] | bad_cols[:, None, :]
     out[affected] = result[affected]

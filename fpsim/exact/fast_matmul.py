@@ -12,8 +12,9 @@ and ``f = rnd_out o pre``, the result is ``f(rnd32(s))`` with ``s`` the exact do
     certified where  bits(lo32) == bits(hi32)   (acc = hi32), except all-zero rows/columns
     the rest:       certified where f(lo32) == f(hi32) and pre(lo32), pre(hi32) are nonzero
                     of one sign                                          (acc = hi32)
-                    else exact: +-0 where every product is zero, approx where provably
-                    exact, else round to odd (math.fsum for a few, integer limbs for many)
+                    else exact: the split certificate on the gathered products (exact
+                    when every low part is zero), else round to odd (integer limbs,
+                    ``round_to_odd_sum``: no host round trip)
     out = rnd_out(pre(acc))
 
 Proof. (1) Enclosure: ``certificate`` (the interval certificate, N = ||a_i|| ||b_j||, as on the
@@ -29,40 +30,39 @@ certified at the fp32 level; at the f level pre is then +-0 + bias, nonzero only
 bias, where the zero's sign does not matter (+-0 + b = b). Any other exact zero sum has approx
 = +-0 and w > 0, so lo32 and hi32 differ in sign: not certified at the fp32 level, and at the f
 level only when a nonzero bias makes both pre values that same nonzero number. (4) The exact
-step: where every product is zero the sum is -0 exactly when every product is -0 (IEEE
-addition), else +0; otherwise the second certificate (``certificate.sums_exactly``, with qa +
-qb, lower bounds on the lowest set bit of row i and column j: approx is s), else the exact sum
-rounded to odd (``fsum_round_to_odd`` or ``round_to_odd_sum``, the same value) and cast once to
-fp32. Non-finite inputs, K = 0 and empty shapes are left to the general path (``matmul_2d``
-returns None). Work arrays are reused per thread (``_scratch``); results are always fresh
-arrays.
+step, on the gathered products of the elements left: the split certificate
+(``certificate.split_certify``: one error-free split makes the float64 sum almost exact, so
+it takes all but exact ties and exact sums; where every low part is zero its exact high sum
+is s, an exact zero signed by the IEEE rule: -0 exactly when every product is -0), else the
+exact sum rounded to odd (``round_to_odd_sum``) and
+cast once to fp32. Non-finite inputs (seen as non-finite norms), K = 0 and empty shapes are
+left to the general path (``matmul_2d`` returns None). Work arrays are reused per thread
+(``_scratch``); results are always fresh arrays.
 """
 from __future__ import annotations
 
 import math
 
-import numpy as np
+from ..backend import xp
 
 from ..formats import FP16, FP32
-from ..rounding import round_to, thread_scratch
+from ..backend import round_to, scratch
 from . import underflow
-from .certificate import certify, error_factor, sums_exactly, width_factor
-from .certified import cauchy_schwarz_bound, lowest_bit_exponent, per_line_lowest_bit
-from .odd import round_to_odd
-from .sums import ELEMENTS_PER_CHUNK, round_to_odd_sum, zero_sum
+from .certificate import certify, error_factor, split_certify, width_factor
+from .certified import cauchy_schwarz_bound
+from .sums import ELEMENTS_PER_CHUNK, round_to_odd_sum
 
-__all__ = ["matmul_2d", "round_out", "fsum_round_to_odd"]
+__all__ = ["matmul_2d", "round_out"]
 
 _SMALL = 1 << 14        # below this, NumPy's float16 cast is cheaper than round_to's setup
-_FSUM_MAX = 64          # up to this many uncertified elements, math.fsum beats integer limbs
 
 
-def _finite(x: np.ndarray) -> bool:
+def _finite(x: xp.ndarray) -> bool:
     # max and min propagate NaN, and an infinity is one of them: both finite <=> all finite
-    return bool(np.isfinite(x.max()) and np.isfinite(x.min()))
+    return bool(xp.isfinite(x.max()) and xp.isfinite(x.min()))
 
 
-def round_out(x32: np.ndarray, fmt) -> np.ndarray:
+def round_out(x32: xp.ndarray, fmt) -> xp.ndarray:
     """float32 values rounded once to ``fmt`` (nearest even), as ``round_to`` gives them, for
     any input without a signalling NaN (IEEE arithmetic and float64 -> float32 casts only make
     quiet ones; ``round_to`` would quiet a signalling one). FP32 is then the identity (same
@@ -71,43 +71,47 @@ def round_out(x32: np.ndarray, fmt) -> np.ndarray:
     keeps (``tests/test_fastpaths.py`` checks every quiet NaN pattern once)."""
     if fmt == FP32:
         return x32
-    with np.errstate(over="ignore", invalid="ignore"):
+    with xp.errstate(over="ignore", invalid="ignore"):
         if fmt == FP16 and x32.size < _SMALL:
-            return x32.astype(np.float16).astype(np.float32)
+            return x32.astype(xp.float16).astype(xp.float32)
         return round_to(x32, fmt)
 
 
-def matmul_2d(a: np.ndarray, b: np.ndarray, out_fmt, bias: np.ndarray | None = None,
-              *, note: bool = True) -> np.ndarray | None:
+def matmul_2d(a: xp.ndarray, b: xp.ndarray, out_fmt, bias: xp.ndarray | None = None,
+              *, note: bool = True) -> xp.ndarray | None:
     """exact(fp32) ``a @ b`` (+ ``bias`` in the fp32 accumulator) rounded to ``out_fmt``, as
     float32; None where the fast path does not apply. ``note``: report (accumulator + bias,
     output) to the underflow counter, as ``accumulation._to_output`` does."""
     m, k = a.shape
     n = b.shape[1]
-    if k == 0 or m == 0 or n == 0 or not (_finite(a) and _finite(b)):
-        return None
-    if bias is not None and not _finite(bias):
+    if k == 0 or m == 0 or n == 0 or (bias is not None and not _finite(bias)):
         return None
     a64, b64 = _widen(a, "a"), _widen(b, "b")
-    approx = np.matmul(a64, b64, out=_scratch("approx", (m, n), np.float64))
-    row_norm = np.sqrt(np.einsum("ik,ik->i", a64, a64))
-    col_norm = np.sqrt(np.einsum("kj,kj->j", b64, b64))
+    row_norm = xp.sqrt(xp.einsum("ik,ik->i", a64, a64))
+    col_norm = xp.sqrt(xp.einsum("kj,kj->j", b64, b64))
+    # Squares of float32 values cannot overflow a float64 sum (K 2**256 < 2**1024), so the
+    # norms are finite exactly when a and b are: one check, no extra pass over the operands.
+    if not (xp.isfinite(row_norm.sum()) and xp.isfinite(col_norm.sum())):
+        return None
+    approx = xp.matmul(a64, b64, out=_scratch("approx", (m, n), xp.float64))
     g = error_factor(k)
-    low32, high32, certified = certify(approx, (row_norm * width_factor(k))[:, None], col_norm)
-    zero_rows, zero_cols = row_norm == 0, col_norm == 0
-    if zero_rows.any() or zero_cols.any():
-        certified[zero_rows, :] = False
-        certified[:, zero_cols] = False
+    # pre is the output itself for fp32; otherwise only a work array (out is rounded from it)
+    pre_buffer = None if out_fmt == FP32 else _scratch("pre", (m, n), xp.float32)
+    low32, high32, certified = certify(approx, (row_norm * width_factor(k))[:, None], col_norm,
+                                       high=pre_buffer)
+    if not (row_norm.all() and col_norm.all()):
+        certified[row_norm == 0, :] = False
+        certified[:, col_norm == 0] = False
     pre = high32                                # acc = hi32 wherever certified
-    with np.errstate(over="ignore"):
+    with xp.errstate(over="ignore"):
         if bias is not None:
             pre += bias                         # the fp32 epilogue: one float32 addition
         out = round_out(pre, out_fmt)
     if not certified.all():
         rows, cols = _f_uncertified(certified, low32, pre, out, bias, out_fmt)
         if rows.size:
-            acc = _exact_elements(a, b, a64, b64, approx, row_norm, col_norm, rows, cols, g)
-            with np.errstate(over="ignore"):
+            acc = _exact_elements(a64, b64, row_norm, col_norm, rows, cols, g)
+            with xp.errstate(over="ignore"):
                 if bias is not None:
                     acc += bias[cols]
                 pre[rows, cols] = acc
@@ -117,19 +121,19 @@ def matmul_2d(a: np.ndarray, b: np.ndarray, out_fmt, bias: np.ndarray | None = N
     return out
 
 
-def _scratch(name: str, shape: tuple, dtype) -> np.ndarray:
+def _scratch(name: str, shape: tuple, dtype) -> xp.ndarray:
     """A reused per-thread work array: ``round_to``'s per-thread buffers (fresh large arrays
     cost page faults on every call), under names of their own."""
-    return thread_scratch().get(name, dtype, int(np.prod(shape))).reshape(shape)
+    return scratch(name, dtype, math.prod(shape)).reshape(shape)
 
 
-def _widen(x: np.ndarray, name: str) -> np.ndarray:
+def _widen(x: xp.ndarray, name: str) -> xp.ndarray:
     """x in float64 (exact), in a reused buffer with x's memory order (BLAS reads either)."""
     if x.flags.f_contiguous and not x.flags.c_contiguous:
-        out = _scratch(name, x.shape[::-1], np.float64).T
+        out = _scratch(name, x.shape[::-1], xp.float64).T
     else:
-        out = _scratch(name, x.shape, np.float64)
-    np.copyto(out, x)
+        out = _scratch(name, x.shape, xp.float64)
+    xp.copyto(out, x)
     return out
 
 
@@ -139,92 +143,67 @@ def _f_uncertified(certified, low32, pre_high, out_high, bias, out_fmt):
     both (so pre(acc) keeps the zero/nonzero pattern of the exact path); it only helps when
     f is coarser than rnd32 (an output format or a bias). Few candidates: gathered; many
     (fp16 data makes exact fp32 ties common): checked over the whole matrix."""
+    uncertified = xp.logical_not(certified, out=_scratch("uncertified", certified.shape, bool))
     if bias is None and out_fmt == FP32:
-        return _where_2d(~certified)
-    uncertified = np.logical_not(certified, out=_scratch("uncertified", certified.shape, bool))
-    if 8 * np.count_nonzero(uncertified) < certified.size:
+        return _where_2d(uncertified)
+    if 8 * xp.count_nonzero(uncertified) < certified.size:
         rows, cols = _where_2d(uncertified)
         ok = _f_agree(low32[rows, cols], pre_high[rows, cols], out_high[rows, cols],
                       None if bias is None else bias[cols], out_fmt)
         return rows[~ok], cols[~ok]
-    ok = _f_agree(low32, pre_high, out_high, bias, out_fmt)
-    ok |= certified
-    return _where_2d(~ok)
+    ok = _f_agree(low32, pre_high, out_high, bias, out_fmt, _scratch)
+    xp.logical_and(uncertified, xp.logical_not(ok, out=ok), out=uncertified)
+    return _where_2d(uncertified)
 
 
-def _where_2d(mask: np.ndarray):
+def _where_2d(mask: xp.ndarray):
     """``np.nonzero`` of a 2-D mask, through the flat indices (several times faster)."""
-    return np.divmod(np.flatnonzero(mask), mask.shape[1])
+    return xp.divmod(xp.flatnonzero(mask), mask.shape[1])
 
 
-def _f_agree(low32, pre_high, out_high, bias, out_fmt) -> np.ndarray:
-    with np.errstate(over="ignore", invalid="ignore"):
-        pre_low = low32 + bias if bias is not None else low32
-        same_sign = (pre_low != 0) & (pre_high != 0)
-        same_sign &= np.signbit(pre_low) == np.signbit(pre_high)
+def _f_agree(low32, pre_high, out_high, bias, out_fmt, scratch=None) -> xp.ndarray:
+    """Where f gives one bit pattern at both ends and pre is nonzero of one sign at both.
+    ``scratch``: ``_scratch``, to work in reused buffers (whole matrices: fresh ones cost
+    page faults), the result then valid until the next call."""
+    def buffer(name, dtype):
+        return xp.empty(low32.shape, dtype) if scratch is None else scratch(name, low32.shape,
+                                                                            dtype)
+    with xp.errstate(over="ignore", invalid="ignore"):
+        pre_low = low32 if bias is None else xp.add(low32, bias, out=buffer("f.pre", xp.float32))
+        same = xp.not_equal(pre_low, 0, out=buffer("f.same", bool))
+        test = xp.not_equal(pre_high, 0, out=buffer("f.test", bool))
+        same &= test
+        sign = xp.signbit(pre_low, out=buffer("f.sign", bool))
+        same &= xp.equal(sign, xp.signbit(pre_high, out=test), out=test)
         out_low = round_out(pre_low, out_fmt)
-    return same_sign & (out_low.view(np.uint32) == out_high.view(np.uint32))
+        same &= xp.equal(out_low.view(xp.uint32), out_high.view(xp.uint32), out=test)
+    return same
 
 
-def _exact_elements(a, b, a64, b64, approx, row_norm, col_norm, rows, cols, g,
-                    zeros_done: bool = False) -> np.ndarray:
+def _exact_elements(a64, b64, row_norm, col_norm, rows, cols, g) -> xp.ndarray:
     """The exact sums of elements (rows, cols) rounded once to fp32 (float32), with the
-    IEEE sign of exact zeros; the second certificate, then integer limbs."""
-    if rows.size <= _FSUM_MAX:
-        return fsum_round_to_odd(a64[rows, :] * b64[:, cols].T).astype(np.float32)
-    out = np.empty(rows.size, np.float32)
-    zero = approx[rows, cols] == 0
-    if zero.any() and not zeros_done:   # all products zero (disjoint supports after relu)
-        where = np.nonzero(zero)[0]
-        products = a64[rows[where], :] * b64[:, cols[where]].T
-        all_zero = ~products.any(axis=1)
-        out[where[all_zero]] = zero_sum(products[all_zero])
-        rest = np.ones(rows.size, bool)
-        rest[where[all_zero]] = False
-        if rest.any():
-            out[rest] = _exact_elements(a, b, a64, b64, approx, row_norm, col_norm,
-                                        rows[rest], cols[rest], g, zeros_done=True)
-        return out
-    m, n = a.shape[0], b.shape[1]
-    upper = cauchy_schwarz_bound(row_norm[rows], col_norm[cols], g)  # >= sum |a_ik b_kj|
-    qa = per_line_lowest_bit(rows, lambda u: a[u, :], lambda: lowest_bit_exponent(a, axis=1), m)
-    qb = per_line_lowest_bit(cols, lambda u: b[:, u].T, lambda: lowest_bit_exponent(b, axis=0), n)
-    exact = sums_exactly(upper, qa + qb)
-    values = approx[rows, cols]
-    nonzero = exact & (values != 0)
-    with np.errstate(over="ignore"):
-        out[nonzero] = values[nonzero]                               # exact: one rounding
-    zero = exact & (values == 0)
-    if zero.any():       # an exact zero sum: -0 only when every product is -0
-        out[zero] = zero_sum(a64[rows[zero], :] * b64[:, cols[zero]].T)
-    todo = np.nonzero(~exact)[0]
-    step = max(1, ELEMENTS_PER_CHUNK // a.shape[1])
-    for lo in range(0, todo.size, step):
-        part = todo[lo:lo + step]
-        products = a64[rows[part], :] * b64[:, cols[part]].T
-        with np.errstate(over="ignore"):
-            out[part] = round_to_odd_sum(products)      # round-to-odd, then one fp32 cast
+    IEEE sign of exact zeros: the split certificate on their gathered products, then the
+    exact sum (rounded to odd, cast once) for the exact ties it leaves."""
+    out = xp.empty(rows.size, xp.float32)
+    step = max(1, ELEMENTS_PER_CHUNK // a64.shape[1])
+    for lo in range(0, rows.size, step):
+        r, c = rows[lo:lo + step], cols[lo:lo + step]
+        products = _products(a64, b64, r, c)
+        upper = cauchy_schwarz_bound(row_norm[r], col_norm[c], g)     # >= sum |a_ik b_kj|
+        acc, known = split_certify(products, upper)
+        rest = xp.flatnonzero(~known)
+        if rest.size:
+            exact = round_to_odd_sum(products[rest])
+            with xp.errstate(over="ignore"):
+                acc[rest] = exact                      # round-to-odd, then one fp32 cast
+        out[lo:lo + step] = acc
     return out
 
 
-def fsum_round_to_odd(products: np.ndarray) -> np.ndarray:
-    """Each row's exact sum rounded to odd at 53 bits, as ``round_to_odd_sum`` gives it, by
-    ``math.fsum`` (Shewchuk's algorithm: the correctly rounded, nearest-even float64 sum of
-    exact float64 terms). Cheaper than the integer limbs for a few rows.
-
-    r = fsum(row) is RN(s); e = fsum(row + [-r]) is RN(s - r), which has the sign of s - r
-    and is zero only when r is exact (terms are multiples of 2**-298: nothing underflows, so
-    RN(x) = 0 only for x = 0): r and e are what ``odd.round_to_odd`` takes. An exact zero
-    takes the IEEE sign: -0 only when every term is -0 (``round_to_odd_sum``'s rule).
-    """
-    sums = np.empty(products.shape[0], np.float64)
-    errors = np.empty_like(sums)
-    for i, row in enumerate(products.tolist()):
-        sums[i] = r = math.fsum(row)
-        row.append(-r)
-        errors[i] = math.fsum(row)
-    sums = round_to_odd(sums, errors)
-    zero = sums == 0
-    if zero.any():
-        sums[zero] = zero_sum(products[zero])
-    return sums
+def _products(a64, b64, rows, cols) -> xp.ndarray:
+    """(len(rows), K) products a64[rows[e], k] * b64[k, cols[e]], exact in float64. Gathered
+    by np.take along b's memory order, so that both factors share one layout (a mixed-layout
+    product, or fancy indexing of a C-ordered b's columns, is several times slower)."""
+    if b64.flags.c_contiguous:      # b's columns are strided: build the products k-major
+        return (xp.take(a64.T, rows, axis=1) * xp.take(b64, cols, axis=1)).T
+    return xp.take(a64, rows, axis=0) * xp.take(b64.T, cols, axis=0)

@@ -17,12 +17,12 @@ True
 """
 from __future__ import annotations
 
-import numpy as np
+from ..backend import xp
 
 __all__ = ["round_to_odd", "add_round_to_odd"]
 
 
-def round_to_odd(near, residual) -> np.ndarray:
+def round_to_odd(near, residual) -> xp.ndarray:
     """x rounded to odd at 53 bits, given ``near``, one of the two float64 neighbours of x (or
     x itself when it is a float64), and ``residual``, any number with the sign of x - near
     that is zero exactly when near == x. Non-finite ``near`` values are returned unchanged.
@@ -30,23 +30,23 @@ def round_to_odd(near, residual) -> np.ndarray:
     The neighbour toward zero is x truncated to 53 bits; setting its last bit (the sticky
     bit) when x is inexact gives the odd neighbour, or keeps it when it already is odd.
     """
-    near = np.asarray(near, np.float64)
-    with np.errstate(invalid="ignore"):
-        inexact = (residual != 0) & np.isfinite(near)
+    near = xp.asarray(near, xp.float64)
+    with xp.errstate(invalid="ignore"):
+        inexact = (residual != 0) & xp.isfinite(near)
     if not inexact.any():
         return near
-    bits = near.copy().view(np.uint64)
-    bits -= (inexact & (np.signbit(residual) != np.signbit(near))).astype(np.uint64)
-    bits |= inexact.astype(np.uint64)
-    return bits.view(np.float64)
+    bits = near.copy().view(xp.uint64)
+    bits -= (inexact & (xp.signbit(residual) != xp.signbit(near))).astype(xp.uint64)
+    bits |= inexact.astype(xp.uint64)
+    return bits.view(xp.float64)
 
 
-def add_round_to_odd(x, y) -> np.ndarray:
+def add_round_to_odd(x, y) -> xp.ndarray:
     """x + y (float64, exact inputs) rounded to odd: the sum s and its rounding error e
     (s + e == x + y exactly, Knuth's TwoSum) give the residual's sign. Non-finite sums are
     returned as IEEE addition gives them."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        s = np.add(x, y)
+    with xp.errstate(over="ignore", invalid="ignore"):
+        s = xp.add(x, y)
         y_virtual = s - x
         error = (x - (s - y_virtual)) + (y - y_virtual)
     return round_to_odd(s, error)

@@ -26,7 +26,7 @@ multiples of 2**-298), so the result is never a float64 subnormal.
 """
 from __future__ import annotations
 
-import numpy as np
+from ..backend import xp
 
 from .odd import round_to_odd
 
@@ -36,23 +36,24 @@ _LIMB = 32
 _HEADROOM = 4                         # limbs above the top term's: 2**40 terms' carries, sign
 _TERMS_PER_PASS = 1 << 20             # bincount weights < 2**32: 2**20 of them sum below 2**52
 ELEMENTS_PER_CHUNK = 1 << 20         # rows * terms per chunk: bounds the scratch memory
-_MASK32 = np.int64(0xFFFFFFFF)
+_MASK32 = xp.int64(0xFFFFFFFF)
 
 
-def round_to_odd_sum(terms: np.ndarray) -> np.ndarray:
+def round_to_odd_sum(terms: xp.ndarray) -> xp.ndarray:
     """Exact sum along the last axis of a 2-D float64 array, rounded to odd at 53 bits.
 
+    >>> import numpy as np
     >>> t = np.array([[1.0, 2.0 ** -60, -1.0], [2.0 ** 53, 1.0, 0.0], [-0.0, -0.0, -0.0]])
     >>> round_to_odd_sum(t).tolist() == [2.0 ** -60, 2.0 ** 53 + 2.0, -0.0]
     True
     """
-    terms = np.asarray(terms, dtype=np.float64)
+    terms = xp.asarray(terms, dtype=xp.float64)
     if terms.ndim != 2:
         raise ValueError(f"round_to_odd_sum expects a 2-D array of rows, got shape {terms.shape}")
-    if not np.all(np.isfinite(terms)):
+    if not xp.all(xp.isfinite(terms)):
         raise ValueError("round_to_odd_sum takes finite terms; handle inf/NaN before calling")
     rows, width = terms.shape
-    out = np.empty(rows, np.float64)
+    out = xp.empty(rows, xp.float64)
     rows_per_chunk = max(1, ELEMENTS_PER_CHUNK // max(1, min(width, _TERMS_PER_PASS)))
     for lo in range(0, rows, rows_per_chunk):
         hi = min(rows, lo + rows_per_chunk)
@@ -60,60 +61,60 @@ def round_to_odd_sum(terms: np.ndarray) -> np.ndarray:
     return out
 
 
-def _rows_round_to_odd(terms: np.ndarray) -> np.ndarray:
+def _rows_round_to_odd(terms: xp.ndarray) -> xp.ndarray:
     rows, width = terms.shape
-    value = np.zeros(rows, np.float64)
-    fields = (terms.view(np.int64) >> 52) & 0x7FF
+    value = xp.zeros(rows, xp.float64)
+    fields = (terms.view(xp.int64) >> 52) & 0x7FF
     nonzero = terms != 0
     if nonzero.any():
         # Only the limbs this chunk's exponents reach: first .. last + 2, plus headroom.
-        index = np.maximum(fields, 1) >> 5
+        index = xp.maximum(fields, 1) >> 5
         first = int(index[nonzero].min())
         count = int(index[nonzero].max()) - first + 3 + _HEADROOM
-        limbs = np.zeros((rows, count), np.int64)
+        limbs = xp.zeros((rows, count), xp.int64)
         for start in range(0, width, _TERMS_PER_PASS):
             stop = start + _TERMS_PER_PASS
-            limbs += _limb_sums(np.ascontiguousarray(terms[:, start:stop]),
-                                np.ascontiguousarray(fields[:, start:stop]), first, count)
+            limbs += _limb_sums(xp.ascontiguousarray(terms[:, start:stop]),
+                                xp.ascontiguousarray(fields[:, start:stop]), first, count)
             _propagate_carries(limbs)
         negative = limbs[:, -1] < 0
         if negative.any():
             limbs[negative] = -limbs[negative]
             _propagate_carries(limbs)
         value = _limbs_to_float_round_to_odd(limbs, first)
-        np.negative(value, out=value, where=negative)
+        xp.negative(value, out=value, where=negative)
     zero = value == 0
     if zero.any():
         value[zero] = zero_sum(terms[zero])
     return value
 
 
-def zero_sum(terms: np.ndarray) -> np.ndarray:
+def zero_sum(terms: xp.ndarray) -> xp.ndarray:
     """The IEEE value of each row's sum where it is exactly zero: -0 when every term is -0
     (and there is one), else +0 (IEEE 754-2019 section 6.3, round to nearest)."""
-    negative = np.all(np.signbit(terms), axis=-1) & (terms.shape[-1] > 0)
-    return np.where(negative, -0.0, 0.0)
+    negative = xp.all(xp.signbit(terms), axis=-1) & (terms.shape[-1] > 0)
+    return xp.where(negative, -0.0, 0.0)
 
 
-def _limb_sums(part: np.ndarray, field: np.ndarray, first: int, count: int) -> np.ndarray:
+def _limb_sums(part: xp.ndarray, field: xp.ndarray, first: int, count: int) -> xp.ndarray:
     """Per row, the sum of every term's three limbs (limb j holds bits 32j.. of the
     integer m * 2**(E - 1), offset by ``first`` limbs), as exact integers (int64)."""
     rows, width = part.shape
-    bits = part.view(np.int64)
+    bits = part.view(xp.int64)
     mantissa = bits & ((1 << 52) - 1)
-    mantissa |= (field > 0).astype(np.int64) << 52
+    mantissa |= (field > 0).astype(xp.int64) << 52
     sign = bits >> 63                          # 0 or -1
     mantissa ^= sign
     mantissa -= sign                           # signed significand, |m| < 2**53
-    exponent = np.maximum(field, 1)
+    exponent = xp.maximum(field, 1)
     shift = exponent & (_LIMB - 1)
     rest = _LIMB - shift                       # 1..32
     index = exponent >> 5
-    index += (np.arange(rows, dtype=np.int64) * count - first)[:, None]
+    index += (xp.arange(rows, dtype=xp.int64) * count - first)[:, None]
     index[mantissa == 0] = rows * count        # zeros go to a spare bin (no valid index)
     total = rows * count + 3
 
-    low = (mantissa & ((np.int64(1) << rest) - 1)) << shift
+    low = (mantissa & ((xp.int64(1) << rest) - 1)) << shift
     sums = _binned(index, low, total)
     mid = (mantissa >> rest) & _MASK32
     index += 1
@@ -124,53 +125,53 @@ def _limb_sums(part: np.ndarray, field: np.ndarray, first: int, count: int) -> n
     return sums[:rows * count].reshape(rows, count)
 
 
-def _binned(index: np.ndarray, weights: np.ndarray, total: int) -> np.ndarray:
+def _binned(index: xp.ndarray, weights: xp.ndarray, total: int) -> xp.ndarray:
     # float64 bincount is exact here: integer weights below 2**32, at most 2**20 per bin.
-    sums = np.bincount(index.ravel(), weights=weights.ravel().astype(np.float64),
+    sums = xp.bincount(index.ravel(), weights=weights.ravel().astype(xp.float64),
                        minlength=total)
-    return sums.astype(np.int64)
+    return sums.astype(xp.int64)
 
 
-def _propagate_carries(limbs: np.ndarray) -> None:
+def _propagate_carries(limbs: xp.ndarray) -> None:
     for j in range(limbs.shape[1] - 1):
         carry = limbs[:, j] >> _LIMB
         limbs[:, j] &= _MASK32
         limbs[:, j + 1] += carry
 
 
-def _limbs_to_float_round_to_odd(limbs: np.ndarray, first: int) -> np.ndarray:
+def _limbs_to_float_round_to_odd(limbs: xp.ndarray, first: int) -> xp.ndarray:
     """Nonnegative normalised limbs (each in [0, 2**32)) to float64, rounded to odd."""
     rows, count = limbs.shape
     nonzero = limbs != 0
     any_nonzero = nonzero.any(axis=1)
-    top_index = count - 1 - np.argmax(nonzero[:, ::-1], axis=1)
-    padded = np.concatenate([np.zeros((rows, 2), np.int64), limbs], axis=1)
-    row = np.arange(rows)
+    top_index = count - 1 - xp.argmax(nonzero[:, ::-1], axis=1)
+    padded = xp.concatenate([xp.zeros((rows, 2), xp.int64), limbs], axis=1)
+    row = xp.arange(rows)
     top = padded[row, top_index + 2]
     second = padded[row, top_index + 1]
     third = padded[row, top_index]
-    below = np.cumsum(nonzero, axis=1)          # count of nonzero limbs at or below each index
-    below_third = np.where(top_index >= 3, below[row, np.maximum(top_index - 3, 0)], 0)
+    below = xp.cumsum(nonzero, axis=1)          # count of nonzero limbs at or below each index
+    below_third = xp.where(top_index >= 3, below[row, xp.maximum(top_index - 3, 0)], 0)
     sticky = below_third > 0
 
-    top_bits = np.frexp(np.maximum(top, 1).astype(np.float64))[1].astype(np.int64)  # 1..32
+    top_bits = xp.frexp(xp.maximum(top, 1).astype(xp.float64))[1].astype(xp.int64)  # 1..32
     drop = top_bits + 11                        # bits of the 96-bit (top, second, third) window
     wide = drop >= _LIMB                        # below the 53 kept: 12..43
-    far = np.where(wide, drop - _LIMB, 0).astype(np.uint64)
-    near = np.where(wide, _LIMB, drop).astype(np.uint64)
-    u32 = np.uint64(_LIMB)
-    head = (top.astype(np.uint64) << u32) | second.astype(np.uint64)   # below 2**64
-    third = third.astype(np.uint64)
-    one = np.uint64(1)
+    far = xp.where(wide, drop - _LIMB, 0).astype(xp.uint64)
+    near = xp.where(wide, _LIMB, drop).astype(xp.uint64)
+    u32 = xp.uint64(_LIMB)
+    head = (top.astype(xp.uint64) << u32) | second.astype(xp.uint64)   # below 2**64
+    third = third.astype(xp.uint64)
+    one = xp.uint64(1)
     kept_wide = head >> far
-    kept_near = (head << np.where(wide, np.uint64(0), u32 - near)) | (third >> near)
-    kept = np.where(wide, kept_wide, kept_near)
+    kept_near = (head << xp.where(wide, xp.uint64(0), u32 - near)) | (third >> near)
+    kept = xp.where(wide, kept_wide, kept_near)
     lost_wide = ((head & ((one << far) - one)) != 0) | (third != 0)
     lost_near = (third & ((one << near) - one)) != 0
-    sticky |= np.where(wide, lost_wide, lost_near)
+    sticky |= xp.where(wide, lost_wide, lost_near)
     exponent = _LIMB * (top_index - 2 + first) + drop - 1075
     # kept holds exactly 53 bits and the result is normal (module docstring), so the float's
     # last bit is kept's: the truncation plus the sticky bit is the round-to-odd value.
-    value = round_to_odd(np.ldexp(kept.astype(np.float64), exponent), sticky.astype(np.float64))
+    value = round_to_odd(xp.ldexp(kept.astype(xp.float64), exponent), sticky.astype(xp.float64))
     value[~any_nonzero] = 0.0
     return value

@@ -1,0 +1,88 @@
+"""The split certificate (``certificate.split_certify``) against the integer-limb exact sum,
+and the fast matmul's exact routes with the certificate switched off, bit for bit."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fpsim.exact import fast_matmul
+from fpsim.exact.certificate import split_certify
+from fpsim.exact.sums import round_to_odd_sum
+from fpsim.formats import FP16, FP32
+
+from test_fastpaths import adversarial, same_bits, slow_reference  # noqa: E402
+
+
+def exact_fp32(terms: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return round_to_odd_sum(terms).astype(np.float32)
+
+
+def product_rows(rng, rows: int, k: int, kind: str) -> np.ndarray:
+    """Rows of exact products of float32 values, built to cancel, tie and vanish."""
+    scale = {"normal": (0, 1), "wide": (-60, 60), "tiny": (-149, -120), "huge": (60, 120)}[kind]
+    a = rng.standard_normal((rows, k)) * 2.0 ** rng.integers(*scale, (rows, k))
+    b = rng.standard_normal((rows, k)) * 2.0 ** rng.integers(-10, 10, (rows, k))
+    with np.errstate(over="ignore", under="ignore"):
+        a, b = a.astype(np.float32).astype(np.float64), b.astype(np.float32).astype(np.float64)
+    terms = a * b
+    half = k // 2
+    terms[0, half:2 * half] = -terms[0, :half]                  # an exact zero (+0)
+    terms[1, :] = -0.0                                          # all -0: -0
+    terms[2, :] = 0.0
+    terms[2, 0], terms[2, 1 % k] = 1.0, 2.0 ** -24              # an fp32 tie (k >= 2)
+    terms[3, :] = 0.0
+    terms[3, 0], terms[3, 1 % k] = 1.0, 2.0 ** -60              # just above a representable sum
+    terms[4, half:2 * half] = -terms[4, :half]
+    terms[4, -1] = 2.0 ** -200 if k % 2 else terms[4, -1]       # cancels down to a tiny rest
+    terms[5, :] = 0.0
+    terms[5, 0] = 1.0
+    if k >= 3:                                                  # a tie hidden in low parts
+        terms[5, 1], terms[5, 2] = 2.0 ** -24 + 2.0 ** -70, -(2.0 ** -70)
+    return terms
+
+
+@pytest.mark.parametrize("kind", ["normal", "wide", "tiny", "huge"])
+@pytest.mark.parametrize("k", [1, 2, 7, 300])
+def test_split_certify_agrees_with_the_exact_sum_wherever_it_answers(kind, k):
+    rng = np.random.default_rng(k * 7 + len(kind))
+    terms = product_rows(rng, 64, k, kind)
+    exact_abs = np.abs(terms).sum(axis=1) * (1 + 2 * k * 2.0 ** -52)     # >= sum |p|
+    for upper in (exact_abs, exact_abs * 3.75, exact_abs * 2.0 ** 20):   # loose bounds too
+        with np.errstate(over="ignore"):
+            values, known = split_certify(terms, upper)
+        assert known.dtype == bool and values.dtype == np.float32
+        assert same_bits(values[known], exact_fp32(terms[known]))
+        assert known[1] and known[2]            # exact sums: known without the limbs
+        assert k < 3 or not known[5]            # a tie with nonzero low parts: declined
+        assert known.mean() > 0.9               # generic rows: certified
+
+
+@pytest.mark.parametrize("kind", ["fp16", "wide", "tiny", "ints"])
+def test_matmul_2d_exact_route_alone_matches_the_reference(kind, monkeypatch):
+    """With the split certificate answering nothing, every element it would take goes
+    through the integer limbs: the same bits as the reference."""
+    def certify_nothing(terms, upper):
+        return np.zeros(terms.shape[0], np.float32), np.zeros(terms.shape[0], bool)
+
+    monkeypatch.setattr(fast_matmul, "split_certify", certify_nothing)
+    rng = np.random.default_rng(len(kind))
+    for m, k, n in ((5, 1, 4), (9, 2, 6), (12, 17, 8)):
+        a, b, bias = adversarial(rng, m, k, n, kind)
+        for out_fmt in (FP32, FP16):
+            for beta in (None, bias):
+                with np.errstate(over="ignore", invalid="ignore"):
+                    fast = fast_matmul.matmul_2d(a, b, out_fmt, beta)
+                assert same_bits(fast, slow_reference(a, b, out_fmt, beta)), (m, k, n)
+
+
+def test_matmul_2d_both_gather_layouts_give_the_same_bits():
+    """The exact step gathers products k-major for a C-ordered b and row-major otherwise."""
+    rng = np.random.default_rng(11)
+    a, b, bias = adversarial(rng, 40, 64, 30, "fp16")
+    results = []
+    for b_layout in (np.ascontiguousarray(b), np.asfortranarray(b)):
+        for a_layout in (np.ascontiguousarray(a), np.asfortranarray(a)):
+            results.append(fast_matmul.matmul_2d(a_layout, b_layout, FP16, bias))
+    assert all(same_bits(r, results[0]) for r in results)
+    assert same_bits(results[0], slow_reference(a, b, FP16, bias))
