@@ -132,7 +132,10 @@ class Optimizer:
             self.states[name] = result.state
             if self.master_fmt is not None:
                 self.masters[name] = new
-                p.data = round_to(new, p.fmt)
+                if p.fmt == self.master_fmt and not xp.isnan(new).any():
+                    p.data = new.copy()    # rounding into its own format: the identity
+                else:                      # (NaNs: round_to's rule quiets a signalling one)
+                    p.data = round_to(new, p.fmt)
             else:
                 p.data = new
         return StepReport(self.step_count, found, False, scale, float(norm), clipped, updates,
