@@ -8,6 +8,7 @@
     fpsim reproduce [--quick]     rerun the paper's experiments: figures and summary
     fpsim check-scaler TRACE      replay a framework's loss-scaler trace through a preset
     fpsim check-cast SRC --against THEIRS --format F   compare a framework's cast with ours
+    fpsim sweep SPEC --out DIR    many training runs on Dask (fpsim sweep -h); sweep-plot draws
 
 Bad input (an unknown format, a value that is not a number) prints what was wrong and what is
 accepted, and exits with status 2.
@@ -88,11 +89,13 @@ def _parser() -> argparse.ArgumentParser:
                       help=f"rounding mode: {', '.join(m for m in MODES if m != 'stochastic')}")
     from .conformance import cli as conformance_cli
     from .experiments import cli as experiments_cli
+    from .sweep import cli as sweep_cli
     from .train import cli as train_cli
 
     train_cli.register(commands)
     experiments_cli.register(commands)
     conformance_cli.register(commands)
+    sweep_cli.register(commands)
     return parser
 
 
@@ -126,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
             from .experiments import cli as experiments_cli
 
             return experiments_cli.run(args)
+        elif args.command in ("sweep", "sweep-plot"):
+            from .sweep import cli as sweep_cli
+
+            return sweep_cli.run(args)
         else:
             parser.print_help()
         return 0
