@@ -125,11 +125,12 @@ def _save_cell(out: Path, cell: Cell, payload: dict) -> dict:
 @contextlib.contextmanager
 def local_cluster(workers: int):
     """A Dask cluster on this machine: ``workers`` processes of one thread each, their BLAS
-    on one thread, no dashboard, quiet logs."""
+    on one thread, quiet logs; its status pages (which Dask always serves) on a free local
+    port, so that two sweeps on one machine do not collide."""
     from distributed import LocalCluster
 
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                      dashboard_address=None, silence_logs=logging.ERROR,
+                      dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR,
                       env=ONE_THREAD) as cluster:
         yield cluster
 
