@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 import numpy as np
-from matplotlib.colors import ListedColormap
+from matplotlib.colors import ListedColormap, LogNorm, Normalize
 from matplotlib.patches import Patch
 
 from .style import figure_style, new_figure, save_figure
@@ -31,13 +31,15 @@ def plot_phase_diagram(panels: dict, *, x_values: list[str], y_values: list[str]
     categorical = outcome == "outcome"
     names = list(OUTCOME_COLORS)
     with figure_style():
-        width = 1.2 + len(panels) * max(2.6, 0.42 * len(x_values) + 1.0)
-        height = 1.6 + max(1.6, 0.36 * len(y_values))
+        width = 1.2 + len(panels) * max(2.6, 0.4 * len(x_values) + 0.8)
+        height = 1.5 + max(1.6, 0.5 * len(y_values))
         fig, axes = new_figure(width, height, ncols=len(panels), squeeze=False,
                                constrained_layout=True)
         values = [_numbers(grid, categorical, names) for grid in panels.values()]
         finite = [v for grid in values for v in grid.ravel() if math.isfinite(v)]
         low, high = (min(finite), max(finite)) if finite else (0.0, 1.0)
+        # numbers spread over orders of magnitude (losses that blew up) on a log scale
+        norm = LogNorm(low, high) if low > 0 and high > 20 * low else Normalize(low, high)
         for ax, (label, grid), numbers in zip(axes[0], panels.items(), values):
             masked = np.ma.masked_invalid(numbers)
             if categorical:
@@ -45,13 +47,16 @@ def plot_phase_diagram(panels: dict, *, x_values: list[str], y_values: list[str]
                                   vmin=-0.5, vmax=len(names) - 0.5, aspect="auto",
                                   origin="lower")
             else:
-                image = ax.imshow(masked, cmap="viridis", vmin=low, vmax=high, aspect="auto",
+                image = ax.imshow(masked, cmap="viridis", norm=norm, aspect="auto",
                                   origin="lower")
-            for (i, j), cell in np.ndenumerate(np.array(grid, dtype=object)):
-                text = _annotation(cell, categorical)
-                if text:
-                    ax.text(j, i, text, ha="center", va="center", fontsize=6, color="white")
-            ax.set_xticks(range(len(x_values)), x_values, rotation=90)
+            for i, line in enumerate(grid):
+                for j, cell in enumerate(line):
+                    text = _annotation(cell, categorical)
+                    if text:
+                        ax.text(j, i, text, ha="center", va="center", fontsize=6,
+                                color="white")
+            ax.set_xticks(range(len(x_values)), x_values,
+                          rotation=90 if max(len(v.strip("$")) for v in x_values) > 6 else 0)
             ax.set_yticks(range(len(y_values)), y_values)
             ax.set_xlabel(x_label)
             ax.set_title(label)
@@ -82,6 +87,6 @@ def _annotation(cell, categorical: bool) -> str:
     if cell is None:
         return ""
     if categorical:
-        name, agree, runs = cell
+        _, agree, runs = cell
         return "" if agree == runs else f"{agree}/{runs}"
     return "" if not math.isfinite(cell) else f"{cell:.3g}"

@@ -16,6 +16,8 @@ matplotlib.use("Agg", force=True)
 
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
+from ..files import atomic_file  # noqa: E402
+
 __all__ = ["figure_style", "save_figure", "new_figure"]
 
 _STYLE = {
@@ -54,14 +56,15 @@ def new_figure(width: float = 6.0, height: float = 3.6, **subplots):
 
 
 def save_figure(fig, stem: "str | Path", formats=("png", "svg")) -> list[Path]:
-    """Write ``stem.png`` and ``stem.svg`` without timestamps or versions, close the figure,
-    and return the paths."""
+    """Write ``stem.png`` and ``stem.svg`` without timestamps or versions, each whole or not at
+    all (``fpsim.files.atomic_file``), close the figure, and return the paths."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     written = []
     for ext in formats:
         path = stem.with_suffix(f".{ext}")
-        fig.savefig(path, format=ext, metadata=_NO_METADATA[ext])
+        with atomic_file(path, "wb") as handle:
+            fig.savefig(handle, format=ext, metadata=_NO_METADATA[ext])
         written.append(path)
     plt.close(fig)
     return written

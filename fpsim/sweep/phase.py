@@ -66,7 +66,8 @@ def phase_diagram(folder: "str | Path", x: str, y: str, *, outcome: str = "outco
 
     title = f"{info['spec']['name']}: {outcome}" if outcome != "outcome" else info["spec"]["name"]
     return plot_phase_diagram(panels, x_values=[_label(v) for v in order[x]],
-                              y_values=[_label(v) for v in order[y]], x_label=x, y_label=y,
+                              y_values=[_label(v) for v in order[y]], x_label=_name(x, order[x]),
+                              y_label=_name(y, order[y]),
                               outcome=outcome, stem=stem, title=title)
 
 
@@ -98,11 +99,17 @@ _STATIC = re.compile(r"^static:([0-9.e+]+)$")
 
 
 def _label(value: str) -> str:
-    """A tick label: a static loss scale that is a power of two as ``static 2^k``."""
+    """A tick label: a static loss scale that is a power of two as 2^k."""
     match = _STATIC.match(value)
     if match:
         exponent = math.log2(float(match.group(1))) if float(match.group(1)) > 0 else 0.5
         if exponent == int(exponent):
-            return f"static 2^{int(exponent)}"
+            return f"$2^{{{int(exponent)}}}$"
     return value
+
+
+def _name(axis: str, values: list[str]) -> str:
+    if axis == "scaler" and all(_STATIC.match(v) for v in values):
+        return "static loss scale (scaler)"
+    return axis
 

@@ -66,9 +66,9 @@ def columns(spec: SweepSpec) -> list[str]:
     return [*HEAD, *spec.axes, *(name for name in sorted(spec.base)), *METRICS]
 
 
-def prepare_folder(spec: SweepSpec, cells: list[Cell], out: Path) -> dict[int, dict]:
-    """Check ``out`` holds nothing or this same sweep, write ``sweep.json``, and return the
-    rows of cells already finished there (by cell index)."""
+def check_folder(spec: SweepSpec, out: Path) -> None:
+    """``out`` must be new, empty, or hold this same sweep (made by this fpsim version): a
+    sweep's results are never replaced by another's. Writes nothing."""
     record = out / "sweep.json"
     if record.exists():
         try:
@@ -81,8 +81,14 @@ def prepare_folder(spec: SweepSpec, cells: list[Cell], out: Path) -> dict[int, d
         if earlier.get("fpsim") != __version__:
             raise ValueError(f"{out} was swept with fpsim {earlier.get('fpsim')}, this is fpsim "
                              f"{__version__}; choose another --out")
-    elif out.exists() and any(out.iterdir()):
-        raise ValueError(f"{out} is not empty and holds no sweep; choose a new or empty --out")
+    elif out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"{out} is not an empty folder and holds no sweep; choose a new or "
+                         f"empty --out")
+
+
+def prepare_folder(spec: SweepSpec, cells: list[Cell], out: Path) -> dict[int, dict]:
+    """Write ``sweep.json`` into ``out`` (checked by ``check_folder``) and return the rows of
+    the cells already finished there, by cell index."""
     try:
         (out / "cells").mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -90,7 +96,8 @@ def prepare_folder(spec: SweepSpec, cells: list[Cell], out: Path) -> dict[int, d
     info = {"format": SWEEP_FORMAT, "version": 1, "fpsim": __version__, "spec": spec.as_dict(),
             "source": spec.source, "versions": _versions(),
             "cells": [{"cell": c.index, "key": c.key, "axes": c.axes} for c in cells]}
-    write_text(record, json.dumps(info, indent=2, sort_keys=True, allow_nan=False) + "\n")
+    write_text(out / "sweep.json", json.dumps(info, indent=2, sort_keys=True,
+                                              allow_nan=False) + "\n")
     done = {}
     for cell in cells:
         path = out / "cells" / cell.key / "result.json"
@@ -180,6 +187,7 @@ def run_sweep(spec: SweepSpec, out: "str | Path", *, workers: int | None = None,
         raise ValueError(f"--workers must be an integer >= 1, got {workers!r}")
     out = Path(out)
     cells = expand(spec)
+    check_folder(spec, out)
     began = time.perf_counter()
     with _client(workers if scheduler is None else None, scheduler) as client:
         n_workers = _check_versions(client)
@@ -220,7 +228,8 @@ def _run_pending(client, pending, out, done, spec, summary, progress, retries) -
             future.release()
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix_str(f"cell {cell.index}: {done.get(cell.index, {}).get('outcome', 'not run')}")
+                outcome = done[cell.index]["outcome"] if cell.index in done else "not run"
+                bar.set_postfix_str(f"cell {cell.index}: {outcome}")
             if time.perf_counter() - last_table > TABLE_EVERY_S:
                 write_tables(out, list(done.values()), columns(spec))
                 last_table = time.perf_counter()
