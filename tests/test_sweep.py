@@ -194,3 +194,26 @@ def test_an_interrupted_sweep_keeps_complete_rows_and_resumes(tmp_path):
     assert main(["sweep", str(spec), "--out", str(out), "--workers", "1", "--quiet"]) == 0
     finished = _table(out)
     assert len(finished) == 4 and finished[:len(rows)] == rows
+
+
+def test_phase_diagrams_of_outcomes_and_numbers(two_worker_run, tmp_path, capsys):
+    _, out, _, _ = two_worker_run
+    stem = tmp_path / "phase"
+    assert main(["sweep-plot", str(out), "--x", "seed", "--y", "policy", "--out", str(stem)]) == 0
+    first = (tmp_path / "phase.png").read_bytes()
+    assert first.startswith(b"\x89PNG") and (tmp_path / "phase.svg").exists()
+    assert main(["sweep-plot", str(out), "--x", "seed", "--y", "policy", "--out",
+                 str(stem)]) == 0
+    assert (tmp_path / "phase.png").read_bytes() == first          # same numbers, same bytes
+    assert main(["sweep-plot", str(out), "--x", "seed", "--y", "policy",
+                 "--outcome", "final_loss"]) == 0
+    assert (out / "phase_final_loss.svg").exists()
+    capsys.readouterr()
+    for argv, message in [(["--x", "lr", "--y", "policy"], "--x 'lr' is not an axis of this "
+                                                            "sweep; its axes: policy, seed"),
+                          (["--x", "seed", "--y", "seed"], "must be different axes"),
+                          (["--x", "seed", "--y", "policy", "--outcome", "speed"],
+                           "unknown outcome 'speed'")]:
+        assert main(["sweep-plot", str(out), *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("fpsim: error: ") and message in err

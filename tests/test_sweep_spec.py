@@ -8,7 +8,7 @@ import pytest
 from fpsim.cli import main
 from fpsim.sweep import SpecError, expand, parse_spec
 from fpsim.sweep.cells import config_key
-from fpsim.sweep.results import summarize
+from fpsim.sweep.results import METRICS, read_table, summarize, write_tables
 from fpsim.train import StepRecord
 
 SPEC = """
@@ -111,3 +111,34 @@ def test_a_failed_cell_keeps_its_error():
     row = summarize(0, "k", {"classes": 4}, [], None, 0.1, "ValueError: momentum")
     assert (row["status"], row["outcome"], row["error"]) == ("failed", "failed",
                                                               "ValueError: momentum")
+
+
+def _rows():
+    config = {"classes": 4, "lr": 0.1, "clip_norm": None}
+    ok = summarize(1, "b", config, _records([1.4] * 5 + [0.5] * 20), 65536.0, 1.5, None)
+    failed = summarize(0, "a", config, [], None, 0.1, "ValueError: no")
+    return [ok, failed], ["cell", "key", "lr", "clip_norm", *METRICS]
+
+
+def test_csv_table_is_exact_and_sorted_by_cell(tmp_path, monkeypatch):
+    from fpsim.sweep import results
+
+    monkeypatch.setattr(results, "parquet_available", lambda: False)
+    rows, columns = _rows()
+    assert write_tables(tmp_path, rows, columns) == [tmp_path / "results.csv"]
+    table = read_table(tmp_path / "results.csv")
+    assert [r["cell"] for r in table] == ["0", "1"]
+    assert table[1]["final_loss"] == "0.5" and table[1]["final_loss_bits"] == "0x3f000000"
+    assert table[0]["error"] == "ValueError: no" and table[0]["final_loss"] == ""
+    assert float(table[1]["trailing_loss"]) == rows[0]["trailing_loss"]      # repr round-trips
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.csv"]
+
+
+def test_parquet_table_when_pyarrow_is_installed(tmp_path):
+    parquet = pytest.importorskip("pyarrow.parquet", reason="pyarrow writes results.parquet")
+    rows, columns = _rows()
+    write_tables(tmp_path, rows, columns)
+    table = parquet.read_table(tmp_path / "results.parquet").to_pylist()
+    assert [r["cell"] for r in table] == [0, 1]
+    assert table[1]["final_loss"] == 0.5 and table[1]["plateau_left_step"] == 6
+    assert table[0]["final_loss"] is None and table[0]["outcome"] == "failed"

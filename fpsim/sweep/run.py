@@ -19,7 +19,9 @@ import json
 import logging
 import os
 import platform
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,13 +135,30 @@ def _save_cell(out: Path, cell: Cell, payload: dict) -> dict:
 def local_cluster(workers: int):
     """A Dask cluster on this machine: ``workers`` processes of one thread each, their BLAS
     on one thread, quiet logs; its status pages (which Dask always serves) on a free local
-    port, so that two sweeps on one machine do not collide."""
+    port, so that two sweeps on one machine do not collide. The worker processes ignore
+    Ctrl-C (they inherit an ignored SIGINT): this process handles it and closes them."""
     from distributed import LocalCluster
 
-    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                      dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR,
-                      env=ONE_THREAD) as cluster:
+    with _sigint_ignored_by_children():
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                               dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR,
+                               env=ONE_THREAD)
+    with cluster:
         yield cluster
+
+
+@contextlib.contextmanager
+def _sigint_ignored_by_children():
+    """Ignore SIGINT while child processes start (an ignored signal stays ignored in a child,
+    across exec), then restore this process's handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager
