@@ -11,7 +11,12 @@ other processes disturbs them alike; the fastest round of each counts.
 - speed-up = cells/s with 2 workers / cells/s with 1 (target, issue 14: >= 1.7 on 2 cores);
 - overhead per cell = (1-worker wall time - the sum of the cells' own training times, the
   ``wall_time`` column, measured inside the workers) / cells, as a fraction of the mean cell
-  time (target: <= 5% for cells of >= 1 s).
+  time (target: <= 5% for cells of >= 1 s);
+- busy = the sum of the cells' own times / (workers x wall time): how much of the wall time the
+  workers spent training. On a machine shared with other jobs the speed-up can fall short
+  while busy stays near 100%: then the cells themselves ran slower (the mean cell time column
+  grows with 2 workers), the cores were taken, and the sweep's own part is not the cause. The
+  load average is printed for that reason.
 
 Run: python benchmarks/bench_sweep.py [--cells N] [--steps S] [--repeat R] [--quick]
 """
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import os
 import tempfile
 import time
 from contextlib import ExitStack
@@ -56,6 +62,8 @@ def main() -> int:
     if args.quick:
         args.cells, args.steps, args.repeat = 4, 30, 1
     spec = parse_spec(SPEC.format(steps=args.steps, seeds=list(range(args.cells))), "bench")
+    print(f"load average (1, 5, 15 min) before: {', '.join(f'{x:.2f}' for x in os.getloadavg())}"
+          f" on {os.cpu_count()} CPUs")
     counts = (1, 2)
     best = {n: math.inf for n in counts}
     cell_times = {}
@@ -78,15 +86,18 @@ def main() -> int:
                     best[n] = seconds
                     cell_times[n] = _cell_seconds(out)
     print(f"\n{args.cells} cells of {args.steps} steps; fastest of {args.repeat} round(s)")
-    print(f"{'workers':>8} {'wall s':>8} {'cells/s':>8} {'mean cell s':>12}")
+    print(f"{'workers':>8} {'wall s':>8} {'cells/s':>8} {'mean cell s':>12} {'busy':>6}")
     for n in counts:
         mean_cell = math.fsum(cell_times[n]) / len(cell_times[n])
-        print(f"{n:>8} {best[n]:>8.2f} {args.cells / best[n]:>8.3f} {mean_cell:>12.3f}")
+        busy = math.fsum(cell_times[n]) / (n * best[n])
+        print(f"{n:>8} {best[n]:>8.2f} {args.cells / best[n]:>8.3f} {mean_cell:>12.3f} "
+              f"{busy:>6.1%}")
     speedup = best[1] / best[2]
     own = math.fsum(cell_times[1])
     overhead = (best[1] - own) / args.cells
     mean_cell = own / args.cells
     print(f"\nspeed-up, 2 workers against 1: {speedup:.2f}x (target >= 1.7)")
+    print(f"load average (1 min) after: {os.getloadavg()[0]:.2f}")
     print(f"overhead per cell (1 worker): {overhead * 1e3:.1f} ms = {overhead / mean_cell:.1%} "
           f"of a {mean_cell:.2f} s cell (target <= 5% for cells >= 1 s)")
     return 0

@@ -73,7 +73,7 @@ def two_worker_run(tmp_path_factory):
 
 
 def test_two_local_workers_write_table_cells_and_sweep_json(two_worker_run, capsys):
-    spec, out, status, _ = two_worker_run
+    _, out, status, _ = two_worker_run
     assert status == 0
     rows = _table(out)
     assert [r["cell"] for r in rows] == ["0", "1", "2", "3"]
@@ -100,7 +100,7 @@ def test_a_cell_is_exactly_fpsim_train(two_worker_run, tmp_path, capsys):
 
 
 def test_one_worker_gives_the_same_table_and_rerun_skips_done_cells(two_worker_run, tmp_path):
-    spec, out2, _, _ = two_worker_run
+    spec, out2, *_ = two_worker_run
     out1 = tmp_path / "one"
     summary = run_sweep(load_spec(spec), out1, workers=1, progress=False)
     assert (summary.cells, summary.earlier, summary.workers) == (4, 0, 1)
@@ -139,8 +139,8 @@ def test_failing_cells_are_recorded_and_the_sweep_goes_on(cluster, tmp_path):
 
 
 def _kill_a_busy_worker(cluster, killed: list):
-    """Wait until a worker is processing a cell, let it run a little, then SIGKILL that
-    worker's process (the nanny starts a new one; the scheduler reschedules the cell)."""
+    """Wait until a worker is processing a cell, then SIGKILL that worker's process (its nanny
+    starts a new one; the scheduler gives the cell to a worker again)."""
     from distributed import Client
 
     with Client(cluster.scheduler_address) as client:
@@ -150,7 +150,7 @@ def _kill_a_busy_worker(cluster, killed: list):
             busy = [addr for addr, keys in client.processing().items()
                     if any(str(k).startswith("fpsim-cell-") for k in keys)]
             if busy:
-                time.sleep(0.3)
+                time.sleep(0.1)
                 os.kill(pids[busy[0]], signal.SIGKILL)
                 killed.append(pids[busy[0]])
                 return

@@ -177,11 +177,14 @@ def _client(workers: int | None, scheduler: str | None):
         yield client
 
 
+def installed_version() -> str:
+    """The fpsim version of the process running this (on a worker: the worker's)."""
+    return __version__
+
+
 def _check_versions(client) -> int:
     """The number of workers; every worker must run this fpsim version."""
-    from .. import _version
-
-    found = client.run(lambda: _version.__version__)
+    found = client.run(installed_version)
     other = {addr: v for addr, v in found.items() if v != __version__}
     if other:
         addr, version = next(iter(other.items()))
