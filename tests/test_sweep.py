@@ -99,7 +99,8 @@ def test_a_cell_is_exactly_fpsim_train(two_worker_run, tmp_path, capsys):
     assert (tmp_path / "run" / "trace.jsonl").read_text().count(row["final_loss_bits"]) == 1
 
 
-def test_one_worker_gives_the_same_table_and_rerun_skips_done_cells(two_worker_run, tmp_path):
+def test_one_worker_gives_the_same_table_and_rerun_skips_done_cells(two_worker_run, cluster,
+                                                                    tmp_path):
     spec, out2, *_ = two_worker_run
     out1 = tmp_path / "one"
     summary = run_sweep(load_spec(spec), out1, workers=1, progress=False)
@@ -107,7 +108,8 @@ def test_one_worker_gives_the_same_table_and_rerun_skips_done_cells(two_worker_r
     assert _table(out1) == _table(out2)
     # resume: a rerun finds every cell done; a lost cell result is run again, same bits
     (out1 / "cells" / _table(out1)[2]["key"] / "result.json").unlink()
-    again = run_sweep(load_spec(spec), out1, workers=1, progress=False)
+    again = run_sweep(load_spec(spec), out1, scheduler=cluster.scheduler_address,
+                      progress=False)
     assert (again.earlier, again.outcomes) == (3, summary.outcomes)
     assert _table(out1) == _table(out2)
 
@@ -167,13 +169,14 @@ def test_a_worker_killed_mid_cell_is_retried_and_the_sweep_completes(cluster, tm
     killer.join()
     assert killed, "no worker was seen running a cell"
     assert not summary.not_run and summary.earlier == 0
-    reference = run_sweep(spec, tmp_path / "calm", workers=1, progress=False)
+    reference = run_sweep(spec, tmp_path / "calm", scheduler=cluster.scheduler_address,
+                          progress=False)
     assert not reference.not_run
     assert _table(tmp_path / "killed") == _table(tmp_path / "calm")
     assert len(_table(tmp_path / "calm")) == 4
 
 
-def test_an_interrupted_sweep_keeps_complete_rows_and_resumes(tmp_path):
+def test_an_interrupted_sweep_keeps_complete_rows_and_resumes(cluster, tmp_path):
     spec = _spec(tmp_path, SLOW)
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=str(REPO))
@@ -191,7 +194,8 @@ def test_an_interrupted_sweep_keeps_complete_rows_and_resumes(tmp_path):
     assert 1 <= len(rows) < 4
     assert all(r["status"] == "ok" and r["loss_sha256"] for r in rows)
     assert not [p for p in out.rglob("*") if p.name.startswith(".")]   # no temporaries left
-    assert main(["sweep", str(spec), "--out", str(out), "--workers", "1", "--quiet"]) == 0
+    assert main(["sweep", str(spec), "--out", str(out), "--scheduler", cluster.scheduler_address,
+                 "--quiet"]) == 0
     finished = _table(out)
     assert len(finished) == 4 and finished[:len(rows)] == rows
 
