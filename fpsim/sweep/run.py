@@ -134,14 +134,15 @@ def _save_cell(out: Path, cell: Cell, payload: dict) -> dict:
 @contextlib.contextmanager
 def local_cluster(workers: int):
     """A Dask cluster on this machine: ``workers`` processes of one thread each, their BLAS
-    on one thread, quiet logs; its status pages (which Dask always serves) on a free local
+    on one thread, logs silenced (a cell that fails is reported through its result; shutdown
+    races log harmless errors); its status pages (which Dask always serves) on a free local
     port, so that two sweeps on one machine do not collide. The worker processes ignore
     Ctrl-C (they inherit an ignored SIGINT): this process handles it and closes them."""
     from distributed import LocalCluster
 
     with _sigint_ignored_by_children():
         cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                               dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR,
+                               dashboard_address="127.0.0.1:0", silence_logs=logging.CRITICAL,
                                env=ONE_THREAD)
     with cluster:
         yield cluster
