@@ -221,3 +221,20 @@ def test_phase_diagrams_of_outcomes_and_numbers(two_worker_run, tmp_path, capsys
         assert main(["sweep-plot", str(out), *argv]) == 2
         err = capsys.readouterr().err
         assert err.startswith("fpsim: error: ") and message in err
+
+
+def test_a_cell_that_cannot_run_is_retried_named_and_left_for_the_next_run(cluster, tmp_path,
+                                                                           capsys):
+    # 10**13 samples cannot be allocated here: a MemoryError depends on the machine, so it is
+    # not the cell's result (retried by Dask, then reported, and tried again on a rerun).
+    spec = _spec(tmp_path, TINY.replace("seed = [0, 1]", "samples = [128, 10000000000000]")
+                 .replace("samples = 128\n", ""))
+    out = tmp_path / "out"
+    argv = ["sweep", str(spec), "--out", str(out), "--scheduler", cluster.scheduler_address]
+    assert main(argv) == 1
+    printed = capsys.readouterr().out
+    assert "sweep: 2 of 4 cells" in printed and "2 cell(s) could not run" in printed
+    assert "MemoryError" in printed
+    assert [r["samples"] for r in _table(out)] == ["128", "128"]
+    assert main(argv) == 1
+    assert "2 from earlier runs" in capsys.readouterr().out
