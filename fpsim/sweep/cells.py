@@ -80,7 +80,9 @@ def run_cell(cell: Cell) -> dict:
         error = None
         began = time.perf_counter()
         try:
-            train_cli.run(train_arguments(cell.config, folder))
+            status = train_cli.run(train_arguments(cell.config, folder))
+            if status != 0:
+                error = f"fpsim train exited with status {status}"
         except CELL_ERRORS as err:
             error = f"{type(err).__name__}: {err}"
         wall_time = time.perf_counter() - began
