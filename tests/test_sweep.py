@@ -112,6 +112,9 @@ def test_one_worker_gives_the_same_table_and_rerun_skips_done_cells(two_worker_r
                       progress=False)
     assert (again.earlier, again.outcomes) == (3, summary.outcomes)
     assert _table(out1) == _table(out2)
+    done = run_sweep(load_spec(spec), out1, workers=1, progress=False)   # starts no cluster
+    assert (done.earlier, done.workers) == (4, 0) and "nothing to run" in done.line()
+    assert _table(out1) == _table(out2)
 
 
 def test_an_existing_different_sweep_is_not_replaced(two_worker_run, tmp_path, capsys):

@@ -53,9 +53,13 @@ class SweepSummary:
     def line(self) -> str:
         counts = ", ".join(f"{self.outcomes.get(o, 0)} {o}" for o in OUTCOMES)
         done = self.cells - len(self.not_run)
-        text = (f"sweep: {done} of {self.cells} cells: {counts} ({done - self.earlier} run "
-                f"now on {self.workers} worker(s) in {self.seconds:.1f} s, {self.earlier} "
-                f"from earlier runs); wrote {', '.join(str(p) for p in self.tables)}")
+        if self.earlier == self.cells:
+            how = "all from earlier runs, nothing to run"
+        else:
+            how = (f"{done - self.earlier} run now on {self.workers} worker(s) in "
+                   f"{self.seconds:.1f} s, {self.earlier} from earlier runs")
+        text = (f"sweep: {done} of {self.cells} cells: {counts} ({how}); wrote "
+                f"{', '.join(str(p) for p in self.tables)}")
         if self.not_run:
             text += (f"\n{len(self.not_run)} cell(s) could not run (rerun the same command "
                      f"to retry them): " + "; ".join(f"cell {i}: {why}" for i, why
@@ -212,13 +216,17 @@ def run_sweep(spec: SweepSpec, out: "str | Path", *, workers: int | None = None,
     cells = expand(spec)
     check_folder(spec, out)
     began = time.perf_counter()
-    with _client(workers if scheduler is None else None, scheduler) as client:
-        n_workers = _check_versions(client)
+    finished = all((out / "cells" / cell.key / "result.json").exists() for cell in cells)
+    # every cell done already: no cluster to start, the table is rewritten from the cells
+    with contextlib.nullcontext() if finished else _client(
+            workers if scheduler is None else None, scheduler) as client:
+        n_workers = _check_versions(client) if client is not None else 0
         done = prepare_folder(spec, cells, out)
         summary = SweepSummary(out, len(cells), len(done), workers=n_workers)
         pending = [cell for cell in cells if cell.index not in done]
         try:
-            _run_pending(client, pending, out, done, spec, summary, progress, retries)
+            if pending:
+                _run_pending(client, pending, out, done, spec, summary, progress, retries)
         finally:
             summary.tables = write_tables(out, list(done.values()), columns(spec))
     summary.seconds = time.perf_counter() - began
