@@ -55,7 +55,7 @@ def _cell_seconds(folder: Path) -> list[float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cells", type=int, default=8, help="cells per sweep (8)")
-    parser.add_argument("--steps", type=int, default=150, help="training steps per cell (150)")
+    parser.add_argument("--steps", type=int, default=200, help="training steps per cell (200)")
     parser.add_argument("--repeat", type=int, default=3, help="rounds per worker count (3)")
     parser.add_argument("--quick", action="store_true", help="4 cells of 30 steps, 1 round")
     args = parser.parse_args()
