@@ -7,7 +7,7 @@ atomically, as cells finish. So an interrupted sweep leaves complete rows only, 
 same command skips the cells already done, and workers on other machines need no shared disk.
 
 A worker process that dies mid-cell (killed, out of memory) is noticed by the scheduler, which
-runs the cell again elsewhere (up to ``distributed.scheduler.allowed-failures`` times, 3 by
+gives the cell to a worker again (up to ``distributed.scheduler.allowed-failures`` times, 3 by
 default); an exception that is not the cell's own result (an ``OSError`` on the worker, say)
 is retried ``retries`` times. A cell that still does not run has no row, is named in the
 summary, and the next run tries it again.
