@@ -7,10 +7,10 @@ teaching), ``backend`` (the kernel interface: where array libraries differ), ``e
 once, accumulation models, the gradient-underflow counter), ``autograd`` (tensors, ops,
 precision policies), ``nn`` (layers), ``optim`` (master-weight optimizers), ``scaling`` (loss
 scalers and framework presets), ``train`` (traces, checkpoints); above them ``experiments``,
-``plots``, ``conformance`` and ``cli``. A module imports only from its own layer or lower
+``plots``, ``conformance``, ``sweep`` (many training runs on Dask) and ``cli``. A module imports only from its own layer or lower
 ones (``tests/test_layers.py``).
 """
-from . import autograd, backend, conformance, exact, files, formats, nn, optim, scaling
+from . import autograd, backend, conformance, exact, files, formats, nn, optim, scaling, sweep
 from .autograd import (FP64, Policy, Tensor, current_policy, enable_grad, get_policy,
                        is_grad_enabled, no_grad, set_default_policy, use_policy)
 from ._version import __version__
@@ -26,4 +26,4 @@ __all__ = ["__version__", "formats", "Format", "custom", "round_to", "MODES", "e
            "StaticScaler", "NoScaler", "LossScaleMinimumError", "autograd", "backend", "exact", "files",
            "nn", "optim", "Tensor", "Policy", "get_policy", "use_policy", "current_policy",
            "set_default_policy", "no_grad", "enable_grad", "is_grad_enabled", "FP64",
-           "Optimizer", "SGD", "Adam", "AdamW", "conformance"]
+           "Optimizer", "SGD", "Adam", "AdamW", "conformance", "sweep"]

@@ -10,6 +10,7 @@
     fpsim compare RUN_A RUN_B     where two runs first differ, bit for bit
     fpsim check-scaler TRACE      replay a framework's loss-scaler trace through a preset
     fpsim check-cast SRC --against THEIRS --format F   compare a framework's cast with ours
+    fpsim sweep SPEC --out DIR    many training runs on Dask (fpsim sweep -h); sweep-plot draws
 
 Bad input (an unknown format, a value that is not a number, a file that cannot be read)
 prints one line, ``fpsim: error: ...``, saying what was wrong and what is accepted, and exits
@@ -131,6 +132,7 @@ def _parser() -> argparse.ArgumentParser:
     from .conformance import cli as conformance_cli
     from .experiments import cli as experiments_cli
     from .plots import cli as plots_cli
+    from .sweep import cli as sweep_cli
     from .train import cli as train_cli
 
     train_cli.register(commands)
@@ -139,6 +141,7 @@ def _parser() -> argparse.ArgumentParser:
     conformance_cli.register(commands)
     for sub in commands.choices.values():
         sub.formatter_class = HelpFormatter
+    sweep_cli.register(commands)
     return parser
 
 
@@ -206,6 +209,10 @@ def _run(argv: list[str] | None) -> int:
             from .experiments import cli as experiments_cli
 
             return experiments_cli.run(args)
+        elif args.command in ("sweep", "sweep-plot"):
+            from .sweep import cli as sweep_cli
+
+            return sweep_cli.run(args)
         else:
             parser.print_help()
         sys.stdout.flush()      # a closed pipe shows here, inside the handlers below

@@ -22,7 +22,7 @@ LAYERS = [
     ["autograd"],
     ["nn", "optim", "scaling"],
     ["train"],
-    ["experiments", "plots", "conformance", "cli", "__main__"],
+    ["experiments", "plots", "conformance", "sweep", "cli", "__main__"],
 ]
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 

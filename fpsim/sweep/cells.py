@@ -1,0 +1,94 @@
+"""Cells: one ``fpsim train`` run each, expanded from a spec and keyed by a hash of the full
+training configuration and fpsim's version.
+
+``run_cell`` is what a Dask worker executes: the same entry point as ``fpsim train``
+(``fpsim.train.cli.run``), in a temporary folder on the worker's own disk; it returns the
+results row and the run's files, which the client writes, so workers need no shared disk.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import itertools
+import json
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .._version import __version__
+from ..train import cli as train_cli
+from ..train import read_trace
+from .results import summarize
+from .spec import SweepSpec
+
+__all__ = ["Cell", "expand", "config_key", "run_cell", "CELL_FILES"]
+
+CELL_FILES = ("run.json", "trace.jsonl")
+# What a cell's configuration can do wrong (Adam given a momentum, a learning rate the rule
+# refuses): recorded as a failed cell. Anything else (a full disk, a lost worker) is not the
+# cell's result: Dask retries it.
+CELL_ERRORS = (ValueError, TypeError, ArithmeticError)
+
+
+@dataclass(frozen=True)
+class Cell:
+    index: int
+    key: str
+    config: dict      # every field of `fpsim train`
+    axes: dict        # the values this cell takes on the sweep's axes
+
+
+def config_key(config: dict, version: str = __version__) -> str:
+    """16 hex digits of SHA-256 over the configuration (JSON, sorted keys; floats as their
+    shortest round-trip form) and the fpsim version: equal keys, equal bits."""
+    text = json.dumps({"fpsim": version, "train": config}, sort_keys=True,
+                      separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def expand(spec: SweepSpec) -> list[Cell]:
+    """Every cell: the product of the [grid] lists (in file order, the last varying fastest),
+    then of the [zip] lists taken together."""
+    grid = [[(name, value) for value in values] for name, values in spec.grid.items()]
+    zipped = []
+    if spec.zipped:
+        zipped = [list(zip(*([(name, v) for v in values]
+                             for name, values in spec.zipped.items())))]
+    cells = []
+    for index, combo in enumerate(itertools.product(*grid, *zipped)):
+        axes = {}
+        for part in combo:
+            axes.update(part if isinstance(part[0], tuple) else (part,))
+        config = dict(spec.base, **axes)
+        config = {name: config[name] for name in sorted(config)}
+        cells.append(Cell(index, config_key(config), config, axes))
+    return cells
+
+
+def train_arguments(config: dict, out: "str | Path") -> argparse.Namespace:
+    """The arguments ``fpsim train`` would parse for this configuration, writing to ``out``."""
+    return argparse.Namespace(command="train", **config, out=str(out), resume=None,
+                              checkpoint_every=None, trace_format="jsonl", quiet=True)
+
+
+def run_cell(cell: Cell) -> dict:
+    """Train one cell (on a worker): ``{"fpsim": version, "row": results row, "files": {name:
+    text}}``. A configuration that fails gives a row with status "failed" and the error."""
+    with tempfile.TemporaryDirectory(prefix="fpsim-cell-") as folder:
+        error = None
+        began = time.perf_counter()
+        try:
+            status = train_cli.run(train_arguments(cell.config, folder))
+            if status != 0:
+                error = f"fpsim train exited with status {status}"
+        except CELL_ERRORS as err:
+            error = f"{type(err).__name__}: {err}"
+        wall_time = time.perf_counter() - began
+        files = {name: (Path(folder) / name).read_text(encoding="utf-8")
+                 for name in CELL_FILES if (Path(folder) / name).exists()}
+    records = read_trace(io.StringIO(files["trace.jsonl"])) if error is None else []
+    final_scale = json.loads(files["run.json"])["summary"]["final_scale"] if error is None else None
+    row = summarize(cell.index, cell.key, cell.config, records, final_scale, wall_time, error)
+    return {"fpsim": __version__, "row": row, "files": files if error is None else {}}

@@ -1,0 +1,144 @@
+"""The results table: one row per cell, what the run did and how it ended.
+
+Outcomes, from the loss (``L`` = ln(classes), the loss of predicting the class frequencies,
+where an untrained classifier sits; "trailing loss" = mean of the last ``WINDOW`` losses):
+
+- ``diverged``: a loss was NaN or inf, or the final trailing loss is above ``DIVERGED * L``;
+- ``converged``: the final trailing loss is below ``CONVERGED * L``;
+- ``stalled``: neither (the run never got, or did not stay, off the plateau);
+- ``failed``: the configuration did not run (the row's ``error`` says why).
+
+``plateau_left_step`` is the first step whose trailing loss is below ``CONVERGED * L``.
+Numbers are written exactly: floats in their shortest round-trip form, the final loss also as
+its float32 bits, so equal tables are equal bits. ``wall_time`` (seconds the cell's training
+took) is the one column that differs between runs.
+
+Tables: ``results.csv`` always (the standard library writes and reads it, so every install
+has the table in one form), and ``results.parquet`` beside it when pyarrow is installed.
+Both are written whole and atomically.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+
+from ..files import atomic_file, write_text
+
+__all__ = ["summarize", "write_tables", "read_table", "METRICS", "OUTCOMES", "WINDOW",
+           "CONVERGED", "DIVERGED", "parquet_available"]
+
+WINDOW = 10
+CONVERGED = 0.9
+DIVERGED = 1.5
+OUTCOMES = ("converged", "stalled", "diverged", "failed")
+# Columns after the cell's configuration, in table order.
+METRICS = ("status", "outcome", "steps_run", "final_loss", "final_loss_bits", "trailing_loss",
+           "best_loss", "best_step", "plateau_left_step", "skipped_steps", "final_scale",
+           "underflow_fraction", "lost_update_fraction", "nan_step", "loss_sha256",
+           "wall_time", "error")
+HEAD = ("cell", "key")
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return math.fsum(values) / len(values)
+
+
+def summarize(index: int, key: str, config: dict, records, final_scale, wall_time: float,
+              error: str | None) -> dict:
+    """The row of one cell from its trace records (``fpsim.train.StepRecord``)."""
+    row = {"cell": index, "key": key, **config}
+    row.update(dict.fromkeys(METRICS))
+    row["wall_time"] = wall_time
+    if error is not None or not records:
+        row.update(status="failed", outcome="failed", error=error or "no steps recorded")
+        return row
+    from ..train import loss_hash
+
+    losses = [r.loss for r in records]
+    plateau = math.log(config["classes"])
+    trailing = [_mean(losses[max(0, i - WINDOW + 1):i + 1]) for i in range(len(losses))]
+    nonfinite = [r.step for r in records if not math.isfinite(r.loss)]
+    finite = [(r.loss, r.step) for r in records if math.isfinite(r.loss)]
+    best_loss, best_step = min(finite) if finite else (None, None)
+    left = next((records[i].step for i, t in enumerate(trailing) if t < CONVERGED * plateau),
+                None)
+    if nonfinite or trailing[-1] > DIVERGED * plateau:
+        outcome = "diverged"
+    elif trailing[-1] < CONVERGED * plateau:
+        outcome = "converged"
+    else:
+        outcome = "stalled"
+    row.update(status="ok", outcome=outcome, steps_run=len(records), final_loss=losses[-1],
+               final_loss_bits=records[-1].loss_bits, trailing_loss=trailing[-1],
+               best_loss=best_loss, best_step=best_step, plateau_left_step=left,
+               skipped_steps=sum(r.skipped for r in records), final_scale=float(final_scale),
+               underflow_fraction=_mean(r.underflow_fraction for r in records),
+               lost_update_fraction=_mean(r.lost_update_fraction for r in records),
+               nan_step=nonfinite[0] if nonfinite else None, loss_sha256=loss_hash(losses))
+    return row
+
+
+def _cell_text(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def write_tables(folder: "str | Path", rows: list[dict], columns: list[str]) -> list[Path]:
+    """``results.csv`` (and ``results.parquet`` when pyarrow is installed) from ``rows``,
+    sorted by cell; each written whole, atomically. Returns the paths written."""
+    folder = Path(folder)
+    rows = sorted(rows, key=lambda row: row["cell"])
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([_cell_text(row.get(name)) for name in columns])
+    write_text(folder / "results.csv", buffer.getvalue())
+    written = [folder / "results.csv"]
+    if parquet_available():
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.Table.from_pylist([{name: row.get(name) for name in columns} for row in rows],
+                                     schema=_schema(rows, columns))
+        with atomic_file(folder / "results.parquet", "wb") as handle:
+            pq.write_table(table, handle)
+        written.append(folder / "results.parquet")
+    return written
+
+
+def _schema(rows, columns):
+    import pyarrow as pa
+
+    def kind(name):
+        values = [row.get(name) for row in rows if row.get(name) is not None]
+        if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            return pa.int64()
+        if values and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                          for v in values):
+            return pa.float64()
+        if values and all(isinstance(v, bool) for v in values):
+            return pa.bool_()
+        return pa.string()
+
+    return pa.schema([(name, kind(name)) for name in columns])
+
+
+def parquet_available() -> bool:
+    try:
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def read_table(path: "str | Path") -> list[dict]:
+    """Rows of ``results.csv`` as dicts of strings (empty string: no value)."""
+    with open(path, newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))

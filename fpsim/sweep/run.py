@@ -1,0 +1,290 @@
+"""Running a sweep on Dask: a local cluster of worker processes, or an existing cluster.
+
+The client (this process) is the only writer: workers return each cell's row and files, the
+client writes them under ``DIR/cells/KEY/`` (``result.json`` last, so a cell folder with a
+``result.json`` is complete) and rewrites ``results.csv`` from the finished cells, whole and
+atomically, as cells finish. So an interrupted sweep leaves complete rows only, rerunning the
+same command skips the cells already done, and workers on other machines need no shared disk.
+
+A worker process that dies mid-cell (killed, out of memory) is noticed by the scheduler, which
+gives the cell to a worker again (up to ``distributed.scheduler.allowed-failures`` times, 3 by
+default); an exception that is not the cell's own result (an ``OSError`` on the worker, say)
+is retried ``retries`` times. A cell that still does not run has no row, is named in the
+summary, and the next run tries it again.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import platform
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .._version import __version__
+from ..files import write_text
+from .cells import Cell, expand, run_cell
+from .results import HEAD, METRICS, OUTCOMES, write_tables
+from .spec import SweepSpec
+
+__all__ = ["run_sweep", "SweepSummary", "SWEEP_FORMAT", "local_cluster"]
+
+SWEEP_FORMAT = "fpsim-sweep"
+TABLE_EVERY_S = 2.0      # rewrite results.csv at most this often while cells finish
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+@dataclass
+class SweepSummary:
+    out: Path
+    cells: int
+    earlier: int                       # cells done by an earlier run of the same sweep
+    outcomes: dict = field(default_factory=dict)
+    not_run: dict = field(default_factory=dict)   # cell index -> why it could not run
+    seconds: float = 0.0
+    workers: int = 0
+    tables: list = field(default_factory=list)
+
+    def line(self) -> str:
+        counts = ", ".join(f"{self.outcomes.get(o, 0)} {o}" for o in OUTCOMES)
+        done = self.cells - len(self.not_run)
+        if self.earlier == self.cells:
+            how = "all from earlier runs, nothing to run"
+        else:
+            how = (f"{done - self.earlier} run now on {self.workers} worker(s) in "
+                   f"{self.seconds:.1f} s, {self.earlier} from earlier runs")
+        text = (f"sweep: {done} of {self.cells} cells: {counts} ({how}); wrote "
+                f"{', '.join(str(p) for p in self.tables)}")
+        if self.not_run:
+            text += (f"\n{len(self.not_run)} cell(s) could not run (rerun the same command "
+                     f"to retry them): " + "; ".join(f"cell {i}: {why}" for i, why
+                                                     in sorted(self.not_run.items())[:5]))
+        return text
+
+
+def columns(spec: SweepSpec) -> list[str]:
+    """The table's columns: cell and key, the axes, the other training fields, the results."""
+    return [*HEAD, *spec.axes, *(name for name in sorted(spec.base)), *METRICS]
+
+
+def check_folder(spec: SweepSpec, out: Path) -> None:
+    """``out`` must be new, empty, or hold this same sweep (made by this fpsim version): a
+    sweep's results are never replaced by another's. Writes nothing."""
+    record = out / "sweep.json"
+    if record.exists():
+        try:
+            earlier = json.loads(record.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{record} is not readable ({err}); choose another --out") from None
+        if earlier.get("format") != SWEEP_FORMAT or earlier.get("spec") != spec.as_dict():
+            raise ValueError(f"{out} holds a different sweep (its sweep.json has another spec); "
+                             f"choose another --out, or rerun that sweep's own spec to resume")
+        if earlier.get("fpsim") != __version__:
+            raise ValueError(f"{out} was swept with fpsim {earlier.get('fpsim')}, this is fpsim "
+                             f"{__version__}; choose another --out")
+    elif out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"{out} is not an empty folder and holds no sweep; choose a new or "
+                         f"empty --out")
+
+
+def prepare_folder(spec: SweepSpec, cells: list[Cell], out: Path) -> dict[int, dict]:
+    """Write ``sweep.json`` into ``out`` (checked by ``check_folder``) and return the rows of
+    the cells already finished there, by cell index."""
+    try:
+        (out / "cells").mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"cannot write the output folder {out}: {err.strerror or err}") from None
+    info = {"format": SWEEP_FORMAT, "version": 1, "fpsim": __version__, "spec": spec.as_dict(),
+            "source": spec.source, "versions": _versions(),
+            "cells": [{"cell": c.index, "key": c.key, "axes": c.axes} for c in cells]}
+    write_text(out / "sweep.json", json.dumps(info, indent=2, sort_keys=True,
+                                              allow_nan=False) + "\n")
+    done = {}
+    for cell in cells:
+        path = out / "cells" / cell.key / "result.json"
+        if path.exists():
+            row = json.loads(path.read_text(encoding="utf-8"))
+            done[cell.index] = dict(row, cell=cell.index)
+    return done
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {"python": sys.version.split()[0], "platform": platform.platform()}
+    for package in ("numpy", "ml_dtypes", "dask", "distributed", "pyarrow"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = None
+    return found
+
+
+def _save_cell(out: Path, cell: Cell, payload: dict) -> dict:
+    folder = out / "cells" / cell.key
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in payload["files"].items():
+        write_text(folder / name, text)
+    row = payload["row"]
+    write_text(folder / "result.json", json.dumps(row, indent=1, sort_keys=True) + "\n")
+    return row
+
+
+@contextlib.contextmanager
+def local_cluster(workers: int):
+    """A Dask cluster on this machine: ``workers`` processes of one thread each, their BLAS
+    on one thread, logs silenced (a cell that fails is reported through its result; shutdown
+    races log harmless errors); its status pages (which Dask always serves) on a free local
+    port, so that two sweeps on one machine do not collide. The worker processes ignore
+    Ctrl-C (they inherit an ignored SIGINT): this process handles it and closes them."""
+    from distributed import LocalCluster
+
+    with _sigint_ignored_by_children():
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                               dashboard_address="127.0.0.1:0", silence_logs=logging.CRITICAL,
+                               env=ONE_THREAD)
+    with cluster:
+        yield cluster
+
+
+@contextlib.contextmanager
+def _sigint_ignored_by_children():
+    """Ignore SIGINT while child processes start (an ignored signal stays ignored in a child,
+    across exec), then restore this process's handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def _client(workers: int | None, scheduler: str | None):
+    from distributed import Client
+
+    if scheduler is not None:
+        try:
+            client = Client(scheduler, timeout="10s")
+        except (OSError, TimeoutError) as err:
+            raise ValueError(f"cannot reach the Dask scheduler at {scheduler!r}: {err}") from None
+        with client:
+            yield client
+        return
+    with local_cluster(workers) as cluster, Client(cluster) as client:
+        yield client
+
+
+def installed_version() -> str:
+    """The fpsim version of the process running this (on a worker: the worker's)."""
+    return __version__
+
+
+def _check_versions(client) -> int:
+    """The number of workers; every worker must run this fpsim version."""
+    found = client.run(installed_version)
+    other = {addr: v for addr, v in found.items() if v != __version__}
+    if other:
+        addr, version = next(iter(other.items()))
+        raise ValueError(f"Dask worker {addr} runs fpsim {version}, this is fpsim "
+                         f"{__version__}: install the same version on every worker")
+    return len(found)
+
+
+def run_sweep(spec: SweepSpec, out: "str | Path", *, workers: int | None = None,
+              scheduler: str | None = None, progress: bool | None = None,
+              retries: int = 2) -> SweepSummary:
+    """Run every cell of ``spec`` not yet done in ``out``; returns the summary. ``workers``:
+    processes of the local cluster (default: the CPU count); ``scheduler``: the address of an
+    existing Dask scheduler instead. Bad input raises ``ValueError`` before anything is
+    written."""
+    if scheduler is not None and workers is not None:
+        raise ValueError("--workers sizes the local cluster; with --scheduler the cluster's "
+                         "own workers run the cells")
+    if workers is None:
+        workers = max(1, os.cpu_count() or 1)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"--workers must be an integer >= 1, got {workers!r}")
+    out = Path(out)
+    cells = expand(spec)
+    check_folder(spec, out)
+    began = time.perf_counter()
+    finished = all((out / "cells" / cell.key / "result.json").exists() for cell in cells)
+    # every cell done already: no cluster to start, the table is rewritten from the cells
+    with contextlib.nullcontext() if finished else _client(
+            workers if scheduler is None else None, scheduler) as client:
+        n_workers = _check_versions(client) if client is not None else 0
+        done = prepare_folder(spec, cells, out)
+        summary = SweepSummary(out, len(cells), len(done), workers=n_workers)
+        pending = [cell for cell in cells if cell.index not in done]
+        try:
+            if pending:
+                _run_pending(client, pending, out, done, spec, summary, progress, retries)
+        finally:
+            summary.tables = write_tables(out, list(done.values()), columns(spec))
+    summary.seconds = time.perf_counter() - began
+    for row in done.values():
+        summary.outcomes[row["outcome"]] = summary.outcomes.get(row["outcome"], 0) + 1
+    return summary
+
+
+def _run_pending(client, pending, out, done, spec, summary, progress, retries) -> None:
+    from distributed import as_completed
+
+    futures = {}
+    for cell in pending:
+        future = client.submit(run_cell, cell, key=f"fpsim-cell-{cell.index}-{cell.key}",
+                               retries=retries, pure=False)
+        futures[future] = cell
+    bar = _progress_bar(summary.cells, summary.earlier, progress)
+    last_table = time.perf_counter()
+    try:
+        for future in as_completed(list(futures)):
+            cell = futures.pop(future)
+            if future.status != "finished":
+                summary.not_run[cell.index] = _reason(future)
+            else:
+                payload = future.result()
+                if payload["fpsim"] != __version__:
+                    summary.not_run[cell.index] = f"a worker ran fpsim {payload['fpsim']}"
+                else:
+                    done[cell.index] = _save_cell(out, cell, payload)
+            future.release()
+            if bar is not None:
+                bar.update(1)
+                outcome = done[cell.index]["outcome"] if cell.index in done else "not run"
+                bar.set_postfix_str(f"cell {cell.index}: {outcome}")
+            if time.perf_counter() - last_table > TABLE_EVERY_S:
+                write_tables(out, list(done.values()), columns(spec))
+                last_table = time.perf_counter()
+    finally:
+        for future in futures:
+            future.cancel()
+        if bar is not None:
+            bar.close()
+
+
+def _reason(future) -> str:
+    try:
+        error = future.exception()
+    except Exception as err:  # the cluster itself went away
+        error = err
+    return f"{type(error).__name__}: {error}".splitlines()[0][:300]
+
+
+def _progress_bar(total: int, initial: int, progress: bool | None):
+    """A bar over cells on stderr; by default only on a terminal (and not under CI)."""
+    if progress is None:
+        progress = sys.stderr.isatty() and not os.environ.get("CI")
+    if not progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, unit="cell", dynamic_ncols=True, leave=False)
