@@ -70,7 +70,8 @@ def expand(spec: SweepSpec) -> list[Cell]:
 def train_arguments(config: dict, out: "str | Path") -> argparse.Namespace:
     """The arguments ``fpsim train`` would parse for this configuration, writing to ``out``."""
     return argparse.Namespace(command="train", **config, out=str(out), resume=None,
-                              checkpoint_every=None, trace_format="jsonl", quiet=True)
+                              checkpoint_every=None, trace_format="jsonl", quiet=True,
+                              overwrite=False, allow_change=[], plot=False)
 
 
 def run_cell(cell: Cell) -> dict:

@@ -17,7 +17,7 @@ checked whole before anything runs.
     momentum = [0.0, 0.9]
 
 A field is any option of ``fpsim train`` except those the sweep owns (``out``, ``resume``,
-``checkpoint-every``, ``trace-format``, ``quiet``); its default is ``fpsim train``'s. Each value
+``checkpoint-every``, ``trace-format``, ``quiet``, ``overwrite``, ``allow-change``, ``plot``); its default is ``fpsim train``'s. Each value
 is checked for its type and, where the field names something (policy, scaler, optimizer, data
 set, activation, master format, hidden sizes), that the name is known. A problem raises
 ``SpecError`` (a ``ValueError``) naming the file, the table, the field and what is accepted.
@@ -45,7 +45,8 @@ else:  # pragma: no cover  (Python 3.10)
 
 __all__ = ["SweepSpec", "SpecError", "load_spec", "parse_spec", "train_fields", "SWEEP_OWNED"]
 
-SWEEP_OWNED = ("out", "resume", "checkpoint_every", "trace_format", "quiet")
+SWEEP_OWNED = ("out", "resume", "checkpoint_every", "trace_format", "quiet", "overwrite",
+               "allow_change", "plot")
 TABLES = ("sweep", "base", "grid", "zip")
 SWEEP_KEYS = ("name", "description")
 
