@@ -181,3 +181,27 @@ def test_a_closed_pipe_ends_quietly(tmp_path):
     assert reader_gone.wait(timeout=60) == 141
     with reader_gone.stderr:
         assert reader_gone.stderr.read() == ""
+
+
+def test_ctrl_c_that_surfaces_as_another_exception_still_stops_the_run(tmp_path, monkeypatch):
+    """A Ctrl-C landing while pybind11 converts matplotlib's arguments comes out as a
+    TypeError; reproduce must still stop as for Ctrl-C, not record a failed experiment."""
+    import os
+
+    from fpsim import experiments
+
+    def interrupted_inside_cpp(ctx):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(10 ** 6):       # the handler runs at the next bytecode boundary
+                pass
+        except KeyboardInterrupt:
+            raise TypeError("incompatible function arguments") from None
+        raise AssertionError("no Ctrl-C arrived")
+
+    monkeypatch.setitem(experiments.REGISTRY, "underflow",
+                        experiments.Experiment("underflow", "t", interrupted_inside_cpp))
+    with pytest.raises(KeyboardInterrupt):
+        experiments.reproduce(tmp_path / "out", quick=True, only=["underflow"])
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert not (tmp_path / "out" / "summary.json").exists()

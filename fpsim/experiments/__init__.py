@@ -11,7 +11,10 @@ holds a run keeps the others' sections in the summaries.
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -149,14 +152,40 @@ def reproduce(out: "str | Path" = "figures", *, quick: bool = False,
     with folder_lock(out) as taken_over:     # a second reproduce into ``out`` is refused
         if taken_over:
             report(f"note: {taken_over}")
-        results, failures = _run_chosen(Context(out, quick, report), chosen, kept, on_start)
+        with _noting_ctrl_c() as interrupted:
+            results, failures = _run_chosen(Context(out, quick, report), chosen, kept, on_start,
+                                            interrupted)
     if failures:
         raise ExperimentsFailed(failures, [r.name for r in results])
     return results
 
 
+@contextmanager
+def _noting_ctrl_c():
+    """Record each Ctrl-C (then raise ``KeyboardInterrupt`` as Python does). A Ctrl-C that
+    lands while C++ code converts arguments (matplotlib's pybind11 wrappers) can come out as a
+    ``TypeError`` instead; the record lets the runner still stop as for Ctrl-C rather than
+    take it for a failed experiment. Only on the main thread with Python's own handler."""
+    seen: list[int] = []
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield seen
+        return
+
+    def note_and_interrupt(signum, frame):
+        seen.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, note_and_interrupt)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _run_chosen(ctx: Context, chosen: list[str], kept: dict,
-                on_start: Callable[[str], None] | None) -> tuple[list[Result], dict]:
+                on_start: Callable[[str], None] | None,
+                interrupted: list) -> tuple[list[Result], dict]:
     """Run ``chosen`` in order and write the summaries; returns the results and failures."""
     report, results, timings, failures = ctx.progress, [], {}, {}
     for index, name in enumerate(chosen, start=1):
@@ -172,6 +201,8 @@ def _run_chosen(ctx: Context, chosen: list[str], kept: dict,
         try:
             result = experiment.run(ctx)
         except Exception as err:  # noqa: BLE001 - collected, reported, raised at the end
+            if interrupted:
+                raise KeyboardInterrupt from err
             failures[name] = f"{type(err).__name__}: {err}"
             report(f"[{index}/{len(chosen)}] {name} failed: {failures[name]}")
             continue
