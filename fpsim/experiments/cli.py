@@ -23,10 +23,10 @@ __all__ = ["register", "run", "MEASURED_SECONDS", "ProgressBars"]
 # are their sums. CPU time, not wall-clock: the machine was shared while measuring, which
 # stretches wall-clock time but hardly CPU time. benchmarks/bench_reproduce.py measures again.
 MEASURED_SECONDS = {
-    "quick": {"underflow": 1.7, "loss_curves": 16.1, "master_weights": 3.3, "overflow": 5.9,
-              "bf16": 7.0, "recipes": 8.9, "accumulation": 2.9},
-    "full": {"underflow": 1.6, "loss_curves": 93.1, "master_weights": 4.8, "overflow": 34.0,
-             "bf16": 25.2, "recipes": 69.9, "accumulation": 10.5},
+    "quick": {"underflow": 1.6, "loss_curves": 14.5, "master_weights": 2.7, "overflow": 6.0,
+              "bf16": 6.8, "recipes": 9.1, "accumulation": 2.9},
+    "full": {"underflow": 1.6, "loss_curves": 80.7, "master_weights": 3.7, "overflow": 25.9,
+             "bf16": 19.7, "recipes": 58.7, "accumulation": 8.6},
 }
 
 
