@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._version import __version__
+from ..train.progress import progress_bar
 from ..files import write_text
 from .cells import Cell, expand, run_cell
 from .results import HEAD, METRICS, OUTCOMES, write_tables
@@ -243,7 +244,7 @@ def _run_pending(client, pending, out, done, spec, summary, progress, retries) -
         future = client.submit(run_cell, cell, key=f"fpsim-cell-{cell.index}-{cell.key}",
                                retries=retries, pure=False)
         futures[future] = cell
-    bar = _progress_bar(summary.cells, summary.earlier, progress)
+    bar = progress_bar(summary.cells, summary.earlier, "cell", progress)
     last_table = time.perf_counter()
     try:
         for future in as_completed(list(futures)):
@@ -277,14 +278,3 @@ def _reason(future) -> str:
     except Exception as err:  # the cluster itself went away
         error = err
     return f"{type(error).__name__}: {error}".splitlines()[0][:300]
-
-
-def _progress_bar(total: int, initial: int, progress: bool | None):
-    """A bar over cells on stderr; by default only on a terminal (and not under CI)."""
-    if progress is None:
-        progress = sys.stderr.isatty() and not os.environ.get("CI")
-    if not progress:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=initial, unit="cell", dynamic_ncols=True, leave=False)

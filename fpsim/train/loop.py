@@ -36,6 +36,7 @@ from ..scaling import NoScaler, ScalerState, StaticScaler, preset
 from .data import Dataset
 from .resume import (ADJUSTABLE_ON_RESUME, check_allowed_changes, check_same_config,
                      restore_checkpoint, run_identity, save_training_checkpoint)
+from .progress import progress_bar
 from .recipes import recipe_for, recipe_record, scaler_name
 from .trace import StepRecord, TraceWriter, format_record, read_trace, trace_header
 
@@ -182,7 +183,7 @@ def _run(model, data, optimizer, state, policy, rng, step_range, batch_size, wri
          checkpoint_every, identity, kept, progress, steps) -> TrainResult:
     records: list[StepRecord] = list(kept)
     nonfinite: list[int] = [r.step for r in kept if not xp.isfinite(r.loss)]
-    bar = _progress_bar(steps, step_range.start, progress)
+    bar = progress_bar(steps, step_range.start, "step", progress)
     try:
         for step in step_range:
             began = time.perf_counter()
@@ -360,13 +361,3 @@ def _version_of(package: str) -> str:
         return version(package)
     except PackageNotFoundError:
         return "not installed"
-
-
-def _progress_bar(steps: int, start: int, progress: bool | None):
-    if progress is None:
-        progress = sys.stderr.isatty() and not os.environ.get("CI")
-    if not progress:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=steps, initial=start, unit="step", dynamic_ncols=True, leave=False)
