@@ -21,7 +21,7 @@ from .._version import __version__
 from ..train import cli as train_cli
 from ..train import read_trace
 from .results import summarize
-from .spec import SweepSpec
+from .spec import SweepSpec, train_defaults
 
 __all__ = ["Cell", "expand", "config_key", "run_cell", "CELL_FILES"]
 
@@ -69,9 +69,10 @@ def expand(spec: SweepSpec) -> list[Cell]:
 
 def train_arguments(config: dict, out: "str | Path") -> argparse.Namespace:
     """The arguments ``fpsim train`` would parse for this configuration, writing to ``out``."""
-    return argparse.Namespace(command="train", **config, out=str(out), resume=None,
-                              checkpoint_every=None, trace_format="jsonl", quiet=True,
-                              overwrite=False, allow_change=[], plot=False)
+    args = train_defaults()
+    vars(args).update(config, command="train", out=str(out), resume=None, checkpoint_every=None,
+                      trace_format="jsonl", quiet=True)
+    return args
 
 
 def run_cell(cell: Cell) -> dict:

@@ -77,14 +77,23 @@ class SweepSpec:
                 "grid": self.grid, "zip": self.zipped}
 
 
+def _train_parser() -> argparse.ArgumentParser:
+    commands = argparse.ArgumentParser().add_subparsers(dest="command")
+    train_cli.register(commands)
+    return commands.choices["train"]
+
+
 def train_fields() -> dict[str, argparse.Action]:
     """``fpsim train``'s options by field name (underscores), read from its own parser, so a
     sweep accepts exactly what ``fpsim train`` accepts, with the same defaults."""
-    commands = argparse.ArgumentParser().add_subparsers(dest="command")
-    train_cli.register(commands)
-    train_parser = commands.choices["train"]
-    return {action.dest: action for action in train_parser._actions
+    return {action.dest: action for action in _train_parser()._actions
             if action.dest not in ("help", *SWEEP_OWNED)}
+
+
+def train_defaults() -> argparse.Namespace:
+    """What ``fpsim train`` parses from no options: every option at its default, the ones
+    the sweep owns included, so a cell's arguments are complete whatever train adds."""
+    return _train_parser().parse_args([])
 
 
 def load_spec(path: "str | Path") -> SweepSpec:
