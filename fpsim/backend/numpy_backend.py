@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..rounding import philox_uniforms, round_to, thread_scratch
+from .host_memory import keep_freed_memory
 from .interface import Backend
 
 __all__ = ["NumpyBackend"]
@@ -16,6 +17,9 @@ class NumpyBackend(Backend):
     name = "numpy"
     xp = np
     container = np.float32
+
+    def __init__(self):
+        keep_freed_memory()    # NumPy's temporaries live in the host heap (host_memory.py)
 
     def asarray(self, data, dtype=None):
         return np.asarray(data, dtype=self.container if dtype is None else dtype)
