@@ -20,6 +20,8 @@ sum decides, so the result is the reference's bits in every case, on every machi
 """
 from __future__ import annotations
 
+import math
+
 from ..backend import scratch, xp
 from .sums import round_to_odd_sum
 
@@ -35,7 +37,7 @@ def _fp32_sqrt(value: float) -> xp.float32:
     """fp32(sqrt(value)) for a finite value >= 0: the IEEE cast of a float64 that is not NaN
     is ``round_to``'s fp32 rounding (ties to even, subnormals, overflow to inf)."""
     with xp.errstate(over="ignore"):
-        return xp.float32(xp.sqrt(xp.float64(value)))
+        return xp.float32(math.sqrt(value))      # math.sqrt: IEEE, correctly rounded
 
 
 def _squares(grads) -> list[xp.ndarray]:
@@ -84,12 +86,12 @@ def global_norm(grads) -> xp.float32:
     """fp32 L2 norm of all gradients, the same bits as ``exact_global_norm``: a float64 sum
     certified by an error bound when it decides the fp32 result, the exact sum otherwise."""
     total, n = _sum_of_squares(grads)
-    if not xp.isfinite(total):  # finite squares cannot overflow: n 2**256 < float64 max
+    if not math.isfinite(total):  # finite squares cannot overflow: n 2**256 < float64 max
         return _nonfinite(_squares(grads))
     if n * _U < 0.25:
         slack = 2.0 * n * _U * total
-        lo = max(xp.nextafter(total - slack, -xp.inf), 0.0)
-        hi = xp.nextafter(total + slack, xp.inf)
+        lo = max(math.nextafter(total - slack, -math.inf), 0.0)
+        hi = math.nextafter(total + slack, math.inf)
         low = _fp32_sqrt(lo)
         if low == _fp32_sqrt(hi):
             return low

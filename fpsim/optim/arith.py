@@ -33,7 +33,8 @@ from ..formats import FP32, Format, get
 __all__ = ["Arith", "fma_round_to_odd", "CHUNK"]
 
 #: elements per pass of ``Arith.fma``: its float64 work arrays (reused, see
-#: ``fpsim.backend.scratch``) stay in the CPU cache. The bits do not depend on it.
+#: ``fpsim.backend.scratch``) stay in the CPU cache. The bits do not depend on it as long as
+#: it is a power of two of at least 64 (see ``Arith.fma``).
 CHUNK = 1 << 16
 
 
@@ -47,6 +48,9 @@ def fma_round_to_odd(a, b, c) -> xp.ndarray:
 @lru_cache(maxsize=4096)
 def _format_scalar(fmt: Format, value: float, sign: float) -> xp.float32:
     # ``sign`` keeps 0.0 and -0.0 apart (they are equal, so they would share a cache entry)
+    if fmt == FP32 and not math.isnan(value):
+        with xp.errstate(over="ignore"):
+            return xp.float32(value)        # the IEEE cast is round_to's fp32 rounding
     return xp.float32(round_to(value, fmt))
 
 
@@ -123,26 +127,24 @@ class Arith:
         their tail than in their vector body, and such chunks keep the tail where it is)."""
         a, b, c = xp.asarray(a), xp.asarray(b), xp.asarray(c)
         shape = _common_shape(a, b, c)
-        a, b, c = _flat(a, shape), _flat(b, shape), _flat(c, shape)
         out = xp.empty(shape, xp.float32)
         flat_out = out.reshape(-1)
         n = flat_out.size
         width = min(n, CHUNK)
-        total = scratch("arith.fma.total", xp.float64, width)
-        low = scratch("arith.fma.low", xp.uint64, width)
-        suspect = scratch("arith.fma.suspect", xp.bool_, width)
+        work = scratch("arith.fma", xp.float64, 2 * width)   # the sums, then their low bits
         with xp.errstate(over="ignore", invalid="ignore"):
+            a, b, c = _flat(a, shape), _flat(b, shape), _flat(c, shape)
             for lo in range(0, n, CHUNK):
-                hi = min(lo + CHUNK, n)
-                size = hi - lo
+                size = min(CHUNK, n - lo)
+                hi = lo + size
                 self._fma_chunk(a if a.ndim == 0 else a[lo:hi], b if b.ndim == 0 else b[lo:hi],
-                                c if c.ndim == 0 else c[lo:hi], flat_out[lo:hi],
-                                total[:size], low[:size], suspect[:size])
+                                c if c.ndim == 0 else c[lo:hi], flat_out[lo:hi], work[:size],
+                                work[width:width + size].view(xp.uint64))
         return out
 
-    def _fma_chunk(self, a, b, c, out, total, low, suspect) -> None:
-        """``out`` = round(a * b + c) for one chunk (0-d operands broadcast); ``total``,
-        ``low`` and ``suspect`` are work arrays of out's size."""
+    def _fma_chunk(self, a, b, c, out, total, low) -> None:
+        """``out`` = round(a * b + c) for one chunk (0-d operands broadcast); ``total`` and
+        ``low`` are work arrays of out's size."""
         if a.ndim:                      # total = a, then a * b, in this operand order
             xp.copyto(total, a)
             xp.multiply(total, b, out=total)
@@ -153,9 +155,8 @@ class Arith:
             total[...] = a * b
         xp.add(total, c, out=total)
         xp.bitwise_and(total.view(xp.uint64), self._low_bits, out=low)
-        xp.equal(low, 0, out=suspect)
-        if xp.count_nonzero(suspect):
-            self._settle_ties(a, b, c, total, xp.flatnonzero(suspect))
+        if xp.count_nonzero(low) < low.size:
+            self._settle_ties(a, b, c, total, xp.flatnonzero(low == 0))
         self._round_into(total, out)
 
     def _settle_ties(self, a, b, c, total, at) -> None:
