@@ -2,12 +2,16 @@
 
 The reference value is ``fp32(sqrt(rodd53(S)))``, ``S`` the exact sum of the squares (a
 float32 value squared is exact in float64: 48 significant bits, exponent within range),
-rounded to odd at 53 bits, its float64 square root, rounded to fp32 by ``round_to``.
+rounded to odd at 53 bits, its float64 square root, rounded to fp32 (``round_to``'s
+rounding; for a number that is not NaN, NumPy's IEEE float64 -> float32 cast is it).
 
-Fast path: ``s`` = the float64 sum of the squares in any order. All terms are non-negative,
-so whatever the order, |s - S| <= (n - 1) u S / (1 - (n - 1) u) with u = 2**-53 (Higham,
-Accuracy and Stability of Numerical Algorithms, 2nd ed., eq. 4.4); additions that land in
-the subnormal range are exact, so underflow adds nothing. ``[lo, hi] = s (1 -+ 2 n u)``,
+Fast path: ``s`` = the float64 sum of the squares in any order: ``CHUNK`` elements at a time
+are widened into a reused float64 array and dotted with themselves (``matmul``, BLAS on the
+CPU: any order, with or without fused multiply-adds, since every product is exact), and the
+partial sums are added. All terms are non-negative, so whatever the order,
+|s - S| <= (n - 1) u S / (1 - (n - 1) u) with u = 2**-53 (Higham, Accuracy and Stability of
+Numerical Algorithms, 2nd ed., eq. 4.4); additions that land in the subnormal range are
+exact, so underflow adds nothing. ``[lo, hi] = s (1 -+ 2 n u)``,
 widened by one float64 step each way, therefore encloses S for n u < 1/4. The map
 S -> fp32(sqrt(rodd53(S))) is non-decreasing, and for a float64 value v, rodd53(v) = v; so
 when lo and hi give the same fp32 value, S gives it too, and that is returned. Otherwise
@@ -16,19 +20,24 @@ sum decides, so the result is the reference's bits in every case, on every machi
 """
 from __future__ import annotations
 
-from ..backend import xp
+import math
 
+from ..backend import scratch, xp
 from .sums import round_to_odd_sum
-from ..formats import FP32
-from ..backend import round_to
 
-__all__ = ["global_norm", "exact_global_norm"]
+__all__ = ["global_norm", "exact_global_norm", "CHUNK"]
+
+#: elements widened to float64 at a time by ``global_norm`` (the work array stays in cache)
+CHUNK = 1 << 15
 
 _U = 2.0 ** -53
 
 
 def _fp32_sqrt(value: float) -> xp.float32:
-    return xp.float32(round_to(float(xp.sqrt(value)), FP32))
+    """fp32(sqrt(value)) for a finite value >= 0: the IEEE cast of a float64 that is not NaN
+    is ``round_to``'s fp32 rounding (ties to even, subnormals, overflow to inf)."""
+    with xp.errstate(over="ignore"):
+        return xp.float32(math.sqrt(value))      # math.sqrt: IEEE, correctly rounded
 
 
 def _squares(grads) -> list[xp.ndarray]:
@@ -58,21 +67,34 @@ def exact_global_norm(grads) -> xp.float32:
     return _fp32_sqrt(round_to_odd_sum(flat.reshape(1, -1))[0])
 
 
+def _sum_of_squares(grads) -> tuple[float, int]:
+    """The float64 sum of the squares of every gradient's fp32 values (in some order), and
+    how many there are."""
+    total, n = 0.0, 0
+    for g in grads:
+        flat = xp.asarray(g, xp.float32).reshape(-1)
+        n += flat.size
+        wide = scratch("norm.wide", xp.float64, min(flat.size, CHUNK))
+        for lo in range(0, flat.size, CHUNK):
+            part = wide[:min(CHUNK, flat.size - lo)]
+            xp.copyto(part, flat[lo:lo + CHUNK])
+            total += float(xp.matmul(part, part))
+    return total, n
+
+
 def global_norm(grads) -> xp.float32:
     """fp32 L2 norm of all gradients, the same bits as ``exact_global_norm``: a float64 sum
     certified by an error bound when it decides the fp32 result, the exact sum otherwise."""
-    squares = _squares(grads)
-    n = sum(sq.size for sq in squares)
-    partial = [float(sq.sum()) for sq in squares]
-    total = float(xp.sum(partial))
-    if not xp.isfinite(total):  # finite squares cannot overflow: n 2**256 < float64 max
-        return _nonfinite(squares)
+    total, n = _sum_of_squares(grads)
+    if not math.isfinite(total):  # finite squares cannot overflow: n 2**256 < float64 max
+        return _nonfinite(_squares(grads))
     if n * _U < 0.25:
         slack = 2.0 * n * _U * total
-        lo = max(xp.nextafter(total - slack, -xp.inf), 0.0)
-        hi = xp.nextafter(total + slack, xp.inf)
+        lo = max(math.nextafter(total - slack, -math.inf), 0.0)
+        hi = math.nextafter(total + slack, math.inf)
         low = _fp32_sqrt(lo)
         if low == _fp32_sqrt(hi):
             return low
+    squares = _squares(grads)
     flat = xp.concatenate(squares) if squares else xp.zeros(0)
     return _fp32_sqrt(round_to_odd_sum(flat.reshape(1, -1))[0])

@@ -12,7 +12,8 @@ How the float64 intermediate stays exact:
   Figueroa 1995). For fp32 the native float32 NumPy operation is used directly.
 - ``fma``: a*b is exact in float64 (two <= 24-bit significands); the sum is formed with
   TwoSum and rounded to odd (Boldo & Melquiond 2008), and rounding to odd at 53 bits then to
-  p <= 51 bits is the correctly rounded result.
+  p <= 51 bits is the correctly rounded result. ``fma`` reaches those bits faster (its
+  docstring says how), ``fma_round_to_odd`` is the formulation itself.
 
 >>> import numpy as np
 >>> ops = Arith("fp32")
@@ -22,13 +23,19 @@ How the float64 intermediate stays exact:
 """
 from __future__ import annotations
 
-from ..backend import xp
+import math
+from functools import lru_cache
 
-from ..formats import FP32, Format, get
+from ..backend import round_to, scratch, xp
 from ..exact.odd import add_round_to_odd
-from ..backend import round_to
+from ..formats import FP32, Format, get
 
-__all__ = ["Arith", "fma_round_to_odd"]
+__all__ = ["Arith", "fma_round_to_odd", "CHUNK"]
+
+#: elements per pass of ``Arith.fma``: its float64 work arrays (reused, see
+#: ``fpsim.backend.scratch``) stay in the CPU cache. The bits do not depend on it as long as
+#: it is a power of two of at least 64 (see ``Arith.fma``).
+CHUNK = 1 << 16
 
 
 def fma_round_to_odd(a, b, c) -> xp.ndarray:
@@ -38,28 +45,48 @@ def fma_round_to_odd(a, b, c) -> xp.ndarray:
     return add_round_to_odd(product, xp.asarray(c, xp.float64))
 
 
+@lru_cache(maxsize=4096)
+def _format_scalar(fmt: Format, value: float, sign: float) -> xp.float32:
+    # ``sign`` keeps 0.0 and -0.0 apart (they are equal, so they would share a cache entry)
+    if fmt == FP32 and not math.isnan(value):
+        with xp.errstate(over="ignore"):
+            return xp.float32(value)        # the IEEE cast is round_to's fp32 rounding
+    return xp.float32(round_to(value, fmt))
+
+
 class Arith:
     """Elementwise operations rounded to ``fmt``; arrays in, float32 arrays out."""
 
     def __init__(self, fmt: "Format | str" = FP32):
         self.fmt = get(fmt)
         self.native = self.fmt == FP32
+        # a float64 value at a midpoint of the format's grid has its low 51 - man_bits
+        # significand bits zero, one on its grid (normal range) also the next (see ``fma``)
+        self._low_bits = xp.uint64((1 << (51 - self.fmt.man_bits)) - 1)
+        self._grid_bits = xp.uint64((1 << (52 - self.fmt.man_bits)) - 1)
 
     def round(self, x) -> xp.ndarray:
         x = xp.asarray(x)
         if self.native and x.dtype == xp.float32:
             return x
-        if self.native and x.dtype == xp.float64:   # the IEEE cast is round_to's fp32 rounding
-            with xp.errstate(over="ignore", invalid="ignore"):
-                y = x.astype(xp.float32)
-            if y.size == 0 or not xp.isnan(y.min()):   # NaN payloads: round_to's rule below
-                return y
+        out = xp.empty(x.shape, xp.float32)
         with xp.errstate(over="ignore", invalid="ignore"):
-            return round_to(x.astype(xp.float64, copy=False), self.fmt).astype(xp.float32)
+            self._round_into(x, out)
+        return out
+
+    def _round_into(self, x, out) -> None:
+        """``out[...] = round(x)``: x float32 or float64, out a float32 array of x's shape."""
+        if self.native and x.dtype == xp.float64:
+            # the IEEE cast is round_to's fp32 rounding, except for NaN payloads
+            xp.copyto(out, x, casting="same_kind")
+            if out.size == 0 or not math.isnan(out.min()):
+                return
+        out[...] = round_to(x.astype(xp.float64, copy=False), self.fmt)
 
     def scalar(self, value: float) -> xp.float32:
         """A Python scalar as the kernels see it: rounded once to the format."""
-        return xp.float32(round_to(float(value), self.fmt))
+        value = float(value)
+        return _format_scalar(self.fmt, value, math.copysign(1.0, value))
 
     def _binary(self, op, a, b) -> xp.ndarray:
         with xp.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
@@ -86,24 +113,65 @@ class Arith:
             return self.round(xp.sqrt(xp.asarray(a, xp.float64)))
 
     def fma(self, a, b, c):
-        """round(a * b + c), one rounding.
+        """round(a * b + c), one rounding; a, b, c arrays of one broadcast shape, or scalars.
 
         Fast path: t = a*b + c in float64 (the product is exact) rounds once more to the
         same value as the exact sum unless t is a midpoint of the format's grid (or its
-        overflow threshold); every such point has its float64 significand's low
-        51 - man_bits bits zero, so only elements with that pattern, rare on real data,
-        take the round-to-odd sum."""
-        a64, b64, c64 = xp.broadcast_arrays(xp.asarray(a, xp.float64), xp.asarray(b, xp.float64),
-                                            xp.asarray(c, xp.float64))
+        overflow threshold): no midpoint lies strictly between the exact sum and its nearest
+        float64 t, so both fall between the same two midpoints. Every midpoint has its
+        float64 significand's low 51 - man_bits bits zero, and in the normal range its next
+        bit set; so only elements with that pattern, or below the smallest normal, take the
+        round-to-odd sum. The work runs ``CHUNK`` elements at a time in reused float64
+        arrays; every step is elementwise, so the bits are those of one pass over the whole
+        arrays (``CHUNK`` is a power of two: NumPy's loops can give NaN + NaN another sign in
+        their tail than in their vector body, and such chunks keep the tail where it is)."""
+        a, b, c = xp.asarray(a), xp.asarray(b), xp.asarray(c)
+        shape = _common_shape(a, b, c)
+        out = xp.empty(shape, xp.float32)
+        flat_out = out.reshape(-1)
+        n = flat_out.size
+        width = min(n, CHUNK)
+        work = scratch("arith.fma", xp.float64, 2 * width)   # the sums, then their low bits
         with xp.errstate(over="ignore", invalid="ignore"):
-            total = xp.asarray(a64 * b64 + c64, xp.float64)
-        mask = xp.uint64((1 << (51 - self.fmt.man_bits)) - 1)
-        # inf and NaN stay as the full-array sum made them (the reference returns that sum
-        # too; recomputing a subarray may give a NaN another sign bit)
-        suspect = ((total.view(xp.uint64) & mask) == 0) & xp.isfinite(total)
-        if suspect.any():
-            total[suspect] = fma_round_to_odd(a64[suspect], b64[suspect], c64[suspect])
-        return self.round(total)
+            a, b, c = _flat(a, shape), _flat(b, shape), _flat(c, shape)
+            for lo in range(0, n, CHUNK):
+                size = min(CHUNK, n - lo)
+                hi = lo + size
+                self._fma_chunk(a if a.ndim == 0 else a[lo:hi], b if b.ndim == 0 else b[lo:hi],
+                                c if c.ndim == 0 else c[lo:hi], flat_out[lo:hi], work[:size],
+                                work[width:width + size].view(xp.uint64))
+        return out
+
+    def _fma_chunk(self, a, b, c, out, total, low) -> None:
+        """``out`` = round(a * b + c) for one chunk (0-d operands broadcast); ``total`` and
+        ``low`` are work arrays of out's size."""
+        if a.ndim:                      # total = a, then a * b, in this operand order
+            xp.copyto(total, a)
+            xp.multiply(total, b, out=total)
+        elif b.ndim:
+            xp.copyto(total, b)
+            xp.multiply(a, total, out=total)
+        else:
+            total[...] = a * b
+        xp.add(total, c, out=total)
+        xp.bitwise_and(total.view(xp.uint64), self._low_bits, out=low)
+        if xp.count_nonzero(low) < low.size:
+            self._settle_ties(a, b, c, total, xp.flatnonzero(low == 0))
+        self._round_into(total, out)
+
+    def _settle_ties(self, a, b, c, total, at) -> None:
+        """Replace ``total[at]`` by the round-to-odd sum where it is a midpoint or below the
+        smallest normal: at or above it, a grid point (e.g. c itself, where a * b = 0) has one
+        more low bit zero and rounds right. inf and NaN stay as the whole sum made them (the
+        reference returns that sum too; recomputing an element alone may give a NaN another
+        sign bit)."""
+        found = total[at]
+        tie = (found.view(xp.uint64) & self._grid_bits) != 0
+        tie |= xp.abs(found) < self.fmt.min_normal
+        at = at[tie & xp.isfinite(found)]
+        if at.size:
+            total[at] = fma_round_to_odd(a if a.ndim == 0 else a[at], b if b.ndim == 0 else b[at],
+                                         c if c.ndim == 0 else c[at])
 
     def lerp(self, start, end, weight: float):
         """PyTorch's ``start.lerp_(end, weight)``: ``fma(w, end - start, start)`` for w < 0.5,
@@ -113,3 +181,22 @@ class Arith:
         if w < 0.5:
             return self.fma(w, diff, start)
         return self.fma(-diff, self.sub(xp.float32(1.0), w), end)
+
+
+def _common_shape(*arrays) -> tuple:
+    shapes = {v.shape for v in arrays if v.ndim}
+    if len(shapes) == 1:
+        return shapes.pop()
+    return xp.broadcast_shapes(*(v.shape for v in arrays))
+
+
+def _flat(v, shape) -> xp.ndarray:
+    """A 0-d operand as float64 (it broadcasts); any other as a flat C-ordered array of
+    ``shape``'s size (float32 or float64, as given)."""
+    if v.ndim == 0:
+        return v.astype(xp.float64)
+    if v.dtype not in (xp.float32, xp.float64):
+        v = v.astype(xp.float64)
+    if v.shape != shape:
+        v = xp.broadcast_to(v, shape)
+    return xp.ascontiguousarray(v).reshape(-1)

@@ -126,13 +126,14 @@ class Optimizer:
             result: Update = self.rule.apply(ops, stored, grad, self.states[name],
                                              self.step_count)
             new = xp.asarray(result.param, xp.float32).reshape(p.shape)
-            moved = result.intended != 0
+            moved = result.moved().reshape(-1)
+            kept = xp.equal(new.reshape(-1), xp.asarray(stored).reshape(-1))
             updates += int(xp.count_nonzero(moved))
-            lost += int(xp.count_nonzero(moved & (new == stored)))
+            lost += int(xp.count_nonzero(xp.logical_and(moved, kept, out=kept)))
             self.states[name] = result.state
             if self.master_fmt is not None:
                 self.masters[name] = new
-                if p.fmt == self.master_fmt and not xp.isnan(new).any():
+                if p.fmt == self.master_fmt and (new.size == 0 or not xp.isnan(new.min())):
                     p.data = new.copy()    # rounding into its own format: the identity
                 else:                      # (NaNs: round_to's rule quiets a signalling one)
                     p.data = round_to(new, p.fmt)

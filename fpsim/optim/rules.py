@@ -24,12 +24,31 @@ __all__ = ["SGD", "Adam", "AdamW", "Update"]
 
 class Update(NamedTuple):
     """A rule's result for one parameter: the new stored values, the increment the rule meant
-    to add (exact, float64; where it is nonzero but the stored value did not change, the
-    update was lost), and the rule's new state."""
+    to add as ``factor * direction`` (where it is nonzero but the stored value did not
+    change, the update was lost), and the rule's new state. ``factor`` and ``direction`` are
+    values of the update's format (a scalar and an array)."""
 
     param: xp.ndarray
-    intended: xp.ndarray
+    direction: xp.ndarray
+    factor: xp.float32
     state: tuple
+
+    @property
+    def intended(self) -> xp.ndarray:
+        """The increment, exact in float64: two values of a format of at most 24 bits within
+        fp32's exponent range multiply exactly (at most 48 bits, between 2**-298 and
+        2**256)."""
+        return xp.float64(self.factor) * xp.asarray(self.direction, xp.float64)
+
+    def moved(self) -> xp.ndarray:
+        """``intended != 0``, without forming it: the exact product is zero only where a
+        factor is zero and the other finite (inf * 0 is NaN)."""
+        direction = xp.asarray(self.direction)
+        if not math.isfinite(self.factor):
+            return xp.ones(direction.shape, xp.bool_)
+        if self.factor == 0:
+            return xp.logical_not(xp.isfinite(direction))
+        return direction != 0
 
 
 def _check(name: str, value: float, low: float, *, low_open=False, high=None) -> None:
@@ -92,8 +111,7 @@ class SGD:
                 buffer = ops.fma(ops.scalar(1.0 - self.dampening), d, decayed)
             d = ops.fma(ops.scalar(self.momentum), buffer, d) if self.nesterov else buffer
         minus_lr = ops.scalar(-self.lr)
-        intended = xp.float64(minus_lr) * xp.asarray(d, xp.float64)
-        return Update(ops.fma(minus_lr, d, param), intended, MomentumState(buffer))
+        return Update(ops.fma(minus_lr, d, param), d, minus_lr, MomentumState(buffer))
 
 
 class AdamState(NamedTuple):
@@ -151,7 +169,7 @@ class Adam:
                         ops.scalar(self.eps))
         increment = ops.div(ops.mul(ops.scalar(-step_size), exp_avg), denom)
         new_param = ops.add(param, increment)
-        return Update(new_param, xp.asarray(increment, xp.float64), AdamState(exp_avg, exp_avg_sq))
+        return Update(new_param, increment, xp.float32(1.0), AdamState(exp_avg, exp_avg_sq))
 
 
 def AdamW(lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,

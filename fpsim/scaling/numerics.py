@@ -64,20 +64,20 @@ def unscale(grads, state, fmt=None):
 
     def one(grad):
         array, wrap = _container(grad, "gradient")
-        with xp.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
-            if divide:
-                out = array / array.dtype.type(factor)
-            elif factor == 1.0:
-                out = array.copy()
-            else:
-                out = array * array.dtype.type(factor)
+        if divide:
+            out = array / array.dtype.type(factor)
+        elif factor == 1.0:
+            out = array.copy()
+        else:
+            out = array * array.dtype.type(factor)
         if fmt is not None:
             out = round_to(out, fmt)
         return wrap(out)
 
-    if isinstance(grads, (list, tuple)):
-        return type(grads)(one(g) for g in grads)
-    return one(grads)
+    with xp.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        if isinstance(grads, (list, tuple)):
+            return type(grads)([one(g) for g in grads])
+        return one(grads)
 
 
 def found_inf(grads, method: str = "nonfinite") -> bool:

@@ -1,0 +1,177 @@
+"""The optimizer's fast paths against their straightforward references: ``Arith.fma`` in
+chunks (boundaries, broadcasting, ties at grid points, midpoints and below the smallest
+normal, NaN payloads), ``Update.moved`` against ``intended != 0``, the rounded-scalar cache,
+and ``global_norm`` over chunk boundaries."""
+import numpy as np
+import pytest
+
+import fpsim.exact.norm as norm_mod
+import fpsim.optim.arith as arith_mod
+from fpsim.exact import exact_global_norm, global_norm
+from fpsim.optim import SGD, Adam, Arith, Optimizer, Update
+from fpsim.optim.arith import fma_round_to_odd
+from fpsim.autograd import Tensor
+from fpsim.rounding import round_to
+
+FORMATS = ["fp32", "bf16", "fp16", "fp8_e4m3"]
+
+
+def _reference(ops, a, b, c):
+    with np.errstate(invalid="ignore"):          # signalling NaNs widen with a warning
+        a, b, c = np.broadcast_arrays(*(np.asarray(v, np.float64) for v in (a, b, c)))
+    return ops.round(fma_round_to_odd(a, b, c))
+
+
+def _bits(x):
+    return np.ascontiguousarray(np.asarray(x, np.float32)).view(np.uint32)
+
+
+def _values(ops, rng, shape):
+    return ops.round(rng.standard_normal(shape) * 10.0 ** rng.integers(-6, 6, shape))
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(arith_mod, "CHUNK", 64)
+    monkeypatch.setattr(norm_mod, "CHUNK", 64)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("n", [1, 63, 64, 65, 200, 1000])
+def test_fma_across_chunk_boundaries(small_chunks, fmt, n):
+    ops = Arith(fmt)
+    rng = np.random.default_rng(n)
+    a, b, c = (_values(ops, rng, n) for _ in range(3))
+    b[::7] = 0.0                                  # zero products: c itself, a grid point
+    for args in [(a, b, c), (ops.scalar(-0.01), b, c), (a, ops.scalar(0.5), c),
+                 (a, b, ops.scalar(1.0)), (a[0], b[0], c)]:
+        assert np.array_equal(_bits(ops.fma(*args)), _bits(_reference(ops, *args)))
+
+
+def test_fma_broadcasts_and_keeps_shapes():
+    ops = Arith("fp32")
+    rng = np.random.default_rng(1)
+    a, b, c = _values(ops, rng, (3, 1)), _values(ops, rng, (1, 4)), _values(ops, rng, (4,))
+    out = ops.fma(a, b, c)
+    assert out.shape == (3, 4) and out.dtype == np.float32
+    assert np.array_equal(_bits(out), _bits(_reference(ops, a, b, c)))
+    scalar = ops.fma(np.float32(2.0), np.float32(3.0), 1.0)
+    assert scalar.shape == () and float(scalar) == 7.0
+    assert ops.fma(np.zeros(0, np.float32), 1.0, 0.0).shape == (0,)
+
+
+@pytest.mark.parametrize("scale", [2.0 ** k for k in (-100, -1, 0, 60)])
+def test_fma_ties_grid_points_and_near_misses(small_chunks, scale):
+    # c odd (last bit set); a*b = 2**-24 (1 -+ 2**-46) * c's binade: the float64 sum lands on
+    # the midpoint c + half an ulp while the exact sum lies just below (or above) it
+    ops = Arith("fp32")
+    a = np.float32(1 + 2.0 ** -23)
+    below = np.float32((1 - 2.0 ** -23) * 2.0 ** -24 * scale)
+    c = np.full(150, (1 + 2.0 ** -23) * scale, np.float32)
+    b = np.zeros(150, np.float32)
+    b[::3], b[1::3] = below, -below               # ties on both sides; zeros: grid points
+    got = ops.fma(a, b, c)
+    assert np.array_equal(_bits(got), _bits(_reference(ops, a, b, c)))
+    assert np.all(got == c)                       # the exact sums all round back to c
+
+
+def test_fma_tie_below_the_smallest_normal():
+    # c = 513 * 2**-149 (an fp32 subnormal), a*b = 2**-150 (1 - 2**-46): the float64 sum is
+    # the midpoint 1027 * 2**-150, whose low bits look like a grid point's; the exact sum is
+    # below it, so the answer is c (a tie-to-even cast would give 514 * 2**-149)
+    ops = Arith("fp32")
+    a = np.float32([(1 + 2.0 ** -23) * 2.0 ** -100])
+    b = np.float32([(1 - 2.0 ** -23) * 2.0 ** -50])
+    c = np.float32([513 * 2.0 ** -149])
+    naive = np.float32(a.astype(np.float64) * b + c.astype(np.float64))
+    assert naive != c
+    assert _bits(ops.fma(a, b, c)) == _bits(c)
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "fp16"])
+def test_fma_nan_payloads_and_infinities(small_chunks, fmt):
+    ops = Arith(fmt)
+    rng = np.random.default_rng(7)
+    n = 300
+    b, c = _values(ops, rng, n), _values(ops, rng, n)
+    payloads = np.array([0x7FC00000, 0xFFC00001, 0x7F800001, 0xFFA00000, 0x7FFFFFFF],
+                        np.uint32).view(np.float32)
+    b[rng.integers(0, n, 20)] = rng.choice(payloads, 20)
+    c[rng.integers(0, n, 20)] = rng.choice(payloads, 20)
+    b[rng.integers(0, n, 10)] = np.inf
+    c[rng.integers(0, n, 10)] = -np.inf
+    for a in (np.float32(-0.01), np.float32(0.0)):
+        assert np.array_equal(_bits(ops.fma(a, b, c)), _bits(_reference(ops, a, b, c)))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_fma_bits_do_not_depend_on_the_chunk(monkeypatch, fmt):
+    ops = Arith(fmt)
+    rng = np.random.default_rng(3)
+    a, b, c = (_values(ops, rng, 5000) for _ in range(3))
+    b[::11] = np.nan
+    c[::13] = np.nan
+    whole = ops.fma(a, b, c)
+    monkeypatch.setattr(arith_mod, "CHUNK", 256)
+    assert np.array_equal(_bits(ops.fma(a, b, c)), _bits(whole))
+
+
+def test_scalars_keep_the_sign_of_zero():
+    ops = Arith("fp16")
+    assert np.signbit(ops.scalar(-0.0)) and not np.signbit(ops.scalar(0.0))
+    assert ops.scalar(-1e-30) == 0 and np.signbit(ops.scalar(-1e-30))
+    assert ops.scalar(0.1) == np.float32(0.0999755859375)
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "bf16"])
+def test_scalars_are_round_to(fmt):
+    rng = np.random.default_rng(2)
+    values = [0.1, -0.01, 2.0 ** -150, -(2.0 ** -150), 1.5 * 2.0 ** -149, 3.5e38, 1e39, -1e39,
+              0.0, -0.0, np.inf, np.nan] + list(rng.standard_normal(500) * 10.0 ** rng.integers(
+                  -50, 40, 500))
+    ops = Arith(fmt)
+    for v in values:
+        assert _bits(ops.scalar(v)) == _bits(round_to(float(v), fmt)), v
+
+
+@pytest.mark.parametrize("factor", [-0.01, 0.0, -0.0, 1.0, np.inf, np.nan])
+def test_moved_is_intended_nonzero(factor):
+    direction = np.float32([0.0, -0.0, 1.0, -2.0 ** -149, np.inf, -np.inf, np.nan, 3e38])
+    update = Update(direction, direction, np.float32(factor), None)
+    with np.errstate(invalid="ignore"):
+        expected = update.intended != 0
+    assert np.array_equal(update.moved(), expected)
+
+
+@pytest.mark.parametrize("rule", [SGD(lr=0.01), SGD(lr=1e-50), SGD(lr=0.1, momentum=0.9),
+                                  Adam(lr=1e-3)])
+@pytest.mark.parametrize("master", ["fp32", None])
+def test_lost_update_counts_match_the_float64_increment(small_chunks, rule, master):
+    rng = np.random.default_rng(5)
+    w = Tensor(Arith("fp16").round(rng.standard_normal(500)), "fp16", requires_grad=True)
+    opt = Optimizer([w], rule, master=master)
+    for step in range(3):
+        grad = Arith("fp16").round(rng.standard_normal(500) * 2.0 ** rng.integers(-30, 0, 500))
+        grad[::5] = 0.0
+        if step == 2:
+            grad[::17] = np.nan
+        stored = (opt.masters["0"] if master else w.data).copy()
+        ops = Arith(master or "fp16")
+        expected = rule.apply(ops, stored, grad, opt.states["0"], opt.step_count + 1)
+        with np.errstate(invalid="ignore"):
+            moved = expected.intended != 0
+        w.grad = Tensor(grad, "fp16")
+        report = opt.step()
+        new = opt.masters["0"] if master else w.data
+        assert report.updates == int(moved.sum())
+        assert report.lost_updates == int((moved & (new == stored)).sum())
+
+
+@pytest.mark.parametrize("sizes", [[1], [63, 64, 65], [200, 3, 1000]])
+def test_global_norm_across_chunk_boundaries(small_chunks, sizes):
+    rng = np.random.default_rng(len(sizes))
+    grads = [(rng.standard_normal(n) * 2.0 ** rng.integers(-60, 60)).astype(np.float32)
+             for n in sizes]
+    assert _bits(global_norm(grads)) == _bits(exact_global_norm(grads))
+    grads[-1][-1] = np.nan
+    assert np.isnan(global_norm(grads))
