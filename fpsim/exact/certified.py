@@ -94,10 +94,11 @@ def exact_rows_sum(rows: xp.ndarray, acc, *, force_fallback: bool = False
                    ) -> tuple[xp.ndarray, int]:
     """Sum of each row of a (n, K) float32 array, exact, rounded once to ``acc``."""
     count_rows, k = rows.shape
-    # Reused buffers: fresh ones of this size cost more in page faults than the sums.
-    x64 = scratch("rows_sum.x64", xp.float64, rows.size).reshape(rows.shape)
+    # Reused buffers: fresh ones of this size cost more in page faults than the sums. They
+    # take rows' layout: column-major rows (the columns of a gradient, for a bias) are then
+    # copied and summed in memory order, with no transposition (sums of any order certify).
+    x64, work = (_like(rows, name) for name in ("rows_sum.x64", "rows_sum.abs"))
     xp.copyto(x64, rows)
-    work = scratch("rows_sum.abs", xp.float64, rows.size).reshape(rows.shape)
     magnitude = xp.abs(x64, out=work).sum(axis=1)
     # Finite float32 values cannot overflow a float64 sum (K 2**128 < 2**1024): the sum of
     # magnitudes is finite exactly when every value is.
@@ -134,6 +135,14 @@ def exact_rows_sum(rows: xp.ndarray, acc, *, force_fallback: bool = False
         bad = ~finite.all(axis=1)
         out[bad] = special[bad]
     return out, count
+
+
+def _like(rows: xp.ndarray, name: str) -> xp.ndarray:
+    """A float64 scratch array of ``rows``' shape, column-major where ``rows`` is (else C)."""
+    flat = scratch(name, xp.float64, rows.size)
+    if rows.flags.f_contiguous and not rows.flags.c_contiguous:
+        return flat.reshape(rows.shape[::-1]).T
+    return flat.reshape(rows.shape)
 
 
 def lowest_bit_exponent(x: xp.ndarray, axis: int) -> xp.ndarray:
