@@ -36,6 +36,8 @@ array([2., 4., 6.], dtype=float32)
 """
 from __future__ import annotations
 
+import sys
+
 from ..backend import xp
 
 from .. import backend
@@ -274,23 +276,59 @@ def _backward_pass(root: Tensor, seed, retain_graph: bool) -> None:
                 raise RuntimeError(
                     f"backward through the graph of '{node._op}' a second time: its saved "
                     f"values were freed; pass retain_graph=True to the first backward()")
-            _accumulate_leaf(node, g)
+            owned = _unshared(g)    # its own statement: an argument list holds g as well
+            _accumulate_leaf(node, g, owned)
             continue
         if node._retain:
-            _accumulate_leaf(node, g)
-        parent_grads = node._backward(g, node.grad_fmt)
-        for parent, gp in zip(node._parents, parent_grads):
-            if gp is None or not parent.requires_grad:
-                continue
-            key = id(parent)
-            grads[key] = gp if key not in grads else _add_grads(grads[key], gp, parent.grad_fmt)
+            _accumulate_leaf(node, g, False)
+        _send(grads, node._parents, node._backward(g, node.grad_fmt))
         if not retain_graph:
             node._backward = None
             node._parents = ()
 
 
-def _accumulate_leaf(node: Tensor, g) -> None:
+def _send(grads: dict, parents, parent_grads) -> None:
+    """Add each parent's gradient to ``grads`` (a function, so that no loop variable keeps
+    a reference to a gradient array once it returns: see ``_unshared``)."""
+    for parent, gp in zip(parents, parent_grads):
+        if gp is None or not parent.requires_grad:
+            continue
+        key = id(parent)
+        grads[key] = gp if key not in grads else _add_grads(grads[key], gp, parent.grad_fmt)
+
+
+def _refcount(array) -> int:
+    return sys.getrefcount(array)
+
+
+def _sole_refcount() -> int:
+    array = xp.empty(1)
+    return _refcount(array)
+
+
+# _refcount's answer for an array that its caller's one local variable alone refers to
+_SOLE_REFS = _sole_refcount()
+
+
+def _unshared(g) -> bool:
+    """Whether ``g`` (held by the caller's one local variable) is C-ordered and nothing else
+    refers to its memory: no dict or tuple entry, no other tensor, no other view. Its memory
+    is its own, or a base array of the same size that only ``g`` refers to (a reshaped fresh
+    result). Such an array can become a leaf's ``.grad`` without the defensive copy, as
+    PyTorch's AccumulateGrad steals a gradient nobody else holds (its use count)."""
+    if not g.flags.c_contiguous or _refcount(g) != _SOLE_REFS + 1:   # + 1: our argument
+        return False
+    base = g.base
+    if base is None:
+        return g.flags.owndata
+    return (isinstance(base, type(g)) and base.base is None and base.flags.owndata
+            and base.nbytes == g.nbytes
+            and _refcount(base) == _SOLE_REFS + 1)         # + 1: g's reference to it
+
+
+def _accumulate_leaf(node: Tensor, g, owned: bool) -> None:
+    """``owned``: nothing else refers to ``g`` (``_unshared``), so it is kept, not copied."""
     if node.grad is None:
-        node.grad = Tensor._wrap(g.copy(), node.grad_fmt)
+        node.grad = Tensor._wrap(g if owned else g.copy(), node.grad_fmt)
     else:
         node.grad.data = _add_grads(node.grad.data, g, node.grad_fmt)
