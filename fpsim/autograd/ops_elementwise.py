@@ -171,17 +171,22 @@ def relu(x) -> Tensor:
 
 
 def _relu_values(d):
-    return xp.where(d < 0, d.dtype.type(0), d)
+    return _zero_where(xp.less(d, 0), d)
 
 
 def _zero_where_nonpositive(o, g):
-    """``np.where(o <= 0, +0, g)`` bit for bit (inf and NaN in g included), as an AND with an
-    all-ones / all-zeros mask: five times faster than ``np.where`` on float32."""
-    if g.dtype != xp.float32 or g.shape != o.shape:
-        return xp.where(o <= 0, g.dtype.type(0), g)
-    mask = xp.less_equal(o, 0).astype(xp.uint32)
+    return _zero_where(xp.less_equal(o, 0), g)
+
+
+def _zero_where(drop, values):
+    """``np.where(drop, +0, values)`` bit for bit (inf and NaN in ``values`` included), as an
+    AND with an all-zeros / all-ones mask: five to ten times faster than ``np.where`` with a
+    scalar on float32."""
+    if values.dtype != xp.float32 or values.shape != drop.shape:
+        return xp.where(drop, values.dtype.type(0), values)
+    mask = drop.astype(xp.uint32)
     mask -= 1                                        # 1 -> 0, 0 -> 0xFFFFFFFF
-    return xp.bitwise_and(g.view(xp.uint32), mask, out=mask).view(xp.float32)
+    return xp.bitwise_and(values.view(xp.uint32), mask, out=mask).view(xp.float32)
 
 
 def sqrt(x) -> Tensor:

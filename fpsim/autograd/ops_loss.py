@@ -75,11 +75,12 @@ def cross_entropy(logits, labels, reduction: str = "mean") -> Tensor:
     labels = _labels(labels, n, classes)
     rows = xp.arange(n)
     with xp.errstate(invalid="ignore", under="ignore", over="ignore"):
-        logp = log_softmax_along(logits.data.astype(xp.float64), 1)
         if fmt is FP64:
+            logp = log_softmax_along(logits.data.astype(xp.float64), 1)
             value = _reduce(-logp[rows, labels], reduction)
-        else:
-            value = cr_cross_entropy(logits.data, labels, reduction, fmt)
+        else:   # logp: the float64 log-softmax, log_softmax_along's bits
+            value, logp = cr_cross_entropy(logits.data, labels, reduction, fmt,
+                                           with_log_softmax=True)
         out = round_array(value, fmt)
 
     def backward(g, g_fmt):

@@ -26,7 +26,9 @@ of that name.
 
 Contributions to one tensor are added pairwise in float32 (float64 in the reference mode) and
 rounded to its gradient format, as the framework's gradient accumulation does in the tensor's
-dtype. By default the graph is freed as it is walked (``retain_graph=True`` keeps it).
+dtype. A leaf's first gradient is the array the pass computed when nothing else refers to
+it (``_unshared``: reference counts), else a copy, so no two gradients ever share memory. By
+default the graph is freed as it is walked (``retain_graph=True`` keeps it).
 
 >>> from fpsim.autograd import Tensor
 >>> x = Tensor([1.0, 2.0, 3.0], "fp16", requires_grad=True)
@@ -35,6 +37,8 @@ dtype. By default the graph is freed as it is walked (``retain_graph=True`` keep
 array([2., 4., 6.], dtype=float32)
 """
 from __future__ import annotations
+
+import sys
 
 from ..backend import xp
 
@@ -274,23 +278,72 @@ def _backward_pass(root: Tensor, seed, retain_graph: bool) -> None:
                 raise RuntimeError(
                     f"backward through the graph of '{node._op}' a second time: its saved "
                     f"values were freed; pass retain_graph=True to the first backward()")
-            _accumulate_leaf(node, g)
+            owned = _STEAL and _unshared(g)   # its own statement: an argument list holds g
+            _accumulate_leaf(node, g, owned)
             continue
         if node._retain:
-            _accumulate_leaf(node, g)
-        parent_grads = node._backward(g, node.grad_fmt)
-        for parent, gp in zip(node._parents, parent_grads):
-            if gp is None or not parent.requires_grad:
-                continue
-            key = id(parent)
-            grads[key] = gp if key not in grads else _add_grads(grads[key], gp, parent.grad_fmt)
+            _accumulate_leaf(node, g, False)
+        _send(grads, node._parents, node._backward(g, node.grad_fmt))
         if not retain_graph:
             node._backward = None
             node._parents = ()
 
 
-def _accumulate_leaf(node: Tensor, g) -> None:
+def _send(grads: dict, parents, parent_grads) -> None:
+    """Add each parent's gradient to ``grads`` (a function, so that no loop variable keeps
+    a reference to a gradient array once it returns: see ``_unshared``)."""
+    for parent, gp in zip(parents, parent_grads):
+        if gp is None or not parent.requires_grad:
+            continue
+        key = id(parent)
+        grads[key] = gp if key not in grads else _add_grads(grads[key], gp, parent.grad_fmt)
+
+
+def _refcount(array) -> int:
+    return sys.getrefcount(array)
+
+
+def _sole_refcount() -> int:
+    array = xp.empty(1)
+    return _refcount(array)
+
+
+# _refcount's answer for an array that its caller's one local variable alone refers to
+_SOLE_REFS = _sole_refcount()
+
+
+def _steals_safely() -> bool:
+    """The interpreter counts references as calibrated: a fresh array held by one local
+    variable is unshared, the same array also held by a list is not (else never steal)."""
+    fresh = xp.empty(2)
+    alone = _unshared(fresh)
+    holder = [fresh]
+    return alone and not _unshared(fresh) and len(holder) == 1
+
+
+def _unshared(g) -> bool:
+    """Whether ``g`` (held by the caller's one local variable) is C-ordered and nothing else
+    refers to its memory: no dict or tuple entry, no other tensor, no other view. Its memory
+    is its own, or a base array of the same size that only ``g`` refers to (a reshaped fresh
+    result). Such an array can become a leaf's ``.grad`` without the defensive copy, as
+    PyTorch's AccumulateGrad steals a gradient nobody else holds (its use count)."""
+    # + 1: this function's parameter, a layer above _sole_refcount's local variable
+    if not (g.flags.c_contiguous and _refcount(g) == _SOLE_REFS + 1):
+        return False
+    base = g.base
+    if base is None:
+        return g.flags.owndata
+    return (isinstance(base, type(g)) and base.base is None and base.flags.owndata
+            and base.nbytes == g.nbytes
+            and _refcount(base) == _SOLE_REFS + 1)         # + 1: g's reference to it
+
+
+_STEAL = _steals_safely()
+
+
+def _accumulate_leaf(node: Tensor, g, owned: bool) -> None:
+    """``owned``: nothing else refers to ``g`` (``_unshared``), so it is kept, not copied."""
     if node.grad is None:
-        node.grad = Tensor._wrap(g.copy(), node.grad_fmt)
+        node.grad = Tensor._wrap(g if owned else g.copy(), node.grad_fmt)
     else:
         node.grad.data = _add_grads(node.grad.data, g, node.grad_fmt)

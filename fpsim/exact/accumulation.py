@@ -36,6 +36,7 @@ A finite sum beyond the accumulator's range overflows as ``round_to`` does (to i
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..backend import xp
@@ -344,8 +345,10 @@ def reduce_sum(x, axis=None, keepdims: bool = False, *, out_fmt,
     kept = [d for d in range(x.ndim) if d not in axes]
     moved = xp.transpose(x, kept + sorted(axes))
     kept_shape = tuple(x.shape[d] for d in kept)
-    width = int(xp.prod([x.shape[d] for d in axes], dtype=xp.int64))
-    rows = xp.ascontiguousarray(moved).reshape(int(xp.prod(kept_shape, dtype=xp.int64)), width)
+    width = math.prod(x.shape[d] for d in axes)
+    # A view where the layout allows (a column sum: x.T), so that no transposed copy is made;
+    # the models read values, never the layout.
+    rows = moved.reshape(math.prod(kept_shape), width)
     acc = _accumulate_rows(rows, model)
     out = _to_output(acc, out_fmt).reshape(kept_shape)
     if keepdims:

@@ -94,23 +94,19 @@ def exact_rows_sum(rows: xp.ndarray, acc, *, force_fallback: bool = False
                    ) -> tuple[xp.ndarray, int]:
     """Sum of each row of a (n, K) float32 array, exact, rounded once to ``acc``."""
     count_rows, k = rows.shape
-    # Reused buffers: fresh ones of this size cost more in page faults than the sums.
-    x64 = scratch("rows_sum.x64", xp.float64, rows.size).reshape(rows.shape)
-    xp.copyto(x64, rows)
-    work = scratch("rows_sum.abs", xp.float64, rows.size).reshape(rows.shape)
-    magnitude = xp.abs(x64, out=work).sum(axis=1)
+    approx, magnitude = _float64_sums(rows)
     # Finite float32 values cannot overflow a float64 sum (K 2**128 < 2**1024): the sum of
     # magnitudes is finite exactly when every value is.
     all_finite = bool(xp.isfinite(magnitude.sum()))
+    terms = rows
     if not all_finite:
         finite = xp.isfinite(rows)
-        xp.copyto(x64, xp.where(finite, rows, xp.float32(0)))
-        magnitude = xp.abs(x64, out=work).sum(axis=1)
+        terms = xp.where(finite, rows, xp.float32(0))
+        approx, magnitude = _float64_sums(terms)
     if force_fallback:
         out = xp.empty(count_rows, xp.float64)
         todo = xp.ones(count_rows, bool)
     else:
-        approx = x64.sum(axis=1)
         g = error_factor(k)
         out, certified = _certify_acc(approx, magnitude * width_factor(k), None, acc)
         zero = magnitude == 0
@@ -126,7 +122,7 @@ def exact_rows_sum(rows: xp.ndarray, acc, *, force_fallback: bool = False
             todo[idx] = False
     count = int(todo.sum())
     if count:
-        out[todo] = _round_acc(round_to_odd_sum(x64[todo]), acc)
+        out[todo] = _round_acc(round_to_odd_sum(terms[todo].astype(xp.float64)), acc)
     if not all_finite:
         special = xp.where(finite, 0.0, rows.astype(xp.float64))
         with xp.errstate(invalid="ignore"):
@@ -134,6 +130,36 @@ def exact_rows_sum(rows: xp.ndarray, acc, *, force_fallback: bool = False
         bad = ~finite.all(axis=1)
         out[bad] = special[bad]
     return out, count
+
+
+_BLOCK = 1 << 15    # float64 elements per block of _float64_sums: 256 KiB, stays in cache
+
+
+def _float64_sums(rows: xp.ndarray) -> tuple[xp.ndarray, xp.ndarray]:
+    """(fl64 sum, fl64 sum of |x|) of each row of float32 ``rows``, widened block by block
+    in memory order into one reused buffer (no full float64 copy, no transposition).
+    Column-major rows (a bias gradient's columns) are summed as the row-major array they
+    are the transpose of, a block of its rows at a time, the partial sums added up: another
+    order of the same additions, which the certificate covers (any order)."""
+    across = rows.flags.f_contiguous and not rows.flags.c_contiguous
+    lines = rows.T if across else rows      # across: the sums run across the lines
+    count, width = lines.shape
+    step = max(1, _BLOCK // max(1, width))
+    buffer = scratch("rows_sum.block", xp.float64, min(step, count) * width)
+    sums = xp.zeros((2, width if across else count), xp.float64)
+    approx, magnitude = sums
+    with xp.errstate(invalid="ignore"):     # inf - inf: the caller starts again without
+        for lo in range(0, count, step):
+            hi = min(lo + step, count)
+            block = buffer[:(hi - lo) * width].reshape(hi - lo, width)
+            xp.copyto(block, lines[lo:hi])
+            if across:
+                approx += block.sum(axis=0)
+                magnitude += xp.abs(block, out=block).sum(axis=0)
+            else:
+                approx[lo:hi] = block.sum(axis=1)
+                magnitude[lo:hi] = xp.abs(block, out=block).sum(axis=1)
+    return approx, magnitude
 
 
 def lowest_bit_exponent(x: xp.ndarray, axis: int) -> xp.ndarray:

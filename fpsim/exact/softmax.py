@@ -179,29 +179,33 @@ def _dcross_entropy(rows, labels, reduction):
     return value
 
 
-def cr_cross_entropy(logits, labels, reduction, fmt):
+def cr_cross_entropy(logits, labels, reduction, fmt, *, with_log_softmax: bool = False):
     """Cross-entropy of (N, C) ``logits`` against integer ``labels`` (``reduction`` "mean",
-    "sum" or "none"), correctly rounded to ``fmt``: a float64 proxy (shape () or (N,))."""
+    "sum" or "none"), correctly rounded to ``fmt``: a float64 proxy (shape () or (N,)).
+    ``with_log_softmax``: return (proxy, ``log_softmax64(logits)``), the float64 log-softmax
+    the loss is read from (for the backward pass, without a second evaluation)."""
     logits = xp.asarray(logits, xp.float64)
     n = logits.shape[0]
     rows = xp.arange(n)
     with xp.errstate(invalid="ignore", over="ignore", under="ignore"):
         s, err, _, t, _, eps_t, top = row_terms(logits)
-        # -y, y as log-softmax computes it (same operations, so the same NaN as before too)
-        loss = -((s[rows, labels] - _log_sum(t, top)[:, 0]) + err[rows, labels])
+        logp = (s - _log_sum(t, top)) + err             # log_softmax64's operations
+        loss = -logp[rows, labels]
         eps = el.LOG1P_BOUND + eps_t[:, 0] + 3 * _U
         if reduction == "none":
             ok = certified(loss, eps, fmt) | ~xp.isfinite(loss)
-            return loss if ok.all() else _settle_each(logits, labels, loss, ok, fmt)
+            value = loss if ok.all() else _settle_each(logits, labels, loss, ok, fmt)
+            return (value, logp) if with_log_softmax else value
         total = loss.sum()
         bound = (eps.max() if eps.size else 0.0) + 1.01 * max(n - 1, 0) * _U
         if reduction == "mean":
             total, bound = total / n, bound + _U
         total = xp.asarray(total)
-        if certified(total, bound, fmt) | ~xp.isfinite(total):
-            return total
-    dvalue = _dcross_entropy([r.tolist() for r in logits], [int(v) for v in labels], reduction)
-    return xp.asarray(settle(dvalue, fmt))
+        if not (certified(total, bound, fmt) | ~xp.isfinite(total)):
+            dvalue = _dcross_entropy([r.tolist() for r in logits], [int(v) for v in labels],
+                                     reduction)
+            total = xp.asarray(settle(dvalue, fmt))
+    return (total, logp) if with_log_softmax else total
 
 
 def _neg(value):

@@ -1,0 +1,234 @@
+"""The graph's fast paths (everything of a training step but the matrix products and the
+optimizer) against the straightforward computation they replace, bit for bit, on adversarial
+data: ties, exact zeros of both signs, subnormals, overflow, inf and NaN payloads."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fpsim.autograd as ag
+from fpsim import nn
+from fpsim.autograd import Tensor, use_policy
+from fpsim.autograd import tensor as tensor_module
+from fpsim.autograd.ops_elementwise import _relu_values
+from fpsim.exact import elementary as el
+from fpsim.exact.accumulation import reduce_sum
+from fpsim.exact.certified import exact_rows_sum
+from fpsim.exact.softmax import cr_cross_entropy, log_softmax64
+from fpsim.formats import BF16, FP16, FP32
+from fpsim.rounding import round_to
+
+SPECIALS = np.concatenate([
+    np.array([-np.inf, -1.5, -2.0 ** -149, -0.0, 0.0, 2.0 ** -149, 1.0, 65504.0, 3e38, np.inf,
+              np.nan, -np.nan], np.float32),
+    np.uint32([0x7FC01234, 0xFFA00001, 0x00000003, 0x80000003]).view(np.float32)])
+
+
+def bits(x):
+    x = np.asarray(x)
+    return x.view(np.uint32 if x.dtype == np.float32 else np.uint64)
+
+
+def same_bits(x, y) -> bool:
+    x, y = np.asarray(x), np.asarray(y)
+    return x.shape == y.shape and x.dtype == y.dtype and np.array_equal(bits(x), bits(y))
+
+
+# --- relu ----------------------------------------------------------------------------------
+
+def test_relu_forward_mask_is_np_where_bit_for_bit():
+    """relu's forward (an AND with a 0 / all-ones mask) keeps -0.0, NaN payloads, subnormals
+    and inf exactly as ``np.where(x < 0, +0, x)``, in any layout."""
+    rng = np.random.default_rng(1)
+    grid = np.tile(SPECIALS[:, None], (1, 3))
+    noise = rng.standard_normal((64, 33)).astype(np.float32)
+    for x in (SPECIALS, grid, grid.T, noise, noise[::2, 1::3], noise.astype(np.float64)):
+        with np.errstate(invalid="ignore"):
+            want = np.where(x < 0, x.dtype.type(0), x)
+        assert same_bits(_relu_values(x), want)
+
+
+# --- bias-gradient column sums -------------------------------------------------------------
+
+def _adversarial_columns(rng, m, n):
+    """(m, n) float32 gradients whose column sums hit every branch of exact_rows_sum."""
+    x = rng.standard_normal((m, n)) * 2.0 ** rng.integers(-20, 20, (m, n))
+    x = x.astype(np.float32)
+    x[:, 0] = 0.0                                     # zero column of +0
+    x[:, 1] = -0.0                                    # zero column of -0: sums to -0
+    x[:, 2] = rng.choice(np.float32([0.0, -0.0]), m)  # mixed zeros: +0
+    x[: m // 2 * 2, 3] = np.repeat(x[::2, 3][: m // 2], 2)
+    x[1: m // 2 * 2: 2, 3] *= -1                      # exact cancellation: s = 0
+    x[:, 4] = 0.0
+    x[:2, 4] = [1.0, 2.0 ** -24]                      # an fp32 tie: 1 + 2**-24
+    x[:, 5] = round_to(x[:, 5], FP16)                 # fp16 data: ties in fp16 output
+    x[:, 6] = np.float32(2.0 ** -149) * rng.integers(-3, 4, m)   # float32 subnormals
+    x[:, 7] = np.float32(3e38)                        # overflows fp32 and fp16
+    x[:, 8] = rng.standard_normal(m).astype(np.float32) * 1e-3
+    x[0, 8] = 1e4                                     # heavy cancellation below
+    x[1, 8] = -1e4
+    return x
+
+
+def _reference_column_sums(x, out_fmt):
+    """Each column summed exactly (integer limbs), rounded to fp32, then to out_fmt."""
+    rows = np.ascontiguousarray(x.T)
+    acc, _ = exact_rows_sum(rows, FP32, force_fallback=True)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return round_to(acc.astype(np.float32), out_fmt)
+
+
+@pytest.mark.parametrize("out_fmt", [FP32, FP16, BF16])
+@pytest.mark.parametrize("m", [1, 2, 7, 128])
+def test_column_sums_in_the_gradients_layout_match_exact_sums(out_fmt, m):
+    rng = np.random.default_rng(m)
+    x = _adversarial_columns(rng, max(m, 2), 40)[:m]
+    got = reduce_sum(x, 0, out_fmt=out_fmt)          # rows = x.T: column-major, no copy
+    assert same_bits(got, _reference_column_sums(x, out_fmt))
+    assert got[1] == 0 and np.signbit(got[1]) and not np.signbit(got[2])
+
+
+def test_column_sums_with_inf_and_nan_follow_ieee():
+    rng = np.random.default_rng(5)
+    x = _adversarial_columns(rng, 16, 12)
+    x[3, 9], x[4, 10], x[5, 10], x[6, 11] = np.inf, np.inf, -np.inf, np.nan
+    with np.errstate(invalid="ignore"):
+        got = reduce_sum(x, 0, out_fmt=FP32)
+    assert got[9] == np.inf and np.isnan(got[10]) and np.isnan(got[11])
+    finite = np.arange(9)
+    assert same_bits(got[finite], _reference_column_sums(x[:, finite], FP32))
+
+
+def test_column_major_rows_give_the_row_major_bits():
+    """exact_rows_sum on a column-major view and on its C-ordered copy: the same bits (also
+    for the other accumulation models, which now receive the view)."""
+    rng = np.random.default_rng(6)
+    x = _adversarial_columns(rng, 64, 30)
+    view, copy = x.T, np.ascontiguousarray(x.T)
+    assert view.flags.f_contiguous and not view.flags.c_contiguous
+    for acc in (FP32, FP16, BF16):
+        assert same_bits(exact_rows_sum(view, acc)[0], exact_rows_sum(copy, acc)[0])
+    for model in ("exact", "sequential:fp16", "blocked:4:fp32", "a100"):
+        assert same_bits(reduce_sum(x, 0, out_fmt=FP16, model=model),
+                         reduce_sum(np.ascontiguousarray(x.T), 1, out_fmt=FP16, model=model))
+    batch = _adversarial_columns(rng, 24, 10).reshape(4, 6, 10)       # axes (0, 1): a view
+    assert same_bits(reduce_sum(batch, (0, 1), out_fmt=FP32),
+                     _reference_column_sums(batch.reshape(24, 10), FP32))
+
+
+# --- cross-entropy -------------------------------------------------------------------------
+
+def test_cross_entropy_hands_its_backward_log_softmax64_bits():
+    rng = np.random.default_rng(7)
+    logits = (rng.standard_normal((12, 5)) * 3).astype(np.float32)
+    logits[0] = [1.0, 1.0, 1.0, 1.0, 1.0]                # ties for the maximum
+    logits[1, 2] = -np.inf
+    logits[2, 0] = np.inf
+    logits[3, 1] = np.nan
+    logits[4] = [-0.0, 0.0, -0.0, 2.0 ** -149, 0.0]
+    logits[5] = [80.0, -80.0, 0.0, 1e-30, 80.0]
+    labels = np.arange(12) % 5
+    with np.errstate(invalid="ignore", over="ignore"):
+        want_logp = log_softmax64(logits.astype(np.float64))
+        for reduction in ("mean", "sum", "none"):
+            for fmt in (FP32, FP16):
+                value, logp = cr_cross_entropy(logits, labels, reduction, fmt,
+                                               with_log_softmax=True)
+                assert same_bits(logp, want_logp)
+                assert same_bits(np.asarray(value),
+                                 np.asarray(cr_cross_entropy(logits, labels, reduction, fmt)))
+    finite = logits[[0, 4, 5, 6, 7]]
+    value, _ = cr_cross_entropy(finite, labels[:5], "none", FP32, with_log_softmax=True)
+    with np.errstate(under="ignore"):
+        direct = -log_softmax64(finite.astype(np.float64))[np.arange(5), labels[:5]]
+    assert same_bits(round_to(value, FP32), round_to(direct, FP32))
+
+
+def test_log1p_single_branch_matches_the_two_branch_formula():
+    def two_branch(t):
+        small = t < 0.4
+        ts = np.where(small, t, 0.0)
+        return np.where(small, el._atanh2(ts / (2.0 + ts)), el.log(1.0 + np.where(small, 0.0, t)))
+
+    tiny = np.array([0.0, 2.0 ** -1074, 1e-300, 1e-17, 0.1, 0.3999999999])
+    big = np.array([0.4, 0.5, 1.0, 9.0, 1e10, 1e300, np.inf])
+    for t in (tiny, big, np.concatenate([tiny, big]), np.array([np.nan, 1.0]),
+              np.array([np.nan, 0.1]), tiny[:, None], big.reshape(7, 1)):
+        assert same_bits(el.log1p(t), two_branch(t))
+
+
+# --- leaf gradients: kept when unshared, copied when shared --------------------------------
+
+def test_unshared_tells_a_sole_array_from_a_shared_one():
+    assert tensor_module._STEAL
+    fresh = np.ones(4, np.float32)
+    assert tensor_module._unshared(fresh)
+    other = fresh
+    assert not tensor_module._unshared(fresh)
+    del other
+    view = fresh[:2]
+    assert not tensor_module._unshared(fresh) and not tensor_module._unshared(view)
+    del view
+    holder = {"g": fresh}
+    assert not tensor_module._unshared(fresh)
+    del holder
+    reshaped = np.ones(6, np.float32).reshape(2, 3)     # a fresh result, reshaped
+    assert tensor_module._unshared(reshaped)
+    part = np.ones(8, np.float32)[:6]                    # part of a bigger buffer
+    transposed = np.ones((3, 2), np.float32).T
+    assert not tensor_module._unshared(part) and not tensor_module._unshared(transposed)
+
+
+def _all_grad_arrays(tensors):
+    return [t.grad.data for t in tensors if t.grad is not None]
+
+
+def test_no_two_gradients_share_memory_and_values_are_unchanged():
+    rng = np.random.default_rng(8)
+    x = Tensor(rng.standard_normal(5).astype(np.float32), requires_grad=True)
+    y = Tensor(rng.standard_normal(5).astype(np.float32), requires_grad=True)
+    seed = np.float32([1.0, 2.0, 3.0, 4.0, 5.0])
+    (x + y).backward(seed)                               # add hands g to both leaves
+    (x * 1.0).sum().backward()
+    hidden = x * 2.0
+    hidden.retain_grad()
+    (hidden + y).sum().backward()
+    x.backward(seed)                                     # the seed itself reaches a leaf
+    arrays = _all_grad_arrays([x, y, hidden]) + [seed]
+    for i, a in enumerate(arrays):
+        for b in arrays[i + 1:]:
+            assert not np.shares_memory(a, b)
+    assert x.grad.data.tolist() == [2 * s + 3.0 for s in (1.0, 2.0, 3.0, 4.0, 5.0)]
+    assert y.grad.data.tolist() == [s + 1.0 for s in (1.0, 2.0, 3.0, 4.0, 5.0)]
+    seed[:] = 0                                          # the caller's array stays theirs
+    assert x.grad.data[0] == 5.0
+
+
+@pytest.mark.parametrize("policy", ["32-true", "16-mixed"])
+def test_mlp_gradients_are_kept_without_copies_and_match_copies(policy, monkeypatch):
+    def run():
+        rng = np.random.default_rng(9)
+        with use_policy(policy):
+            model = nn.MLP([6, 8, 3], rng=2)
+            x = Tensor(rng.standard_normal((4, 6)).astype(np.float32))
+            ag.cross_entropy(model(x), [0, 1, 2, 1]).backward(np.float32(1024.0))
+        return model.parameters()
+
+    accumulate, owned = tensor_module._accumulate_leaf, []
+
+    def spy(node, g, keep):
+        owned.append(keep)
+        accumulate(node, g, keep)
+
+    monkeypatch.setattr(tensor_module, "_accumulate_leaf", spy)
+    kept = run()
+    assert owned == [True] * 4                           # every gradient kept, none copied
+    monkeypatch.setattr(tensor_module, "_STEAL", False)
+    copied = run()
+    for a, b in zip(kept, copied):
+        assert same_bits(a.grad.data, b.grad.data)
+        assert a.grad.data.flags.c_contiguous
+    arrays = _all_grad_arrays(kept)
+    for i, a in enumerate(arrays):
+        for b in arrays[i + 1:]:
+            assert not np.shares_memory(a, b)
