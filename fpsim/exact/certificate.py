@@ -60,9 +60,11 @@ from ..backend import xp
 from ..backend import scratch
 from .sums import zero_sum
 
-__all__ = ["error_factor", "width_factor", "certify", "sums_exactly", "split_certify"]
+__all__ = ["error_factor", "width_factor", "certify", "certify_fp32_open", "sums_exactly",
+           "split_certify"]
 
 _CHUNK = 1 << 15    # elements per chunk of the float32 path: temporaries stay in cache
+_OPEN_CHUNK = 1 << 17   # certify_fp32_open: fewer, larger chunks (its per-chunk work is more)
 
 
 def error_factor(terms: int) -> float:
@@ -141,6 +143,39 @@ def _fp32_ends(approx, width, width_cols, low, high, same) -> None:
             xp.subtract(x, w, out=low[lo:hi])
             xp.add(x, w, out=high[lo:hi])
             _same_bits(low[lo:hi], high[lo:hi], same[lo:hi])
+
+
+def certify_fp32_open(approx: xp.ndarray, width_rows: xp.ndarray, width_cols: xp.ndarray,
+                      high: xp.ndarray):
+    """The first certificate on a 2-D ``approx`` (M, N) with float32 ends, reporting only
+    the elements it leaves open. w = ``width_rows`` (M, 1) times ``width_cols`` (N,), the
+    product rounded once; ``high`` (float32, C-ordered (M, N)) receives fl32(fl64(approx +
+    w)) everywhere. Returns (open, low, high_open): the flat C-order indices where
+    fl32(fl64(approx - w)) has other bits, and the two ends there. Certified elements round
+    to ``high``. Chunks of rows: the work arrays stay in cache and only the open elements
+    leave the loop (no (M, N) low end or mask is written)."""
+    lines, n = approx.shape
+    step = max(1, _OPEN_CHUNK // max(1, n))
+    rows = min(step, lines)
+    w_buf = scratch("certify.width", xp.float64, rows * n).reshape(rows, n)
+    low_buf = scratch("certify.low", xp.float32, rows * n).reshape(rows, n)
+    same_buf = scratch("certify.same", bool, rows * n).reshape(rows, n)
+    found = []
+    with xp.errstate(invalid="ignore", over="ignore"):
+        for lo in range(0, lines, step):
+            hi = min(lines, lo + step)
+            x, top = approx[lo:hi], high[lo:hi]
+            w = xp.multiply(width_rows[lo:hi], width_cols, out=w_buf[:hi - lo])
+            low = xp.subtract(x, w, out=low_buf[:hi - lo])
+            xp.add(x, w, out=top)
+            same = _same_bits(low, top, same_buf[:hi - lo])
+            if not same.all():
+                where = xp.flatnonzero(xp.logical_not(same, out=same))
+                found.append((where + lo * n, low.reshape(-1)[where], top.reshape(-1)[where]))
+    if not found:
+        empty = xp.zeros(0, xp.float32)
+        return xp.zeros(0, xp.intp), empty, empty
+    return tuple(xp.concatenate(part) for part in zip(*found))
 
 
 def _rows(x, approx, lo, hi):

@@ -7,9 +7,11 @@ to ``out_fmt``), for a 2-D float32 ``a`` (M, K) and ``b`` (K, N) with finite val
 and ``f = rnd_out o pre``, the result is ``f(rnd32(s))`` with ``s`` the exact dot product::
 
     approx = fl64(a @ b)                                  # any BLAS, order, threads
-    w      = ||a_i|| ||b_j|| * (g + 2**-50) (1 + 2g) (1 + 2**-39),  g = K * 2**-52
+    w      = max(||a_i|| c, 2**-600) max(||b_j||, 2**-400),  c = width_factor(K)
+           = ||a_i|| ||b_j|| (g + 2**-50) (1 + 2g) (1 + 2**-39) but for all-zero lines,
+             g = K * 2**-52
     lo32, hi32 = fl32(fl64(approx - w)), fl32(fl64(approx + w))
-    certified where  bits(lo32) == bits(hi32)   (acc = hi32), except all-zero rows/columns
+    certified where  bits(lo32) == bits(hi32)                            (acc = hi32)
     the rest:       certified where f(lo32) == f(hi32) and pre(lo32), pre(hi32) are nonzero
                     of one sign                                          (acc = hi32)
                     else exact: the split certificate on the gathered products (exact
@@ -25,7 +27,9 @@ fp32 level, rnd32(s) is that value (as in the general path); at the f level only
 known, so the element keeps acc = hi32, whose f is the same and which is nonzero exactly when
 rnd32(s) is (both ends nonzero of one sign after ``pre``): the underflow counter
 (``underflow.note``) sees the same zero / nonzero pattern as on the general path. (3) Signed
-zeros. An all-zero row of a or column of b has w = 0 and a BLAS zero of either sign: never
+zeros. An all-zero row of a or column of b has a BLAS zero of either sign and would have
+w = 0; the floors (below ||x|| c and ||x|| for any nonzero float32 line, whose norm is at least
+2**-149, so they change no other w) make w > 0, and the ends are -0 and +0: never
 certified at the fp32 level; at the f level pre is then +-0 + bias, nonzero only for a nonzero
 bias, where the zero's sign does not matter (+-0 + b = b). Any other exact zero sum has approx
 = +-0 and w > 0, so lo32 and hi32 differ in sign: not certified at the fp32 level, and at the f
@@ -36,8 +40,10 @@ it takes all but exact ties and exact sums; where every low part is zero its exa
 is s, an exact zero signed by the IEEE rule: -0 exactly when every product is -0), else the
 exact sum rounded to odd (``round_to_odd_sum``) and
 cast once to fp32. Non-finite inputs (seen as non-finite norms), K = 0 and empty shapes are
-left to the general path (``matmul_2d`` returns None). Work arrays are reused per thread
-(``_scratch``); results are always fresh arrays.
+left to the general path (``matmul_2d`` returns None). The fp32 ends are computed chunk by
+chunk (``certificate.certify_fp32_open``): only the elements left open leave the loop, with
+their ends; every later step works on those gathered elements. Work arrays are reused per
+thread (``_scratch``); results are always fresh arrays.
 """
 from __future__ import annotations
 
@@ -48,13 +54,15 @@ from ..backend import xp
 from ..formats import FP16, FP32
 from ..backend import round_to, scratch
 from . import underflow
-from .certificate import certify, error_factor, split_certify, width_factor
+from .certificate import certify_fp32_open, error_factor, split_certify, width_factor
 from .certified import cauchy_schwarz_bound
 from .sums import ELEMENTS_PER_CHUNK, round_to_odd_sum
 
 __all__ = ["matmul_2d", "round_out"]
 
 _SMALL = 1 << 14        # below this, NumPy's float16 cast is cheaper than round_to's setup
+_ROW_FLOOR = 2.0 ** -600  # width floors: w > 0 for all-zero lines, below any nonzero one's
+_COL_FLOOR = 2.0 ** -400
 
 
 def _finite(x: xp.ndarray) -> bool:
@@ -94,28 +102,21 @@ def matmul_2d(a: xp.ndarray, b: xp.ndarray, out_fmt, bias: xp.ndarray | None = N
     if not (xp.isfinite(row_norm.sum()) and xp.isfinite(col_norm.sum())):
         return None
     approx = xp.matmul(a64, b64, out=_scratch("approx", (m, n), xp.float64))
-    g = error_factor(k)
     # pre is the output itself for fp32; otherwise only a work array (out is rounded from it)
-    pre_buffer = None if out_fmt == FP32 else _scratch("pre", (m, n), xp.float32)
-    low32, high32, certified = certify(approx, (row_norm * width_factor(k))[:, None], col_norm,
-                                       high=pre_buffer)
-    if not (row_norm.all() and col_norm.all()):
-        certified[row_norm == 0, :] = False
-        certified[:, col_norm == 0] = False
-    pre = high32                                # acc = hi32 wherever certified
+    pre = xp.empty((m, n), xp.float32) if out_fmt == FP32 else _scratch("pre", (m, n),
+                                                                         xp.float32)
+    # Floors keep w > 0 where a row or column is all zero (module docstring, (3)); they are
+    # below every nonzero norm's factor (norms of float32 values are at least 2**-149).
+    row_width = xp.maximum(row_norm * width_factor(k), _ROW_FLOOR)[:, None]
+    opened, low32, high32 = certify_fp32_open(approx, row_width,
+                                              xp.maximum(col_norm, _COL_FLOOR), pre)
     with xp.errstate(over="ignore"):
         if bias is not None:
             pre += bias                         # the fp32 epilogue: one float32 addition
-        out = round_out(pre, out_fmt)
-    if not certified.all():
-        rows, cols = _f_uncertified(certified, low32, pre, out, bias, out_fmt)
-        if rows.size:
-            acc = _exact_elements(a64, b64, row_norm, col_norm, rows, cols, g)
-            with xp.errstate(over="ignore"):
-                if bias is not None:
-                    acc += bias[cols]
-                pre[rows, cols] = acc
-                out[rows, cols] = round_out(acc, out_fmt)
+        out = round_out(pre, out_fmt)           # acc = hi32 wherever certified
+    if opened.size:
+        _settle_open(a, b, a64, b64, row_norm, col_norm, opened, low32, high32, pre, out,
+                     bias, out_fmt)
     if note:
         underflow.note(pre, out)
     return out
@@ -137,58 +138,53 @@ def _widen(x: xp.ndarray, name: str) -> xp.ndarray:
     return out
 
 
-def _f_uncertified(certified, low32, pre_high, out_high, bias, out_fmt):
-    """(rows, cols) of the elements neither certificate takes. The second one holds where
-    f = rnd_out(pre(.)) gives one bit pattern at both ends and pre is nonzero of one sign at
-    both (so pre(acc) keeps the zero/nonzero pattern of the exact path); it only helps when
-    f is coarser than rnd32 (an output format or a bias). Few candidates: gathered; many
-    (fp16 data makes exact fp32 ties common): checked over the whole matrix."""
-    uncertified = xp.logical_not(certified, out=_scratch("uncertified", certified.shape, bool))
-    if bias is None and out_fmt == FP32:
-        return _where_2d(uncertified)
-    if 8 * xp.count_nonzero(uncertified) < certified.size:
-        rows, cols = _where_2d(uncertified)
-        ok = _f_agree(low32[rows, cols], pre_high[rows, cols], out_high[rows, cols],
-                      None if bias is None else bias[cols], out_fmt)
-        return rows[~ok], cols[~ok]
-    ok = _f_agree(low32, pre_high, out_high, bias, out_fmt, _scratch)
-    xp.logical_and(uncertified, xp.logical_not(ok, out=ok), out=uncertified)
-    return _where_2d(uncertified)
+def _settle_open(a, b, a64, b64, row_norm, col_norm, opened, low32, high32, pre, out, bias,
+                 out_fmt) -> None:
+    """pre and out at the elements the fp32 certificate left open (flat indices ``opened``,
+    their ends ``low32``, ``high32``). The f-level certificate takes those where f =
+    rnd_out(pre(.)) gives one bit pattern at both ends and pre is nonzero of one sign at
+    both (pre(acc) then keeps the zero/nonzero pattern of the exact path; pre and out there
+    are already f's values at the high end); it only helps when f is coarser than rnd32 (an
+    output format or a bias). The rest are summed exactly."""
+    n = pre.shape[1]
+    if bias is not None or out_fmt != FP32:
+        bias_open = None if bias is None else bias[opened % n]
+        ok = _f_agree(low32, high32, bias_open, out_fmt)
+        opened = opened[xp.logical_not(ok, out=ok)]
+        if not opened.size:
+            return
+    rows, cols = xp.divmod(opened, n)
+    acc = _exact_elements(_gather_source(a, a64), _gather_source(b, b64), row_norm, col_norm,
+                          rows, cols, error_factor(a64.shape[1]))
+    with xp.errstate(over="ignore"):
+        if bias is not None:
+            acc += bias[cols]
+        pre.reshape(-1)[opened] = acc
+        out.reshape(-1)[opened] = round_out(acc, out_fmt)
 
 
-def _where_2d(mask: xp.ndarray):
-    """``np.nonzero`` of a 2-D mask, through the flat indices (several times faster)."""
-    return xp.divmod(xp.flatnonzero(mask), mask.shape[1])
-
-
-def _f_agree(low32, pre_high, out_high, bias, out_fmt, scratch=None) -> xp.ndarray:
-    """Where f gives one bit pattern at both ends and pre is nonzero of one sign at both.
-    ``scratch``: ``_scratch``, to work in reused buffers (whole matrices: fresh ones cost
-    page faults), the result then valid until the next call."""
-    def buffer(name, dtype):
-        return xp.empty(low32.shape, dtype) if scratch is None else scratch(name, low32.shape,
-                                                                            dtype)
+def _f_agree(low32, high32, bias, out_fmt) -> xp.ndarray:
+    """Where f gives one bit pattern at both ends and pre is nonzero of one sign at both
+    (1-D gathered ends; ``bias`` gathered alike, or None)."""
     with xp.errstate(over="ignore", invalid="ignore"):
-        pre_low = low32 if bias is None else xp.add(low32, bias, out=buffer("f.pre", xp.float32))
-        same = xp.not_equal(pre_low, 0, out=buffer("f.same", bool))
-        test = xp.not_equal(pre_high, 0, out=buffer("f.test", bool))
-        same &= test
-        sign = xp.signbit(pre_low, out=buffer("f.sign", bool))
-        same &= xp.equal(sign, xp.signbit(pre_high, out=test), out=test)
-        out_low = round_out(pre_low, out_fmt)
-        same &= xp.equal(out_low.view(xp.uint32), out_high.view(xp.uint32), out=test)
+        pre_low = low32 if bias is None else low32 + bias
+        pre_high = high32 if bias is None else high32 + bias
+        same = (pre_low != 0) & (pre_high != 0)
+        same &= xp.signbit(pre_low) == xp.signbit(pre_high)
+        out_low, out_high = round_out(pre_low, out_fmt), round_out(pre_high, out_fmt)
+        same &= out_low.view(xp.uint32) == out_high.view(xp.uint32)
     return same
 
 
-def _exact_elements(a64, b64, row_norm, col_norm, rows, cols, g) -> xp.ndarray:
-    """The exact sums of elements (rows, cols) rounded once to fp32 (float32), with the
-    IEEE sign of exact zeros: the split certificate on their gathered products, then the
+def _exact_elements(a, b, row_norm, col_norm, rows, cols, g) -> xp.ndarray:
+    """The exact sums of elements (rows, cols) of a @ b rounded once to fp32 (float32), with
+    the IEEE sign of exact zeros: the split certificate on their gathered products, then the
     exact sum (rounded to odd, cast once) for the exact ties it leaves."""
     out = xp.empty(rows.size, xp.float32)
-    step = max(1, ELEMENTS_PER_CHUNK // a64.shape[1])
+    step = max(1, ELEMENTS_PER_CHUNK // a.shape[1])
     for lo in range(0, rows.size, step):
         r, c = rows[lo:lo + step], cols[lo:lo + step]
-        products = _products(a64, b64, r, c)
+        products = _products(a, b, r, c)
         upper = cauchy_schwarz_bound(row_norm[r], col_norm[c], g)     # >= sum |a_ik b_kj|
         acc, known = split_certify(products, upper)
         rest = xp.flatnonzero(~known)
@@ -200,10 +196,19 @@ def _exact_elements(a64, b64, row_norm, col_norm, rows, cols, g) -> xp.ndarray:
     return out
 
 
-def _products(a64, b64, rows, cols) -> xp.ndarray:
-    """(len(rows), K) products a64[rows[e], k] * b64[k, cols[e]], exact in float64. Gathered
-    by np.take along b's memory order, so that both factors share one layout (a mixed-layout
-    product, or fancy indexing of a C-ordered b's columns, is several times slower)."""
-    if b64.flags.c_contiguous:      # b's columns are strided: build the products k-major
-        return (xp.take(a64.T, rows, axis=1) * xp.take(b64, cols, axis=1)).T
-    return xp.take(a64, rows, axis=0) * xp.take(b64.T, cols, axis=0)
+def _gather_source(x32, x64):
+    """The operand to gather products from: the float32 original where it is C- or
+    F-ordered (half the bytes), else its float64 copy (always one of the two)."""
+    return x32 if x32.flags.c_contiguous or x32.flags.f_contiguous else x64
+
+
+def _products(a, b, rows, cols) -> xp.ndarray:
+    """(len(rows), K) float64 products a[rows[e], k] * b[k, cols[e]], exact (float32 or
+    float64 operands holding float32 values). Each factor is gathered by ``take`` along its
+    operand's contiguous axis (on a C-ordered array: ``take`` would first copy any other
+    whole), so that both share one layout wherever the operands' orders allow it."""
+    left = (xp.take(a, rows, axis=0) if a.flags.c_contiguous
+            else xp.take(a.T, rows, axis=1).T)
+    right = (xp.take(b.T, cols, axis=0) if b.flags.f_contiguous
+             else xp.take(b, cols, axis=1).T)
+    return xp.multiply(left, right, dtype=xp.float64)
