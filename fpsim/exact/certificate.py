@@ -61,7 +61,7 @@ from ..backend import scratch
 from .sums import zero_sum
 
 __all__ = ["error_factor", "width_factor", "certify", "certify_fp32_open", "sums_exactly",
-           "split_certify"]
+           "line_quanta", "split_certify"]
 
 _CHUNK = 1 << 15    # elements per chunk of the float32 path: temporaries stay in cache
 _OPEN_CHUNK = 1 << 17   # certify_fp32_open: fewer, larger chunks (its per-chunk work is more)
@@ -148,7 +148,7 @@ def _fp32_ends(approx, width, width_cols, low, high, same) -> None:
 def certify_fp32_open(approx: xp.ndarray, width_rows: xp.ndarray, width_cols: xp.ndarray,
                       high: xp.ndarray):
     """The first certificate on a 2-D ``approx`` (M, N) with float32 ends, reporting only
-    the elements it leaves open. w = ``width_rows`` (M, 1) times ``width_cols`` (N,), the
+    the elements it leaves open. w = ``width_rows`` (M,) times ``width_cols`` (N,), the
     product rounded once; ``high`` (float32, C-ordered (M, N)) receives fl32(fl64(approx +
     w)) everywhere. Returns (open, low, high_open): the flat C-order indices where
     fl32(fl64(approx - w)) has other bits, and the two ends there. Certified elements round
@@ -165,7 +165,9 @@ def certify_fp32_open(approx: xp.ndarray, width_rows: xp.ndarray, width_cols: xp
         for lo in range(0, lines, step):
             hi = min(lines, lo + step)
             x, top = approx[lo:hi], high[lo:hi]
-            w = xp.multiply(width_rows[lo:hi], width_cols, out=w_buf[:hi - lo])
+            # one rounded product per element (an einsum outer product: NumPy's broadcast
+            # multiply is slower here)
+            w = xp.einsum("i,j->ij", width_rows[lo:hi], width_cols, out=w_buf[:hi - lo])
             low = xp.subtract(x, w, out=low_buf[:hi - lo])
             xp.add(x, w, out=top)
             same = _same_bits(low, top, same_buf[:hi - lo])
@@ -192,6 +194,38 @@ def sums_exactly(upper: xp.ndarray, lowest_bit: xp.ndarray) -> xp.ndarray:
     """Where the float64 sum is exact (second certificate): ``upper`` >= sum |p| and every
     term a multiple of 2**``lowest_bit``."""
     return upper < xp.ldexp(1.0, xp.minimum(lowest_bit + 53, 1023))
+
+
+def line_quanta(x: xp.ndarray, axis: int) -> xp.ndarray:
+    """For each line of the finite float32 ``x`` along ``axis`` (0 or 1 of a 2-D array): a
+    power of two (float64) that divides every element of the line, 1.0 for an all-zero line.
+
+    Clearing a pattern's lowest set bit (p & (p - 1)) lowers |x| by exactly that bit's value
+    where the fraction is nonzero (Sterbenz: the difference is exact), by at least |x| / 2
+    for a power of two (an exponent bit goes): the line's smallest such difference, cut to
+    the power of two at or below it, divides every element. Patterns compare as unsigned
+    integers in the order of the non-negative values they hold; subtracting 1 sends the
+    zeros' differences to the top, out of the minimum."""
+    mag = _like(x, "quanta.mag", xp.uint32)
+    xp.bitwise_and(x.view(xp.uint32), xp.uint32(0x7FFFFFFF), out=mag)
+    low = _like(x, "quanta.low", xp.uint32)
+    xp.subtract(mag, xp.uint32(1), out=low)            # zeros wrap; they give 0 below
+    xp.bitwise_and(low, mag, out=low)
+    xp.subtract(mag.view(xp.float32), low.view(xp.float32), out=low.view(xp.float32))
+    low -= xp.uint32(1)
+    smallest = low.min(axis=axis) + xp.uint32(1)        # an all-zero line wraps back to 0
+    normal = smallest >= xp.uint32(0x00800000)          # subnormal differences: powers of two
+    smallest[normal] &= xp.uint32(0xFF800000)
+    quanta = smallest.view(xp.float32).astype(xp.float64)
+    quanta[quanta == 0] = 1.0
+    return quanta
+
+
+def _like(x: xp.ndarray, name: str, dtype) -> xp.ndarray:
+    """A reused work array shaped like the 2-D x, in x's memory order."""
+    if x.flags.f_contiguous and not x.flags.c_contiguous:
+        return scratch(name, dtype, x.size).reshape(x.shape[::-1]).T
+    return scratch(name, dtype, x.size).reshape(x.shape)
 
 
 def split_certify(terms: xp.ndarray, upper: xp.ndarray) -> tuple[xp.ndarray, xp.ndarray]:

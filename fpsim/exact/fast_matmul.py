@@ -54,7 +54,8 @@ from ..backend import xp
 from ..formats import FP16, FP32
 from ..backend import round_to, scratch
 from . import underflow
-from .certificate import certify_fp32_open, error_factor, split_certify, width_factor
+from .certificate import (certify_fp32_open, error_factor, line_quanta, split_certify,
+                          width_factor)
 from .certified import cauchy_schwarz_bound
 from .sums import ELEMENTS_PER_CHUNK, round_to_odd_sum
 
@@ -63,6 +64,9 @@ __all__ = ["matmul_2d", "round_out"]
 _SMALL = 1 << 14        # below this, NumPy's float16 cast is cheaper than round_to's setup
 _ROW_FLOOR = 2.0 ** -600  # width floors: w > 0 for all-zero lines, below any nonzero one's
 _COL_FLOOR = 2.0 ** -400
+_SAMPLE = 8              # rows of a and columns of b tried before the exact-row passes
+_EXACT_BELOW = 2.0 ** 53  # products' sum bound, in units of their common quantum
+_EXACT_MIN_SAVING = 1 << 17   # output elements that pay for the exact-row passes' fixed cost
 
 
 def _finite(x: xp.ndarray) -> bool:
@@ -107,9 +111,14 @@ def matmul_2d(a: xp.ndarray, b: xp.ndarray, out_fmt, bias: xp.ndarray | None = N
                                                                          xp.float32)
     # Floors keep w > 0 where a row or column is all zero (module docstring, (3)); they are
     # below every nonzero norm's factor (norms of float32 values are at least 2**-149).
-    row_width = xp.maximum(row_norm * width_factor(k), _ROW_FLOOR)[:, None]
-    opened, low32, high32 = certify_fp32_open(approx, row_width,
-                                              xp.maximum(col_norm, _COL_FLOOR), pre)
+    row_width = xp.maximum(row_norm * width_factor(k), _ROW_FLOOR)
+    col_width = xp.maximum(col_norm, _COL_FLOOR)
+    exact_rows = _exact_rows(a, b, row_norm, col_norm, k)
+    if exact_rows is None:
+        opened, low32, high32 = certify_fp32_open(approx, row_width, col_width, pre)
+    else:
+        opened, low32, high32 = _certify_exact_rows(approx, exact_rows, row_width,
+                                                    col_width, pre)
     with xp.errstate(over="ignore"):
         if bias is not None:
             pre += bias                         # the fp32 epilogue: one float32 addition
@@ -120,6 +129,54 @@ def matmul_2d(a: xp.ndarray, b: xp.ndarray, out_fmt, bias: xp.ndarray | None = N
     if note:
         underflow.note(pre, out)
     return out
+
+
+def _exact_rows(a, b, row_norm, col_norm, k):
+    """The rows i whose float64 sums are exact for every column (module docstring, (5)):
+    rho_i = ||a_i|| / 2**qa_i, sigma_j = ||b_j|| / 2**qb_j (exact scalings), U =
+    cauchy_schwarz_bound(rho_i, max sigma, g) < 2**53. None where a sample of rows and
+    columns says that no row would pass (fp32 data with wide products), or where the output
+    is small or the operands outweigh it (a pass over a and b costs about what it saves on
+    as many output elements, plus a fixed cost): then the first certificate alone is
+    cheaper."""
+    m, n = a.shape[0], b.shape[1]
+    if m * n < _EXACT_MIN_SAVING + k * (m + n):
+        return None
+    g = error_factor(k)
+    rows, cols = _spread(m), _spread(n)
+    with xp.errstate(invalid="ignore"):
+        rho = row_norm[rows] / line_quanta(a[rows], 1)
+        sigma = col_norm[cols] / line_quanta(b[:, cols], 0)
+        if not cauchy_schwarz_bound(rho.min(), sigma.max(), g) < _EXACT_BELOW:
+            return None
+        rho = row_norm / line_quanta(a, 1)
+        sigma = col_norm / line_quanta(b, 0)
+        return cauchy_schwarz_bound(rho, sigma.max(), g) < _EXACT_BELOW
+
+
+def _spread(n: int) -> xp.ndarray:
+    """Up to _SAMPLE indices spread evenly over range(n)."""
+    return xp.arange(0, n, max(1, n // _SAMPLE))[:_SAMPLE]
+
+
+def _certify_exact_rows(approx, exact_rows, row_width, col_width, pre):
+    """``certify_fp32_open`` where some rows are exact sums: there pre = fl32(approx) is
+    rnd32(s), save exact zero sums (a BLAS zero's sign is its own, not IEEE's): those are
+    left open with the ends -0 and +0; the other rows take the first certificate."""
+    n = approx.shape[1]
+    with xp.errstate(over="ignore"):
+        xp.copyto(pre, approx)
+    zeros = xp.flatnonzero(xp.equal(pre, 0, out=_scratch("zeros", pre.shape, bool)))
+    zeros = zeros[exact_rows[zeros // n] & (approx.reshape(-1)[zeros] == 0)]
+    found = [(zeros, xp.full(zeros.size, -0.0, xp.float32), xp.zeros(zeros.size, xp.float32))]
+    if not exact_rows.all():
+        rest = xp.flatnonzero(xp.logical_not(exact_rows))
+        high = xp.empty((rest.size, n), xp.float32)
+        opened, low32, high32 = certify_fp32_open(approx[rest], row_width[rest], col_width,
+                                                  high)
+        pre[rest] = high
+        found.append((rest[opened // n] * n + opened % n, low32, high32))
+    return tuple(xp.concatenate(part) for part in zip(*found))
 
 
 def _scratch(name: str, shape: tuple, dtype) -> xp.ndarray:
