@@ -66,6 +66,7 @@ _ROW_FLOOR = 2.0 ** -600  # width floors: w > 0 for all-zero lines, below any no
 _COL_FLOOR = 2.0 ** -400
 _SAMPLE = 8              # rows of a and columns of b tried before the exact-row passes
 _EXACT_BELOW = 2.0 ** 53  # products' sum bound, in units of their common quantum
+_WIDEN_CHUNK = 1 << 17   # elements widened per chunk: the norms read them from cache
 _EXACT_MIN_SAVING = 1 << 17   # output elements that pay for the exact-row passes' fixed cost
 
 
@@ -98,9 +99,8 @@ def matmul_2d(a: xp.ndarray, b: xp.ndarray, out_fmt, bias: xp.ndarray | None = N
     n = b.shape[1]
     if k == 0 or m == 0 or n == 0 or (bias is not None and not _finite(bias)):
         return None
-    a64, b64 = _widen(a, "a"), _widen(b, "b")
-    row_norm = xp.sqrt(xp.einsum("ik,ik->i", a64, a64))
-    col_norm = xp.sqrt(xp.einsum("kj,kj->j", b64, b64))
+    a64, row_norm = _widen_with_norms(a, "a", 1)
+    b64, col_norm = _widen_with_norms(b, "b", 0)
     # Squares of float32 values cannot overflow a float64 sum (K 2**256 < 2**1024), so the
     # norms are finite exactly when a and b are: one check, no extra pass over the operands.
     if not (xp.isfinite(row_norm.sum()) and xp.isfinite(col_norm.sum())):
@@ -134,24 +134,25 @@ def matmul_2d(a: xp.ndarray, b: xp.ndarray, out_fmt, bias: xp.ndarray | None = N
 def _exact_rows(a, b, row_norm, col_norm, k):
     """The rows i whose float64 sums are exact for every column (module docstring, (5)):
     rho_i = ||a_i|| / 2**qa_i, sigma_j = ||b_j|| / 2**qb_j (exact scalings), U =
-    cauchy_schwarz_bound(rho_i, max sigma, g) < 2**53. None where a sample of rows and
-    columns says that no row would pass (fp32 data with wide products), or where the output
-    is small or the operands outweigh it (a pass over a and b costs about what it saves on
-    as many output elements, plus a fixed cost): then the first certificate alone is
-    cheaper."""
+    cauchy_schwarz_bound(rho_i, max sigma, g) < 2**53. None where fewer than half the rows
+    pass, as a sample of rows and columns foretells (fp32 data with wide products), or
+    where the output is small or the operands outweigh it (a pass over a and b costs about
+    what it saves on as many output elements, plus a fixed cost): then the first
+    certificate alone is cheaper."""
     m, n = a.shape[0], b.shape[1]
     if m * n < _EXACT_MIN_SAVING + k * (m + n):
         return None
     g = error_factor(k)
     rows, cols = _spread(m), _spread(n)
-    with xp.errstate(invalid="ignore"):
-        rho = row_norm[rows] / line_quanta(a[rows], 1)
-        sigma = col_norm[cols] / line_quanta(b[:, cols], 0)
-        if not cauchy_schwarz_bound(rho.min(), sigma.max(), g) < _EXACT_BELOW:
-            return None
-        rho = row_norm / line_quanta(a, 1)
-        sigma = col_norm / line_quanta(b, 0)
-        return cauchy_schwarz_bound(rho, sigma.max(), g) < _EXACT_BELOW
+    rho = row_norm[rows] / line_quanta(a[rows], 1)
+    sigma = col_norm[cols] / line_quanta(b[:, cols], 0)
+    passing = cauchy_schwarz_bound(rho, sigma.max(), g) < _EXACT_BELOW
+    if 2 * xp.count_nonzero(passing) < rows.size:
+        return None
+    rho = row_norm / line_quanta(a, 1)
+    sigma = col_norm / line_quanta(b, 0)
+    exact = cauchy_schwarz_bound(rho, sigma.max(), g) < _EXACT_BELOW
+    return exact if 2 * xp.count_nonzero(exact) >= m else None
 
 
 def _spread(n: int) -> xp.ndarray:
@@ -185,14 +186,30 @@ def _scratch(name: str, shape: tuple, dtype) -> xp.ndarray:
     return scratch(name, dtype, math.prod(shape)).reshape(shape)
 
 
-def _widen(x: xp.ndarray, name: str) -> xp.ndarray:
-    """x in float64 (exact), in a reused buffer with x's memory order (BLAS reads either)."""
+def _widen_with_norms(x: xp.ndarray, name: str, axis: int):
+    """(x in float64, exact, in a reused buffer with x's memory order (BLAS reads either);
+    the 2-norms in float64 over ``axis``), chunk by chunk along x's memory order, so that
+    the norms read the widened values while they are in cache. A norm's sum runs in some
+    order (in partial sums per chunk where a line crosses chunks); the (K/2 + 2) u bound on
+    its error (``cauchy_schwarz_bound``) holds for every order."""
     if x.flags.f_contiguous and not x.flags.c_contiguous:
-        out = _scratch(name, x.shape[::-1], xp.float64).T
+        src, along_rows = x.T, axis == 0                # src is C-ordered
+        wide = _scratch(name, src.shape, xp.float64)
+        out = wide.T
     else:
-        out = _scratch(name, x.shape, xp.float64)
-    xp.copyto(out, x)
-    return out
+        src, along_rows = x, axis == 1
+        wide = out = _scratch(name, x.shape, xp.float64)
+    lines, width = src.shape
+    step = max(1, _WIDEN_CHUNK // max(1, width))
+    squares = xp.empty(lines, xp.float64) if along_rows else xp.zeros(width, xp.float64)
+    for lo in range(0, lines, step):
+        part = wide[lo:lo + step]
+        xp.copyto(part, src[lo:lo + step])
+        if along_rows:
+            xp.einsum("pq,pq->p", part, part, out=squares[lo:lo + step])
+        else:
+            squares += xp.einsum("pq,pq->q", part, part)
+    return out, xp.sqrt(squares, out=squares)
 
 
 def _settle_open(a, b, a64, b64, row_norm, col_norm, opened, low32, high32, pre, out, bias,
