@@ -57,7 +57,7 @@ from . import underflow
 from .certificate import (certify_fp32_open, error_factor, line_quanta, split_certify,
                           width_factor)
 from .certified import cauchy_schwarz_bound
-from .sums import ELEMENTS_PER_CHUNK, round_to_odd_sum
+from .sums import ELEMENTS_PER_CHUNK, round_to_odd_sum, zero_sum
 
 __all__ = ["matmul_2d", "round_out"]
 
@@ -201,6 +201,10 @@ def _widen_with_norms(x: xp.ndarray, name: str, axis: int):
         wide = out = _scratch(name, x.shape, xp.float64)
     lines, width = src.shape
     step = max(1, _WIDEN_CHUNK // max(1, width))
+    if step >= lines:                                   # one chunk
+        xp.copyto(wide, src)
+        squares = xp.einsum("pq,pq->p" if along_rows else "pq,pq->q", wide, wide)
+        return out, xp.sqrt(squares, out=squares)
     squares = xp.empty(lines, xp.float64) if along_rows else xp.zeros(width, xp.float64)
     for lo in range(0, lines, step):
         part = wide[lo:lo + step]
@@ -252,13 +256,18 @@ def _f_agree(low32, high32, bias, out_fmt) -> xp.ndarray:
 
 def _exact_elements(a, b, row_norm, col_norm, rows, cols, g) -> xp.ndarray:
     """The exact sums of elements (rows, cols) of a @ b rounded once to fp32 (float32), with
-    the IEEE sign of exact zeros: the split certificate on their gathered products, then the
+    the IEEE sign of exact zeros: zero where every gathered product is zero (-0 where every
+    one is -0, ``sums.zero_sum``), else the split certificate on the products, then the
     exact sum (rounded to odd, cast once) for the exact ties it leaves."""
     out = xp.empty(rows.size, xp.float32)
     step = max(1, ELEMENTS_PER_CHUNK // a.shape[1])
     for lo in range(0, rows.size, step):
         r, c = rows[lo:lo + step], cols[lo:lo + step]
         products = _products(a, b, r, c)
+        live = products.any(axis=1)
+        if not live.all():          # every product zero (disjoint supports): no sum to take
+            out[lo:lo + step][~live] = zero_sum(products[~live])
+            products, r, c = products[live], r[live], c[live]
         upper = cauchy_schwarz_bound(row_norm[r], col_norm[c], g)     # >= sum |a_ik b_kj|
         acc, known = split_certify(products, upper)
         rest = xp.flatnonzero(~known)
@@ -266,7 +275,7 @@ def _exact_elements(a, b, row_norm, col_norm, rows, cols, g) -> xp.ndarray:
             exact = round_to_odd_sum(products[rest])
             with xp.errstate(over="ignore"):
                 acc[rest] = exact                      # round-to-odd, then one fp32 cast
-        out[lo:lo + step] = acc
+        out[lo:lo + step][live] = acc
     return out
 
 
