@@ -144,8 +144,9 @@ def _exact_rows(a, b, row_norm, col_norm, k):
         return None
     g = error_factor(k)
     rows, cols = _spread(m), _spread(n)
-    rho = row_norm[rows] / line_quanta(a[rows], 1)
-    sigma = col_norm[cols] / line_quanta(b[:, cols], 0)
+    quanta = line_quanta(xp.concatenate([a[rows], b[:, cols].T]), 1)   # one call: lines of K
+    rho = row_norm[rows] / quanta[:rows.size]
+    sigma = col_norm[cols] / quanta[rows.size:]
     passing = cauchy_schwarz_bound(rho, sigma.max(), g) < _EXACT_BELOW
     if 2 * xp.count_nonzero(passing) < rows.size:
         return None
