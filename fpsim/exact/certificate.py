@@ -17,11 +17,15 @@ fl64(approx -+ w) errs by at most u (|approx| + w) <= u (S (1 + g) + w), which 2
 exceeds, so fl64(approx - w) <= approx - g S <= s <= approx + g S <= fl64(approx + w): the
 exact s lies between the computed ends. Every rounding of fpsim (``round_to`` in any mode
 but stochastic, the float32 cast) is monotonic: if both ends round to the same bit pattern,
-so does every value between them, s included.
+so does every value between them, s included. Any w' >= w encloses s as well.
+``certify_fp32_open`` is the same certificate for a 2-D product with float32 ends, computed
+chunk by chunk and reporting only the elements it leaves open.
 
 Second certificate (``sums_exactly``), for what the first cannot take (exact ties, exact
 zeros): if every term is a multiple of 2**q and U < 2**(q + 53), U >= S, every partial sum
 is a multiple of 2**q below 2**(q + 53) in magnitude, hence a float64: approx is s itself.
+``line_quanta`` gives, per row or column of a float32 matrix, a power of two dividing every
+element: for a dot product q = its row's plus its column's.
 
 Split certificate (``split_certify``), for the few elements the first one leaves, with their
 K terms at hand: one error-free split (the extraction step of Rump, Ogita and Oishi's

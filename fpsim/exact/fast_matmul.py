@@ -7,43 +7,60 @@ to ``out_fmt``), for a 2-D float32 ``a`` (M, K) and ``b`` (K, N) with finite val
 and ``f = rnd_out o pre``, the result is ``f(rnd32(s))`` with ``s`` the exact dot product::
 
     approx = fl64(a @ b)                                  # any BLAS, order, threads
-    w      = max(||a_i|| c, 2**-600) max(||b_j||, 2**-400),  c = width_factor(K)
-           = ||a_i|| ||b_j|| (g + 2**-50) (1 + 2g) (1 + 2**-39) but for all-zero lines,
-             g = K * 2**-52
-    lo32, hi32 = fl32(fl64(approx - w)), fl32(fl64(approx + w))
-    certified where  bits(lo32) == bits(hi32)                            (acc = hi32)
-    the rest:       certified where f(lo32) == f(hi32) and pre(lo32), pre(hi32) are nonzero
-                    of one sign                                          (acc = hi32)
-                    else exact: the split certificate on the gathered products (exact
-                    when every low part is zero), else round to odd (integer limbs,
-                    ``round_to_odd_sum``: no host round trip)
+    exact rows (where taken, below): acc = fl32(approx), except approx = +-0 (left open)
+    other rows:
+      w      = max(||a_i|| c, 2**-600) max(||b_j||, 2**-400),  c = width_factor(K)
+             = ||a_i|| ||b_j|| (g + 2**-50) (1 + 2g) (1 + 2**-39) but for all-zero lines,
+               g = K * 2**-52
+      lo32, hi32 = fl32(fl64(approx - w)), fl32(fl64(approx + w))
+      certified where  bits(lo32) == bits(hi32)                          (acc = hi32)
+    the rest (open): certified where f(lo32) == f(hi32) and pre(lo32), pre(hi32) are
+                    nonzero of one sign                                  (acc = hi32)
+                    else exact: +-0 where every gathered product is zero, else the split
+                    certificate on the gathered products (exact when every low part is
+                    zero), else round to odd (integer limbs, ``round_to_odd_sum``)
     out = rnd_out(pre(acc))
 
 Proof. (1) Enclosure: ``certificate`` (the interval certificate, N = ||a_i|| ||b_j||, as on the
-general path): fl64(approx - w) <= s <= fl64(approx + w). (2) Monotonicity. rnd32, x -> fl32(x
-+ b) and rnd_out are monotonic (non-decreasing), so f(rnd32(low end)) <= f(rnd32(s)) <=
-f(rnd32(high end)): equal bit patterns at both ends give the bits at s. With equal bits at the
-fp32 level, rnd32(s) is that value (as in the general path); at the f level only f(rnd32(s)) is
-known, so the element keeps acc = hi32, whose f is the same and which is nonzero exactly when
-rnd32(s) is (both ends nonzero of one sign after ``pre``): the underflow counter
-(``underflow.note``) sees the same zero / nonzero pattern as on the general path. (3) Signed
-zeros. An all-zero row of a or column of b has a BLAS zero of either sign and would have
-w = 0; the floors (below ||x|| c and ||x|| for any nonzero float32 line, whose norm is at least
-2**-149, so they change no other w) make w > 0, and the ends are -0 and +0: never
-certified at the fp32 level; at the f level pre is then +-0 + bias, nonzero only for a nonzero
-bias, where the zero's sign does not matter (+-0 + b = b). Any other exact zero sum has approx
-= +-0 and w > 0, so lo32 and hi32 differ in sign: not certified at the fp32 level, and at the f
-level only when a nonzero bias makes both pre values that same nonzero number. (4) The exact
-step, on the gathered products of the elements left: the split certificate
+general path): fl64(approx - w) <= s <= fl64(approx + w). The norms' sums may run in any
+order (they are taken chunk by chunk as a and b are widened): their error bound holds for
+every order. (2) Monotonicity. rnd32, x -> fl32(x + b) and rnd_out are monotonic
+(non-decreasing), so f(rnd32(low end)) <= f(rnd32(s)) <= f(rnd32(high end)): equal bit
+patterns at both ends give the bits at s. With equal bits at the fp32 level, rnd32(s) is that
+value (as in the general path); at the f level only f(rnd32(s)) is known, so the element keeps
+acc = hi32, whose f is the same and which is nonzero exactly when rnd32(s) is (both ends
+nonzero of one sign after ``pre``): the underflow counter (``underflow.note``) sees the same
+zero / nonzero pattern as on the general path. (3) Signed zeros. An all-zero row of a or
+column of b has a BLAS zero of either sign and would have w = 0; the floors (below ||x|| c
+and ||x|| for any nonzero float32 line, whose norm is at least 2**-149, so they change no
+other w) make w > 0, and the ends are -0 and +0: never certified at the fp32 level; at the f
+level pre is then +-0 + bias, nonzero only for a nonzero bias, where the zero's sign does not
+matter (+-0 + b = b). Any other exact zero sum has approx = +-0 and w > 0, so lo32 and hi32
+differ in sign: not certified at the fp32 level, and at the f level only when a nonzero bias
+makes both pre values that same nonzero number. (4) The exact step, on the gathered products
+of the elements left: where every product is zero, s = 0 with the IEEE sign (-0 exactly when
+every product is -0, ``sums.zero_sum``); else the split certificate
 (``certificate.split_certify``: one error-free split makes the float64 sum almost exact, so
 it takes all but exact ties and exact sums; where every low part is zero its exact high sum
-is s, an exact zero signed by the IEEE rule: -0 exactly when every product is -0), else the
-exact sum rounded to odd (``round_to_odd_sum``) and
-cast once to fp32. Non-finite inputs (seen as non-finite norms), K = 0 and empty shapes are
-left to the general path (``matmul_2d`` returns None). The fp32 ends are computed chunk by
-chunk (``certificate.certify_fp32_open``): only the elements left open leave the loop, with
-their ends; every later step works on those gathered elements. Work arrays are reused per
-thread (``_scratch``); results are always fresh arrays.
+is s), else the exact sum rounded to odd (``round_to_odd_sum``) and cast once to fp32.
+(5) Exact rows (the second certificate, ``certificate.sums_exactly``, a row at a time).
+Every a_ik is a multiple of 2**qa_i and every b_kj of 2**qb_j (``certificate.line_quanta``),
+so every product, and every partial sum in any order, blocking or FMA, is a multiple of
+2**(qa_i + qb_j); with U >= S = sum_k |a_ik b_kj| below 2**(qa_i + qb_j + 53) every partial
+sum is a float64 and approx = s. U = cauchy_schwarz_bound(rho_i, max_j sigma_j, g) with
+rho_i = ||a_i|| / 2**qa_i, sigma_j = ||b_j|| / 2**qb_j (exact power-of-two scalings, no
+over- or underflow for float32 data) bounds S / 2**(qa_i + qb_j) for every j of row i, so
+a row with U < 2**53 has approx = s in every column, and rnd32(s) = fl32(approx), the IEEE
+cast. Only the sign of an exact zero is not the BLAS's to give: elements with approx = +-0
+stay open, with the ends -0 and +0 (f level: (3); exact step: (4)). fp16 and bf16 data (at
+most 11 significant bits) make nearly every row exact, and their frequent exact fp32 ties
+(which the ends leave open) certified at no cost; fp32 data rarely. Rows are tried where the
+output is large against the operands, and where a sample of rows passes.
+Non-finite inputs (seen as non-finite norms), K = 0 and empty shapes are left to the general
+path (``matmul_2d`` returns None). The fp32 ends are computed chunk by chunk
+(``certificate.certify_fp32_open``): only the elements left open leave the loop, with their
+ends; every later step works on those gathered elements. Work arrays are reused per thread
+(``_scratch``); results are always fresh arrays.
 """
 from __future__ import annotations
 
@@ -61,7 +78,7 @@ from .sums import ELEMENTS_PER_CHUNK, round_to_odd_sum, zero_sum
 
 __all__ = ["matmul_2d", "round_out"]
 
-_SMALL = 1 << 14        # below this, NumPy's float16 cast is cheaper than round_to's setup
+_SMALL = 1 << 13        # below this, NumPy's float16 cast is cheaper than round_to's setup
 _ROW_FLOOR = 2.0 ** -600  # width floors: w > 0 for all-zero lines, below any nonzero one's
 _COL_FLOOR = 2.0 ** -400
 _SAMPLE = 8              # rows of a and columns of b tried before the exact-row passes
@@ -250,8 +267,8 @@ def _f_agree(low32, high32, bias, out_fmt) -> xp.ndarray:
         pre_high = high32 if bias is None else high32 + bias
         same = (pre_low != 0) & (pre_high != 0)
         same &= xp.signbit(pre_low) == xp.signbit(pre_high)
-        out_low, out_high = round_out(pre_low, out_fmt), round_out(pre_high, out_fmt)
-        same &= out_low.view(xp.uint32) == out_high.view(xp.uint32)
+        ends = round_out(xp.concatenate([pre_low, pre_high]), out_fmt).view(xp.uint32)
+        same &= ends[:same.size] == ends[same.size:]
     return same
 
 
