@@ -29,7 +29,9 @@ def test_shape_dtype_and_layout(dtype, mode):
     assert round_to(np.empty((0, 3), dtype), "fp16").shape == (0, 3)
 
 
-def test_idempotent_and_large_array_threads():
+def test_idempotent_and_large_array_threads(monkeypatch):
+    import fpsim.rounding as rounding
+    monkeypatch.setattr(rounding, "_PARALLEL_MIN", 1 << 16)   # threads from this size on
     rng = np.random.default_rng(0)
     x = (rng.standard_normal(1 << 19) * np.exp2(rng.integers(-30, 18, 1 << 19))).astype(
         np.float32)

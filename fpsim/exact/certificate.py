@@ -17,11 +17,15 @@ fl64(approx -+ w) errs by at most u (|approx| + w) <= u (S (1 + g) + w), which 2
 exceeds, so fl64(approx - w) <= approx - g S <= s <= approx + g S <= fl64(approx + w): the
 exact s lies between the computed ends. Every rounding of fpsim (``round_to`` in any mode
 but stochastic, the float32 cast) is monotonic: if both ends round to the same bit pattern,
-so does every value between them, s included.
+so does every value between them, s included. Any w' >= w encloses s as well.
+``certify_fp32_open`` is the same certificate for a 2-D product with float32 ends, computed
+chunk by chunk and reporting only the elements it leaves open.
 
 Second certificate (``sums_exactly``), for what the first cannot take (exact ties, exact
 zeros): if every term is a multiple of 2**q and U < 2**(q + 53), U >= S, every partial sum
 is a multiple of 2**q below 2**(q + 53) in magnitude, hence a float64: approx is s itself.
+``line_quanta`` gives, per row or column of a float32 matrix, a power of two dividing every
+element: for a dot product q = its row's plus its column's.
 
 Split certificate (``split_certify``), for the few elements the first one leaves, with their
 K terms at hand: one error-free split (the extraction step of Rump, Ogita and Oishi's
@@ -60,9 +64,12 @@ from ..backend import xp
 from ..backend import scratch
 from .sums import zero_sum
 
-__all__ = ["error_factor", "width_factor", "certify", "sums_exactly", "split_certify"]
+__all__ = ["error_factor", "width_factor", "certify", "certify_fp32_open", "sums_exactly",
+           "line_quanta", "split_certify"]
 
 _CHUNK = 1 << 15    # elements per chunk of the float32 path: temporaries stay in cache
+_OPEN_CHUNK = 1 << 17   # certify_fp32_open: fewer, larger chunks (its per-chunk work is more)
+_EINSUM_FROM = 1 << 15  # chunk size from which the einsum outer product pays its call cost
 
 
 def error_factor(terms: int) -> float:
@@ -143,6 +150,51 @@ def _fp32_ends(approx, width, width_cols, low, high, same) -> None:
             _same_bits(low[lo:hi], high[lo:hi], same[lo:hi])
 
 
+def certify_fp32_open(approx: xp.ndarray, width_rows: xp.ndarray, width_cols: xp.ndarray,
+                      high: xp.ndarray):
+    """The first certificate on a 2-D ``approx`` (M, N) with float32 ends, reporting only
+    the elements it leaves open. w = ``width_rows`` (M,) times ``width_cols`` (N,), the
+    product rounded once; ``high`` (float32, C-ordered (M, N)) receives fl32(fl64(approx +
+    w)) everywhere. Returns (open, low, high_open): the flat C-order indices where
+    fl32(fl64(approx - w)) has other bits, and the two ends there. Certified elements round
+    to ``high``. Chunks of rows: the work arrays stay in cache and only the open elements
+    leave the loop (no (M, N) low end or mask is written)."""
+    lines, n = approx.shape
+    step = max(1, _OPEN_CHUNK // max(1, n))
+    rows = min(step, lines)
+    w_buf = scratch("certify.width", xp.float64, rows * n).reshape(rows, n)
+    low_buf = scratch("certify.low", xp.float32, rows * n).reshape(rows, n)
+    same_buf = scratch("certify.same", bool, rows * n).reshape(rows, n)
+    # One rounded product per element: an einsum outer product is faster per element than
+    # NumPy's broadcast multiply here, the multiply faster per call (small matrices).
+    outer = _outer_einsum if rows * n >= _EINSUM_FROM else _outer_multiply
+    found = []
+    with xp.errstate(invalid="ignore", over="ignore"):
+        for lo in range(0, lines, step):
+            hi = min(lines, lo + step)
+            x, top = approx[lo:hi], high[lo:hi]
+            w = outer(width_rows[lo:hi], width_cols, w_buf[:hi - lo])
+            low = xp.subtract(x, w, out=low_buf[:hi - lo])
+            xp.add(x, w, out=top)
+            same = _same_bits(low, top, same_buf[:hi - lo])
+            if not same.all():
+                where = xp.flatnonzero(xp.logical_not(same, out=same))
+                found.append((where + lo * n, low.reshape(-1)[where], top.reshape(-1)[where]))
+    if not found:
+        return xp.zeros(0, xp.intp), xp.zeros(0, xp.float32), xp.zeros(0, xp.float32)
+    if len(found) == 1:
+        return found[0]
+    return tuple(xp.concatenate(part) for part in zip(*found))
+
+
+def _outer_einsum(rows, cols, out):
+    return xp.einsum("i,j->ij", rows, cols, out=out)
+
+
+def _outer_multiply(rows, cols, out):
+    return xp.multiply(rows[:, None], cols, out=out)
+
+
 def _rows(x, approx, lo, hi):
     """Rows lo:hi of operand x where it has approx's first axis, else x (it broadcasts)."""
     return x[lo:hi] if x.ndim == approx.ndim and x.shape[0] != 1 else x
@@ -157,6 +209,38 @@ def sums_exactly(upper: xp.ndarray, lowest_bit: xp.ndarray) -> xp.ndarray:
     """Where the float64 sum is exact (second certificate): ``upper`` >= sum |p| and every
     term a multiple of 2**``lowest_bit``."""
     return upper < xp.ldexp(1.0, xp.minimum(lowest_bit + 53, 1023))
+
+
+def line_quanta(x: xp.ndarray, axis: int) -> xp.ndarray:
+    """For each line of the finite float32 ``x`` along ``axis`` (0 or 1 of a 2-D array): a
+    power of two (float64) that divides every element of the line, 1.0 for an all-zero line.
+
+    Clearing a pattern's lowest set bit (p & (p - 1)) lowers |x| by exactly that bit's value
+    where the fraction is nonzero (Sterbenz: the difference is exact), by at least |x| / 2
+    for a power of two (an exponent bit goes): the line's smallest such difference, cut to
+    the power of two at or below it, divides every element. Patterns compare as unsigned
+    integers in the order of the non-negative values they hold; subtracting 1 sends the
+    zeros' differences to the top, out of the minimum."""
+    mag = _like(x, "quanta.mag", xp.uint32)
+    xp.bitwise_and(x.view(xp.uint32), xp.uint32(0x7FFFFFFF), out=mag)
+    low = _like(x, "quanta.low", xp.uint32)
+    xp.subtract(mag, xp.uint32(1), out=low)            # zeros wrap; they give 0 below
+    xp.bitwise_and(low, mag, out=low)
+    xp.subtract(mag.view(xp.float32), low.view(xp.float32), out=low.view(xp.float32))
+    low -= xp.uint32(1)
+    smallest = low.min(axis=axis) + xp.uint32(1)        # an all-zero line wraps back to 0
+    normal = smallest >= xp.uint32(0x00800000)          # subnormal differences: powers of two
+    smallest[normal] &= xp.uint32(0xFF800000)
+    quanta = smallest.view(xp.float32).astype(xp.float64)
+    quanta[quanta == 0] = 1.0
+    return quanta
+
+
+def _like(x: xp.ndarray, name: str, dtype) -> xp.ndarray:
+    """A reused work array shaped like the 2-D x, in x's memory order."""
+    if x.flags.f_contiguous and not x.flags.c_contiguous:
+        return scratch(name, dtype, x.size).reshape(x.shape[::-1]).T
+    return scratch(name, dtype, x.size).reshape(x.shape)
 
 
 def split_certify(terms: xp.ndarray, upper: xp.ndarray) -> tuple[xp.ndarray, xp.ndarray]:

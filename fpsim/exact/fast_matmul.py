@@ -7,36 +7,59 @@ to ``out_fmt``), for a 2-D float32 ``a`` (M, K) and ``b`` (K, N) with finite val
 and ``f = rnd_out o pre``, the result is ``f(rnd32(s))`` with ``s`` the exact dot product::
 
     approx = fl64(a @ b)                                  # any BLAS, order, threads
-    w      = ||a_i|| ||b_j|| * (g + 2**-50) (1 + 2g) (1 + 2**-39),  g = K * 2**-52
-    lo32, hi32 = fl32(fl64(approx - w)), fl32(fl64(approx + w))
-    certified where  bits(lo32) == bits(hi32)   (acc = hi32), except all-zero rows/columns
-    the rest:       certified where f(lo32) == f(hi32) and pre(lo32), pre(hi32) are nonzero
-                    of one sign                                          (acc = hi32)
-                    else exact: the split certificate on the gathered products (exact
-                    when every low part is zero), else round to odd (integer limbs,
-                    ``round_to_odd_sum``: no host round trip)
+    exact rows (where taken, below): acc = fl32(approx), except approx = +-0 (left open)
+    other rows:
+      w      = max(||a_i|| c, 2**-600) max(||b_j||, 2**-400),  c = width_factor(K)
+             = ||a_i|| ||b_j|| (g + 2**-50) (1 + 2g) (1 + 2**-39) but for all-zero lines,
+               g = K * 2**-52
+      lo32, hi32 = fl32(fl64(approx - w)), fl32(fl64(approx + w))
+      certified where  bits(lo32) == bits(hi32)                          (acc = hi32)
+    the rest (open): certified where f(lo32) == f(hi32) and pre(lo32), pre(hi32) are
+                    nonzero of one sign                                  (acc = hi32)
+                    else exact: +-0 where every gathered product is zero, else the split
+                    certificate on the gathered products (exact when every low part is
+                    zero), else round to odd (integer limbs, ``round_to_odd_sum``)
     out = rnd_out(pre(acc))
 
 Proof. (1) Enclosure: ``certificate`` (the interval certificate, N = ||a_i|| ||b_j||, as on the
-general path): fl64(approx - w) <= s <= fl64(approx + w). (2) Monotonicity. rnd32, x -> fl32(x
-+ b) and rnd_out are monotonic (non-decreasing), so f(rnd32(low end)) <= f(rnd32(s)) <=
-f(rnd32(high end)): equal bit patterns at both ends give the bits at s. With equal bits at the
-fp32 level, rnd32(s) is that value (as in the general path); at the f level only f(rnd32(s)) is
-known, so the element keeps acc = hi32, whose f is the same and which is nonzero exactly when
-rnd32(s) is (both ends nonzero of one sign after ``pre``): the underflow counter
-(``underflow.note``) sees the same zero / nonzero pattern as on the general path. (3) Signed
-zeros. An all-zero row of a or column of b has w = 0 and a BLAS zero of either sign: never
-certified at the fp32 level; at the f level pre is then +-0 + bias, nonzero only for a nonzero
-bias, where the zero's sign does not matter (+-0 + b = b). Any other exact zero sum has approx
-= +-0 and w > 0, so lo32 and hi32 differ in sign: not certified at the fp32 level, and at the f
-level only when a nonzero bias makes both pre values that same nonzero number. (4) The exact
-step, on the gathered products of the elements left: the split certificate
+general path): fl64(approx - w) <= s <= fl64(approx + w). The norms' sums may run in any
+order (they are taken chunk by chunk as a and b are widened): their error bound holds for
+every order. (2) Monotonicity. rnd32, x -> fl32(x + b) and rnd_out are monotonic
+(non-decreasing), so f(rnd32(low end)) <= f(rnd32(s)) <= f(rnd32(high end)): equal bit
+patterns at both ends give the bits at s. With equal bits at the fp32 level, rnd32(s) is that
+value (as in the general path); at the f level only f(rnd32(s)) is known, so the element keeps
+acc = hi32, whose f is the same and which is nonzero exactly when rnd32(s) is (both ends
+nonzero of one sign after ``pre``): the underflow counter (``underflow.note``) sees the same
+zero / nonzero pattern as on the general path. (3) Signed zeros. An all-zero row of a or
+column of b has a BLAS zero of either sign and would have w = 0; the floors (below ||x|| c
+and ||x|| for any nonzero float32 line, whose norm is at least 2**-149, so they change no
+other w) make w > 0, and the ends are -0 and +0: never certified at the fp32 level; at the f
+level pre is then +-0 + bias, nonzero only for a nonzero bias, where the zero's sign does not
+matter (+-0 + b = b). Any other exact zero sum has approx = +-0 and w > 0, so lo32 and hi32
+differ in sign: not certified at the fp32 level, and at the f level only when a nonzero bias
+makes both pre values that same nonzero number. (4) The exact step, on the gathered products
+of the elements left: where every product is zero, s = 0 with the IEEE sign (-0 exactly when
+every product is -0, ``sums.zero_sum``); else the split certificate
 (``certificate.split_certify``: one error-free split makes the float64 sum almost exact, so
 it takes all but exact ties and exact sums; where every low part is zero its exact high sum
-is s, an exact zero signed by the IEEE rule: -0 exactly when every product is -0), else the
-exact sum rounded to odd (``round_to_odd_sum``) and
-cast once to fp32. Non-finite inputs (seen as non-finite norms), K = 0 and empty shapes are
-left to the general path (``matmul_2d`` returns None). Work arrays are reused per thread
+is s), else the exact sum rounded to odd (``round_to_odd_sum``) and cast once to fp32.
+(5) Exact rows (the second certificate, ``certificate.sums_exactly``, a row at a time).
+Every a_ik is a multiple of 2**qa_i and every b_kj of 2**qb_j (``certificate.line_quanta``),
+so every product, and every partial sum in any order, blocking or FMA, is a multiple of
+2**(qa_i + qb_j); with U >= S = sum_k |a_ik b_kj| below 2**(qa_i + qb_j + 53) every partial
+sum is a float64 and approx = s. U = cauchy_schwarz_bound(rho_i, max_j sigma_j, g) with
+rho_i = ||a_i|| / 2**qa_i, sigma_j = ||b_j|| / 2**qb_j (exact power-of-two scalings, no
+over- or underflow for float32 data) bounds S / 2**(qa_i + qb_j) for every j of row i, so
+a row with U < 2**53 has approx = s in every column, and rnd32(s) = fl32(approx), the IEEE
+cast. Only the sign of an exact zero is not the BLAS's to give: elements with approx = +-0
+stay open, with the ends -0 and +0 (f level: (3); exact step: (4)). fp16 and bf16 data (at
+most 11 significant bits) make nearly every row exact, and their frequent exact fp32 ties
+(which the ends leave open) certified at no cost; fp32 data rarely. Rows are tried where the
+output is large against the operands, and where a sample of rows passes.
+Non-finite inputs (seen as non-finite norms), K = 0 and empty shapes are left to the general
+path (``matmul_2d`` returns None). The fp32 ends are computed chunk by chunk
+(``certificate.certify_fp32_open``): only the elements left open leave the loop, with their
+ends; every later step works on those gathered elements. Work arrays are reused per thread
 (``_scratch``); results are always fresh arrays.
 """
 from __future__ import annotations
@@ -48,13 +71,20 @@ from ..backend import xp
 from ..formats import FP16, FP32
 from ..backend import round_to, scratch
 from . import underflow
-from .certificate import certify, error_factor, split_certify, width_factor
+from .certificate import (certify_fp32_open, error_factor, line_quanta, split_certify,
+                          width_factor)
 from .certified import cauchy_schwarz_bound
-from .sums import ELEMENTS_PER_CHUNK, round_to_odd_sum
+from .sums import ELEMENTS_PER_CHUNK, round_to_odd_sum, zero_sum
 
 __all__ = ["matmul_2d", "round_out"]
 
-_SMALL = 1 << 14        # below this, NumPy's float16 cast is cheaper than round_to's setup
+_SMALL = 1 << 13        # below this, NumPy's float16 cast is cheaper than round_to's setup
+_ROW_FLOOR = 2.0 ** -600  # width floors: w > 0 for all-zero lines, below any nonzero one's
+_COL_FLOOR = 2.0 ** -400
+_SAMPLE = 8              # rows of a and columns of b tried before the exact-row passes
+_EXACT_BELOW = 2.0 ** 53  # products' sum bound, in units of their common quantum
+_WIDEN_CHUNK = 1 << 17   # elements widened per chunk: the norms read them from cache
+_EXACT_MIN_SAVING = 1 << 17   # output elements that pay for the exact-row passes' fixed cost
 
 
 def _finite(x: xp.ndarray) -> bool:
@@ -86,39 +116,86 @@ def matmul_2d(a: xp.ndarray, b: xp.ndarray, out_fmt, bias: xp.ndarray | None = N
     n = b.shape[1]
     if k == 0 or m == 0 or n == 0 or (bias is not None and not _finite(bias)):
         return None
-    a64, b64 = _widen(a, "a"), _widen(b, "b")
-    row_norm = xp.sqrt(xp.einsum("ik,ik->i", a64, a64))
-    col_norm = xp.sqrt(xp.einsum("kj,kj->j", b64, b64))
+    a64, row_norm = _widen_with_norms(a, "a", 1)
+    b64, col_norm = _widen_with_norms(b, "b", 0)
     # Squares of float32 values cannot overflow a float64 sum (K 2**256 < 2**1024), so the
     # norms are finite exactly when a and b are: one check, no extra pass over the operands.
     if not (xp.isfinite(row_norm.sum()) and xp.isfinite(col_norm.sum())):
         return None
     approx = xp.matmul(a64, b64, out=_scratch("approx", (m, n), xp.float64))
-    g = error_factor(k)
     # pre is the output itself for fp32; otherwise only a work array (out is rounded from it)
-    pre_buffer = None if out_fmt == FP32 else _scratch("pre", (m, n), xp.float32)
-    low32, high32, certified = certify(approx, (row_norm * width_factor(k))[:, None], col_norm,
-                                       high=pre_buffer)
-    if not (row_norm.all() and col_norm.all()):
-        certified[row_norm == 0, :] = False
-        certified[:, col_norm == 0] = False
-    pre = high32                                # acc = hi32 wherever certified
+    pre = xp.empty((m, n), xp.float32) if out_fmt == FP32 else _scratch("pre", (m, n),
+                                                                         xp.float32)
+    # Floors keep w > 0 where a row or column is all zero (module docstring, (3)); they are
+    # below every nonzero norm's factor (norms of float32 values are at least 2**-149).
+    row_width = xp.maximum(row_norm * width_factor(k), _ROW_FLOOR)
+    col_width = xp.maximum(col_norm, _COL_FLOOR)
+    exact_rows = _exact_rows(a, b, row_norm, col_norm, k)
+    if exact_rows is None:
+        opened, low32, high32 = certify_fp32_open(approx, row_width, col_width, pre)
+    else:
+        opened, low32, high32 = _certify_exact_rows(approx, exact_rows, row_width,
+                                                    col_width, pre)
     with xp.errstate(over="ignore"):
         if bias is not None:
             pre += bias                         # the fp32 epilogue: one float32 addition
-        out = round_out(pre, out_fmt)
-    if not certified.all():
-        rows, cols = _f_uncertified(certified, low32, pre, out, bias, out_fmt)
-        if rows.size:
-            acc = _exact_elements(a64, b64, row_norm, col_norm, rows, cols, g)
-            with xp.errstate(over="ignore"):
-                if bias is not None:
-                    acc += bias[cols]
-                pre[rows, cols] = acc
-                out[rows, cols] = round_out(acc, out_fmt)
+        out = round_out(pre, out_fmt)           # acc = hi32 wherever certified
+    if opened.size:
+        _settle_open(a, b, a64, b64, row_norm, col_norm, opened, low32, high32, pre, out,
+                     bias, out_fmt)
     if note:
         underflow.note(pre, out)
     return out
+
+
+def _exact_rows(a, b, row_norm, col_norm, k):
+    """The rows i whose float64 sums are exact for every column (module docstring, (5)):
+    rho_i = ||a_i|| / 2**qa_i, sigma_j = ||b_j|| / 2**qb_j (exact scalings), U =
+    cauchy_schwarz_bound(rho_i, max sigma, g) < 2**53. None where fewer than half the rows
+    pass, as a sample of rows and columns foretells (fp32 data with wide products), or
+    where the output is small or the operands outweigh it (a pass over a and b costs about
+    what it saves on as many output elements, plus a fixed cost): then the first
+    certificate alone is cheaper."""
+    m, n = a.shape[0], b.shape[1]
+    if m * n < _EXACT_MIN_SAVING + k * (m + n):
+        return None
+    g = error_factor(k)
+    rows, cols = _spread(m), _spread(n)
+    quanta = line_quanta(xp.concatenate([a[rows], b[:, cols].T]), 1)   # one call: lines of K
+    rho = row_norm[rows] / quanta[:rows.size]
+    sigma = col_norm[cols] / quanta[rows.size:]
+    passing = cauchy_schwarz_bound(rho, sigma.max(), g) < _EXACT_BELOW
+    if 2 * xp.count_nonzero(passing) < rows.size:
+        return None
+    rho = row_norm / line_quanta(a, 1)
+    sigma = col_norm / line_quanta(b, 0)
+    exact = cauchy_schwarz_bound(rho, sigma.max(), g) < _EXACT_BELOW
+    return exact if 2 * xp.count_nonzero(exact) >= m else None
+
+
+def _spread(n: int) -> xp.ndarray:
+    """Up to _SAMPLE indices spread evenly over range(n)."""
+    return xp.arange(0, n, max(1, n // _SAMPLE))[:_SAMPLE]
+
+
+def _certify_exact_rows(approx, exact_rows, row_width, col_width, pre):
+    """``certify_fp32_open`` where some rows are exact sums: there pre = fl32(approx) is
+    rnd32(s), save exact zero sums (a BLAS zero's sign is its own, not IEEE's): those are
+    left open with the ends -0 and +0; the other rows take the first certificate."""
+    n = approx.shape[1]
+    with xp.errstate(over="ignore"):
+        xp.copyto(pre, approx)
+    zeros = xp.flatnonzero(xp.equal(pre, 0, out=_scratch("zeros", pre.shape, bool)))
+    zeros = zeros[exact_rows[zeros // n] & (approx.reshape(-1)[zeros] == 0)]
+    found = [(zeros, xp.full(zeros.size, -0.0, xp.float32), xp.zeros(zeros.size, xp.float32))]
+    if not exact_rows.all():
+        rest = xp.flatnonzero(xp.logical_not(exact_rows))
+        high = xp.empty((rest.size, n), xp.float32)
+        opened, low32, high32 = certify_fp32_open(approx[rest], row_width[rest], col_width,
+                                                  high)
+        pre[rest] = high
+        found.append((rest[opened // n] * n + opened % n, low32, high32))
+    return tuple(xp.concatenate(part) for part in zip(*found))
 
 
 def _scratch(name: str, shape: tuple, dtype) -> xp.ndarray:
@@ -127,68 +204,88 @@ def _scratch(name: str, shape: tuple, dtype) -> xp.ndarray:
     return scratch(name, dtype, math.prod(shape)).reshape(shape)
 
 
-def _widen(x: xp.ndarray, name: str) -> xp.ndarray:
-    """x in float64 (exact), in a reused buffer with x's memory order (BLAS reads either)."""
+def _widen_with_norms(x: xp.ndarray, name: str, axis: int):
+    """(x in float64, exact, in a reused buffer with x's memory order (BLAS reads either);
+    the 2-norms in float64 over ``axis``), chunk by chunk along x's memory order, so that
+    the norms read the widened values while they are in cache. A norm's sum runs in some
+    order (in partial sums per chunk where a line crosses chunks); the (K/2 + 2) u bound on
+    its error (``cauchy_schwarz_bound``) holds for every order."""
     if x.flags.f_contiguous and not x.flags.c_contiguous:
-        out = _scratch(name, x.shape[::-1], xp.float64).T
+        src, along_rows = x.T, axis == 0                # src is C-ordered
+        wide = _scratch(name, src.shape, xp.float64)
+        out = wide.T
     else:
-        out = _scratch(name, x.shape, xp.float64)
-    xp.copyto(out, x)
-    return out
+        src, along_rows = x, axis == 1
+        wide = out = _scratch(name, x.shape, xp.float64)
+    lines, width = src.shape
+    step = max(1, _WIDEN_CHUNK // max(1, width))
+    if step >= lines:                                   # one chunk
+        xp.copyto(wide, src)
+        squares = xp.einsum("pq,pq->p" if along_rows else "pq,pq->q", wide, wide)
+        return out, xp.sqrt(squares, out=squares)
+    squares = xp.empty(lines, xp.float64) if along_rows else xp.zeros(width, xp.float64)
+    for lo in range(0, lines, step):
+        part = wide[lo:lo + step]
+        xp.copyto(part, src[lo:lo + step])
+        if along_rows:
+            xp.einsum("pq,pq->p", part, part, out=squares[lo:lo + step])
+        else:
+            squares += xp.einsum("pq,pq->q", part, part)
+    return out, xp.sqrt(squares, out=squares)
 
 
-def _f_uncertified(certified, low32, pre_high, out_high, bias, out_fmt):
-    """(rows, cols) of the elements neither certificate takes. The second one holds where
-    f = rnd_out(pre(.)) gives one bit pattern at both ends and pre is nonzero of one sign at
-    both (so pre(acc) keeps the zero/nonzero pattern of the exact path); it only helps when
-    f is coarser than rnd32 (an output format or a bias). Few candidates: gathered; many
-    (fp16 data makes exact fp32 ties common): checked over the whole matrix."""
-    uncertified = xp.logical_not(certified, out=_scratch("uncertified", certified.shape, bool))
-    if bias is None and out_fmt == FP32:
-        return _where_2d(uncertified)
-    if 8 * xp.count_nonzero(uncertified) < certified.size:
-        rows, cols = _where_2d(uncertified)
-        ok = _f_agree(low32[rows, cols], pre_high[rows, cols], out_high[rows, cols],
-                      None if bias is None else bias[cols], out_fmt)
-        return rows[~ok], cols[~ok]
-    ok = _f_agree(low32, pre_high, out_high, bias, out_fmt, _scratch)
-    xp.logical_and(uncertified, xp.logical_not(ok, out=ok), out=uncertified)
-    return _where_2d(uncertified)
+def _settle_open(a, b, a64, b64, row_norm, col_norm, opened, low32, high32, pre, out, bias,
+                 out_fmt) -> None:
+    """pre and out at the elements the fp32 certificate left open (flat indices ``opened``,
+    their ends ``low32``, ``high32``). The f-level certificate takes those where f =
+    rnd_out(pre(.)) gives one bit pattern at both ends and pre is nonzero of one sign at
+    both (pre(acc) then keeps the zero/nonzero pattern of the exact path; pre and out there
+    are already f's values at the high end); it only helps when f is coarser than rnd32 (an
+    output format or a bias). The rest are summed exactly."""
+    n = pre.shape[1]
+    if bias is not None or out_fmt != FP32:
+        bias_open = None if bias is None else bias[opened % n]
+        ok = _f_agree(low32, high32, bias_open, out_fmt)
+        opened = opened[xp.logical_not(ok, out=ok)]
+        if not opened.size:
+            return
+    rows, cols = xp.divmod(opened, n)
+    acc = _exact_elements(_gather_source(a, a64), _gather_source(b, b64), row_norm, col_norm,
+                          rows, cols, error_factor(a64.shape[1]))
+    with xp.errstate(over="ignore"):
+        if bias is not None:
+            acc += bias[cols]
+        pre.reshape(-1)[opened] = acc
+        out.reshape(-1)[opened] = round_out(acc, out_fmt)
 
 
-def _where_2d(mask: xp.ndarray):
-    """``np.nonzero`` of a 2-D mask, through the flat indices (several times faster)."""
-    return xp.divmod(xp.flatnonzero(mask), mask.shape[1])
-
-
-def _f_agree(low32, pre_high, out_high, bias, out_fmt, scratch=None) -> xp.ndarray:
-    """Where f gives one bit pattern at both ends and pre is nonzero of one sign at both.
-    ``scratch``: ``_scratch``, to work in reused buffers (whole matrices: fresh ones cost
-    page faults), the result then valid until the next call."""
-    def buffer(name, dtype):
-        return xp.empty(low32.shape, dtype) if scratch is None else scratch(name, low32.shape,
-                                                                            dtype)
+def _f_agree(low32, high32, bias, out_fmt) -> xp.ndarray:
+    """Where f gives one bit pattern at both ends and pre is nonzero of one sign at both
+    (1-D gathered ends; ``bias`` gathered alike, or None)."""
     with xp.errstate(over="ignore", invalid="ignore"):
-        pre_low = low32 if bias is None else xp.add(low32, bias, out=buffer("f.pre", xp.float32))
-        same = xp.not_equal(pre_low, 0, out=buffer("f.same", bool))
-        test = xp.not_equal(pre_high, 0, out=buffer("f.test", bool))
-        same &= test
-        sign = xp.signbit(pre_low, out=buffer("f.sign", bool))
-        same &= xp.equal(sign, xp.signbit(pre_high, out=test), out=test)
-        out_low = round_out(pre_low, out_fmt)
-        same &= xp.equal(out_low.view(xp.uint32), out_high.view(xp.uint32), out=test)
+        pre_low = low32 if bias is None else low32 + bias
+        pre_high = high32 if bias is None else high32 + bias
+        same = (pre_low != 0) & (pre_high != 0)
+        same &= xp.signbit(pre_low) == xp.signbit(pre_high)
+        ends = round_out(xp.concatenate([pre_low, pre_high]), out_fmt).view(xp.uint32)
+        same &= ends[:same.size] == ends[same.size:]
     return same
 
 
-def _exact_elements(a64, b64, row_norm, col_norm, rows, cols, g) -> xp.ndarray:
-    """The exact sums of elements (rows, cols) rounded once to fp32 (float32), with the
-    IEEE sign of exact zeros: the split certificate on their gathered products, then the
+def _exact_elements(a, b, row_norm, col_norm, rows, cols, g) -> xp.ndarray:
+    """The exact sums of elements (rows, cols) of a @ b rounded once to fp32 (float32), with
+    the IEEE sign of exact zeros: zero where every gathered product is zero (-0 where every
+    one is -0, ``sums.zero_sum``), else the split certificate on the products, then the
     exact sum (rounded to odd, cast once) for the exact ties it leaves."""
     out = xp.empty(rows.size, xp.float32)
-    step = max(1, ELEMENTS_PER_CHUNK // a64.shape[1])
+    step = max(1, ELEMENTS_PER_CHUNK // a.shape[1])
     for lo in range(0, rows.size, step):
         r, c = rows[lo:lo + step], cols[lo:lo + step]
-        products = _products(a64, b64, r, c)
+        products = _products(a, b, r, c)
+        live = products.any(axis=1)
+        if not live.all():          # every product zero (disjoint supports): no sum to take
+            out[lo:lo + step][~live] = zero_sum(products[~live])
+            products, r, c = products[live], r[live], c[live]
         upper = cauchy_schwarz_bound(row_norm[r], col_norm[c], g)     # >= sum |a_ik b_kj|
         acc, known = split_certify(products, upper)
         rest = xp.flatnonzero(~known)
@@ -196,14 +293,23 @@ def _exact_elements(a64, b64, row_norm, col_norm, rows, cols, g) -> xp.ndarray:
             exact = round_to_odd_sum(products[rest])
             with xp.errstate(over="ignore"):
                 acc[rest] = exact                      # round-to-odd, then one fp32 cast
-        out[lo:lo + step] = acc
+        out[lo:lo + step][live] = acc
     return out
 
 
-def _products(a64, b64, rows, cols) -> xp.ndarray:
-    """(len(rows), K) products a64[rows[e], k] * b64[k, cols[e]], exact in float64. Gathered
-    by np.take along b's memory order, so that both factors share one layout (a mixed-layout
-    product, or fancy indexing of a C-ordered b's columns, is several times slower)."""
-    if b64.flags.c_contiguous:      # b's columns are strided: build the products k-major
-        return (xp.take(a64.T, rows, axis=1) * xp.take(b64, cols, axis=1)).T
-    return xp.take(a64, rows, axis=0) * xp.take(b64.T, cols, axis=0)
+def _gather_source(x32, x64):
+    """The operand to gather products from: the float32 original where it is C- or
+    F-ordered (half the bytes), else its float64 copy (always one of the two)."""
+    return x32 if x32.flags.c_contiguous or x32.flags.f_contiguous else x64
+
+
+def _products(a, b, rows, cols) -> xp.ndarray:
+    """(len(rows), K) float64 products a[rows[e], k] * b[k, cols[e]], exact (float32 or
+    float64 operands holding float32 values). Each factor is gathered by ``take`` along its
+    operand's contiguous axis (on a C-ordered array: ``take`` would first copy any other
+    whole), so that both share one layout wherever the operands' orders allow it."""
+    left = (xp.take(a, rows, axis=0) if a.flags.c_contiguous
+            else xp.take(a.T, rows, axis=1).T)
+    right = (xp.take(b.T, cols, axis=0) if b.flags.f_contiguous
+             else xp.take(b, cols, axis=1).T)
+    return xp.multiply(left, right, dtype=xp.float64)

@@ -12,15 +12,17 @@ Two kernels, both exact:
     For the same q, C = q * 2**t (t = the container's mantissa bits) has ulp(C) == q, so the
     hardware's own round-to-nearest-even addition |x| + C rounds |x| to a multiple of q, and
     subtracting C back is exact (Sterbenz). C comes from the exponent bits of |x| with two
-    integer ops, so normals and subnormals take the same branch-free path. Inputs are first
-    clamped to 2**(emax+1) (``np.minimum`` keeps NaN), so anything that overflows rounds to
-    exactly 2**(emax+1); scaling by 2**(container_emax - emax) then turns that value, and
-    only it, into inf.
+    integer ops (the exponent field of |x| clipped to [emin, emax + 1]), so normals and
+    subnormals take the same branch-free path. The clip keeps C finite; an |x| at or above
+    2**(emax+1) then rounds (monotonically) to at least 2**(emax+1), and scaling by
+    2**(container_emax - emax) turns exactly those results into inf. Saturating formats
+    first clamp |x| to the largest finite value (``np.minimum`` keeps NaN).
 
 Both rely on IEEE arithmetic without flush-to-zero, which is NumPy's default on CPU.
 """
 from __future__ import annotations
 
+import functools
 import threading
 from typing import NamedTuple
 
@@ -104,23 +106,62 @@ def thread_scratch() -> Scratch:
     return scratch
 
 
+class _MagicConstants(NamedTuple):
+    """The magic kernel's constants for one (rules, container), as NumPy scalars."""
+
+    uint: type
+    abs_mask: np.generic
+    exp_mask: np.generic
+    low_field: np.generic        # C's exponent field at least emin's ...
+    high_field: np.generic       # ... and at most emax+1's
+    shift_field: np.generic      # from |x|'s exponent to C's: container minus format bits
+    sign_mask: np.generic
+    clamp: np.generic            # saturating formats: the largest finite value
+    up: np.generic | None        # overflow by scaling: 2**(container_emax - emax), its inverse
+    down: np.generic | None
+
+
+@functools.lru_cache(maxsize=256)
+def _magic_constants(rules: Rules, dtype: np.dtype) -> _MagicConstants:
+    box = _CONTAINERS[dtype]
+    uint, real = box.uint, dtype.type
+    shift = box.bias - rules.emax  # the container's emax equals its bias
+    scale = rules.has_inf and shift <= box.bias
+    return _MagicConstants(
+        uint, uint(box.sign_mask - 1), uint(box.exp_mask),
+        uint((rules.emin + box.bias) << box.mant_bits),
+        uint((rules.emax + 1 + box.bias) << box.mant_bits),
+        uint((box.mant_bits - rules.man_bits) << box.mant_bits), uint(box.sign_mask),
+        real(rules.max_finite), real(2.0 ** shift) if scale else None,
+        real(2.0 ** -shift) if scale else None)
+
+
+_SMALL_CLIP = 1 << 13   # below this, maximum + minimum cost less than np.clip's Python wrapper
+
+
 def round_nearest_even_magic(x: np.ndarray, out: np.ndarray, rules: Rules,
                              scratch: Scratch) -> None:
-    box = _CONTAINERS[x.dtype]
-    uint, n = box.uint, x.size
-    sign_mask, abs_mask = uint(box.sign_mask), uint(box.sign_mask - 1)
+    k = _magic_constants(rules, x.dtype)
+    uint, n = k.uint, x.size
     bits = x.view(uint)
 
     mag = scratch.get(0, uint, n)
-    np.bitwise_and(bits, abs_mask, out=mag)
+    np.bitwise_and(bits, k.abs_mask, out=mag)
     mag_f = mag.view(x.dtype)
-    clamp = rules.max_finite if rules.saturate else 2.0 ** (rules.emax + 1)
-    np.minimum(mag_f, x.dtype.type(clamp), out=mag_f)
+    if rules.saturate:
+        np.minimum(mag_f, k.clamp, out=mag_f)  # keeps NaN
 
+    # C's exponent field: |x|'s, at least emin's and at most emax+1's (one clip). The upper
+    # bound only keeps C finite: an |x| from 2**(emax+1) up still rounds to at least
+    # 2**(emax+1) (monotonic), which the overflow step below turns into inf.
     magic = scratch.get(1, uint, n)
-    np.bitwise_and(mag, uint(box.exp_mask), out=magic)
-    np.maximum(magic, uint((rules.emin + box.bias) << box.mant_bits), out=magic)
-    np.add(magic, uint((box.mant_bits - rules.man_bits) << box.mant_bits), out=magic)
+    np.bitwise_and(mag, k.exp_mask, out=magic)
+    if n < _SMALL_CLIP:
+        np.maximum(magic, k.low_field, out=magic)
+        np.minimum(magic, k.high_field, out=magic)
+    else:
+        np.clip(magic, k.low_field, k.high_field, out=magic)
+    np.add(magic, k.shift_field, out=magic)
     magic_f = magic.view(x.dtype)
 
     result = out.view(x.dtype)
@@ -128,21 +169,19 @@ def round_nearest_even_magic(x: np.ndarray, out: np.ndarray, rules: Rules,
     np.subtract(result, magic_f, out=result)
 
     if not rules.saturate:
-        shift = box.bias - rules.emax  # the container's emax equals its bias
-        if rules.has_inf and shift <= box.bias:
-            up = x.dtype.type(2.0 ** shift)
-            down = x.dtype.type(2.0 ** -shift)
-            np.multiply(result, up, out=result)  # 2**(emax+1) -> inf, nothing else
-            np.multiply(result, down, out=result)
+        if k.up is not None:
+            np.multiply(result, k.up, out=result)  # [2**(emax+1), inf] -> inf, nothing else
+            np.multiply(result, k.down, out=result)
         else:
             np.putmask(result, result > rules.max_finite,
                        np.inf if rules.has_inf else np.nan)
     if not rules.subnormals:
         np.putmask(result, result < rules.min_normal, 0.0)
 
-    sign = scratch.get(2, uint, n)
-    np.bitwise_and(bits, sign_mask, out=sign)
-    np.bitwise_or(result.view(uint), sign, out=result.view(uint))
+    sign = magic  # C is spent: its buffer takes x's sign bit
+    np.bitwise_and(bits, k.sign_mask, out=sign)
+    result_bits = result.view(uint)
+    np.bitwise_or(result_bits, sign, out=result_bits)
     if rules.unsigned_zero:
         np.add(result, 0.0, out=result)  # -0 + 0 == +0 under round-to-nearest
     settle_nans(result, rules)

@@ -1,0 +1,216 @@
+"""The exact 2-D matmul's newer branches against the general path, bit for bit: exact rows
+(the second certificate a row at a time), the chunked fp32 ends that report only open
+elements, all-zero product sets, the float32 gather, the chunked widening with norms, and
+the underflow count; plus the kernels they lean on (line_quanta, round_to's small-array
+path and its per-kind plan)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fpsim.exact import certificate, fast_matmul
+from fpsim.exact.certificate import certify, certify_fp32_open, line_quanta, width_factor
+from fpsim.exact.certified import lowest_bit_exponent
+from fpsim.exact.underflow import count_gradient_underflow, in_backward, note
+from fpsim.formats import BF16, FP16, FP32, get
+from fpsim.rounding import round_to
+
+from test_fastpaths import adversarial, same_bits, slow_reference  # noqa: E402
+
+OUT_FORMATS = [FP32, FP16, BF16, get("e4m3")]
+
+
+def _count_calls(monkeypatch, module, name):
+    calls = []
+    original = getattr(module, name)
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, spy)
+    return calls
+
+
+@pytest.mark.parametrize("kind", ["fp16", "ints", "tiny", "huge"])
+def test_exact_rows_match_the_reference(kind, monkeypatch):
+    """Exact rows forced on (any size): fl32(approx) where the row's sums are exact, the
+    ends elsewhere, +-0 sums left open; ties, signed zeros of disjoint supports, zero
+    lines, subnormal and overflowing sums."""
+    monkeypatch.setattr(fast_matmul, "_EXACT_MIN_SAVING", -10 ** 9)
+    taken = _count_calls(monkeypatch, fast_matmul, "_certify_exact_rows")
+    rng = np.random.default_rng(len(kind) + 40)
+    for m, k, n in ((12, 9, 10), (17, 33, 8), (9, 2, 14)):
+        a, b, bias = adversarial(rng, m, k, n, kind)
+        for out_fmt in OUT_FORMATS:
+            for beta in (None, bias):
+                with np.errstate(over="ignore", invalid="ignore"):
+                    fast = fast_matmul.matmul_2d(a, b, out_fmt, beta)
+                assert same_bits(fast, slow_reference(a, b, out_fmt, beta)), (m, k, n)
+    if kind in ("fp16", "ints"):
+        assert taken, "fp16 and small-integer data should make most rows exact"
+
+
+def test_exact_rows_with_some_rows_left_to_the_ends(monkeypatch):
+    """Rows of fp16 values are exact, rows of wide fp32 values are not: both kinds in one
+    product, the exact-row path taken and the other rows certified by the ends."""
+    monkeypatch.setattr(fast_matmul, "_EXACT_MIN_SAVING", -10 ** 9)
+    taken = _count_calls(monkeypatch, fast_matmul, "_certify_exact_rows")
+    rng = np.random.default_rng(3)
+    a, b, bias = adversarial(rng, 40, 24, 30, "fp16")
+    wide = rng.standard_normal((6, 24)) * 2.0 ** rng.integers(-20, 20, (6, 24))
+    a[[5, 9, 17, 22, 30, 33]] = wide.astype(np.float32)
+    for out_fmt in (FP32, FP16):
+        for beta in (None, bias):
+            rows = fast_matmul._exact_rows(a, b, *_norms(a, b), a.shape[1])
+            assert rows is not None and not rows.all() and rows.sum() >= 20
+            with np.errstate(over="ignore", invalid="ignore"):
+                fast = fast_matmul.matmul_2d(a, b, out_fmt, beta)
+            assert same_bits(fast, slow_reference(a, b, out_fmt, beta))
+    assert taken
+
+
+def _norms(a, b):
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    return np.sqrt((a64 * a64).sum(1)), np.sqrt((b64 * b64).sum(0))
+
+
+def test_exact_rows_are_not_tried_for_wide_fp32_data(monkeypatch):
+    monkeypatch.setattr(fast_matmul, "_EXACT_MIN_SAVING", -10 ** 9)
+    rng = np.random.default_rng(8)
+    a, b, _ = adversarial(rng, 30, 64, 20, "wide")
+    assert fast_matmul._exact_rows(a, b, *_norms(a, b), 64) is None
+
+
+def test_zero_sums_of_nonzero_lines_take_the_ieee_sign():
+    """Disjoint supports: every product zero though no row or column is; -0 exactly when
+    every product is -0, through the all-zero shortcut of the exact step."""
+    a = np.float32([[-0.0, 1.0], [0.0, 1.0], [2.0, 0.0]])
+    b = np.float32([[1.0, 3.0], [-0.0, 0.0]])
+    with np.errstate(invalid="ignore"):
+        out = fast_matmul.matmul_2d(a, b, FP32)
+    assert same_bits(out, slow_reference(a, b, FP32))
+    assert np.signbit(out[0, 0]) and not np.signbit(out[1, 0]) and out[2, 0] == 2.0
+
+
+@pytest.mark.parametrize("order", ["C", "F", "strided"])
+def test_gathered_products_from_any_operand_layout(order, monkeypatch):
+    """The exact step gathers from the float32 operands where they are C- or F-ordered,
+    else from their float64 copies: same bits for every layout, split certificate off."""
+    def certify_nothing(terms, upper):
+        return np.zeros(terms.shape[0], np.float32), np.zeros(terms.shape[0], bool)
+
+    monkeypatch.setattr(fast_matmul, "split_certify", certify_nothing)
+    rng = np.random.default_rng(5)
+    a, b, bias = adversarial(rng, 13, 40, 11, "ints")
+    if order == "strided":
+        big_a = np.zeros((13, 80), np.float32)
+        big_a[:, ::2] = a
+        big_b = np.zeros((40, 33), np.float32)
+        big_b[:, ::3] = b
+        a_in, b_in = big_a[:, ::2], big_b[:, ::3]
+        assert not (a_in.flags.c_contiguous or a_in.flags.f_contiguous)
+    else:
+        a_in, b_in = np.asarray(a, order=order), np.asarray(b, order=order)
+    for beta in (None, bias):
+        assert same_bits(fast_matmul.matmul_2d(a_in, b_in, FP16, beta),
+                         slow_reference(a, b, FP16, beta))
+
+
+@pytest.mark.parametrize("order", ["C", "F", "strided"])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_widening_with_norms_in_chunks(order, axis, monkeypatch):
+    monkeypatch.setattr(fast_matmul, "_WIDEN_CHUNK", 37)    # many chunks, lines crossing them
+    rng = np.random.default_rng(axis)
+    x = (rng.standard_normal((23, 19)) * 2.0 ** rng.integers(-140, 120, (23, 19))).astype(
+        np.float32)
+    x = np.asarray(x, order="C" if order == "strided" else order)
+    if order == "strided":
+        x = np.repeat(x, 2, axis=1)[:, ::2]
+    wide, norms = fast_matmul._widen_with_norms(x, "test", axis)
+    assert np.array_equal(wide, x.astype(np.float64))
+    exact = np.sqrt(np.sum(x.astype(np.float64) ** 2, axis=axis))
+    assert np.allclose(norms, exact, rtol=1e-13, atol=0)
+
+
+def test_fp32_open_ends_agree_with_the_certificate(monkeypatch):
+    """certify_fp32_open (chunks, both outer-product forms) leaves open exactly the
+    elements ``certify`` does not certify, with the same ends."""
+    rng = np.random.default_rng(2)
+    m, n = 37, 29
+    approx = rng.standard_normal((m, n)) * 2.0 ** rng.integers(-30, 30, (m, n))
+    approx[::3, ::4] = np.float64(np.float32(1.0)) + 2.0 ** -24          # fp32 ties
+    approx[5] = 0.0
+    rows = np.abs(rng.standard_normal(m)) * width_factor(40) * 2.0 ** 20
+    cols = np.abs(rng.standard_normal(n))
+    low, high, certified = certify(approx, rows[:, None], cols)
+    low, high, certified = low.copy(), high.copy(), certified.copy()
+    for chunk, einsum_from in ((1 << 17, 1 << 15), (64, 1), (64, 1 << 30)):
+        monkeypatch.setattr(certificate, "_OPEN_CHUNK", chunk)
+        monkeypatch.setattr(certificate, "_EINSUM_FROM", einsum_from)
+        out = np.empty((m, n), np.float32)
+        opened, low_open, high_open = certify_fp32_open(approx, rows, cols, out)
+        assert same_bits(out, high)
+        assert np.array_equal(opened, np.flatnonzero(~certified))
+        assert same_bits(low_open, low.reshape(-1)[opened])
+        assert same_bits(high_open, high.reshape(-1)[opened])
+
+
+def test_line_quanta_divide_every_element():
+    rng = np.random.default_rng(4)
+    cases = [
+        (rng.standard_normal((9, 14)) * 2.0 ** rng.integers(-149, 127, (9, 14))),
+        rng.integers(-5, 6, (9, 14)) * 2.0 ** -140,                        # subnormals
+        2.0 ** rng.integers(-149, 127, (9, 14)) * rng.choice([-1, 0, 1], (9, 14)),
+        round_to(rng.standard_normal((9, 14)).astype(np.float32), "fp16"),
+    ]
+    for x in cases:
+        with np.errstate(over="ignore"):
+            x = np.where(np.isfinite(x), x, 1.0).astype(np.float32)
+        x[2] = 0.0
+        x[:, 3] = -0.0
+        for axis in (0, 1):
+            for arr in (x, np.asfortranarray(x)):
+                q = line_quanta(arr, axis)
+                mantissa, exponent = np.frexp(q)
+                assert np.all(mantissa == 0.5)                             # powers of two
+                assert np.all(np.fmod(arr.astype(np.float64), np.expand_dims(q, axis)) == 0)
+                reference = lowest_bit_exponent(arr, axis)                 # the general path's
+                assert np.all((reference >= 2000) | (exponent - 1 >= reference))
+                assert np.all(q[np.all(arr == 0, axis=axis)] == 1.0)
+
+
+def test_note_counts_nonzeros_before_less_after():
+    rng = np.random.default_rng(6)
+    before = (rng.standard_normal(4000) * 2.0 ** rng.integers(-30, 20, 4000)).astype(np.float32)
+    before[:50] = 0.0
+    before[50:60] = -0.0
+    before[60:65] = np.float32([np.nan, np.inf, -np.inf, np.nan, 2.0 ** -149])
+    with np.errstate(over="ignore", invalid="ignore"):
+        after = round_to(before, FP16)
+    with count_gradient_underflow() as counts, in_backward():
+        note(before, after)
+        note(before.reshape(40, 100), after.reshape(40, 100))
+        note(before, before)
+    nonzero = int(np.count_nonzero(before != 0))
+    flushed = int(np.count_nonzero((before != 0) & (after == 0)))
+    assert (counts.nonzero, counts.flushed, counts.values) == (3 * nonzero, 2 * flushed,
+                                                                3 * before.size)
+
+
+@pytest.mark.parametrize("fmt", ["fp16", "e5m2", "e4m3", "e4m3fnuz", "e2m1", "tf32"])
+def test_round_to_small_arrays_take_the_same_bits_as_large_ones(fmt):
+    """The magic kernel clips with maximum + minimum below 8192 elements and with np.clip
+    above; every format's plan is resolved once per kind of call (flags and dtype)."""
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal(20000) * 2.0 ** rng.integers(-150, 130, 20000))
+    with np.errstate(over="ignore"):
+        x32 = x.astype(np.float32)
+    x32[:4] = np.float32([np.nan, -np.inf, -0.0, 2.0 ** -149])
+    for data in (x32, x32.astype(np.float64)):
+        for flags in ({}, {"subnormals": False}, {"saturate": True}):
+            with np.errstate(over="ignore", invalid="ignore"):
+                whole = round_to(data, fmt, **flags)
+                pieces = np.concatenate([round_to(part, fmt, **flags)
+                                         for part in np.array_split(data, 40)])
+            assert same_bits(whole, pieces), (fmt, flags, data.dtype)
