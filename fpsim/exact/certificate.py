@@ -89,7 +89,7 @@ def width_factor(terms: int) -> float:
 
 
 def certify(approx: xp.ndarray, width: xp.ndarray, width_cols: xp.ndarray | None = None,
-            round_end=None, *, high: xp.ndarray | None = None):
+            round_end=None):
     """(low, high, certified): the ends approx -+ w rounded by ``round_end``, and where their
     bit patterns agree (there the exact sum rounds to ``high``).
 
@@ -99,9 +99,7 @@ def certify(approx: xp.ndarray, width: xp.ndarray, width_cols: xp.ndarray | None
     arrays to rounded arrays (``round_to`` in any mode but stochastic); None is the float32
     cast, computed chunk by chunk so the temporaries stay in cache: ``low`` and
     ``certified`` then live in this thread's reused buffers, valid until the next call, and
-    ``high`` is a fresh float32 array, or the ``high`` given (float32, approx's shape): a
-    reused buffer where the caller keeps no result in it (fresh pages cost page faults).
-    ``approx`` has at least one axis.
+    ``high`` is a fresh float32 array. ``approx`` has at least one axis.
     """
     if round_end is not None:
         with xp.errstate(invalid="ignore", over="ignore"):
@@ -109,8 +107,7 @@ def certify(approx: xp.ndarray, width: xp.ndarray, width_cols: xp.ndarray | None
             low, high = round_end(approx - w), round_end(approx + w)
         return low, high, _same_bits(low, high)
     low = scratch("certify.low", xp.float32, approx.size).reshape(approx.shape)
-    if high is None:
-        high = xp.empty(approx.shape, xp.float32)
+    high = xp.empty(approx.shape, xp.float32)
     certified = scratch("certify.same", bool, approx.size).reshape(approx.shape)
     if approx.ndim > 2 and approx[0].size >= _CHUNK:      # big matrices: one at a time
         for i in range(approx.shape[0]):
@@ -163,8 +160,8 @@ def certify_fp32_open(approx: xp.ndarray, width_rows: xp.ndarray, width_cols: xp
     step = max(1, _OPEN_CHUNK // max(1, n))
     rows = min(step, lines)
     w_buf = scratch("certify.width", xp.float64, rows * n).reshape(rows, n)
-    low_buf = scratch("certify.low", xp.float32, rows * n).reshape(rows, n)
-    same_buf = scratch("certify.same", bool, rows * n).reshape(rows, n)
+    low_buf = scratch("certify.open.low", xp.float32, rows * n).reshape(rows, n)
+    same_buf = scratch("certify.open.same", bool, rows * n).reshape(rows, n)
     # One rounded product per element: an einsum outer product is faster per element than
     # NumPy's broadcast multiply here, the multiply faster per call (small matrices).
     outer = _outer_einsum if rows * n >= _EINSUM_FROM else _outer_multiply
