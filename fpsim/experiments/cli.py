@@ -23,10 +23,10 @@ __all__ = ["register", "run", "MEASURED_SECONDS", "ProgressBars"]
 # are their sums. CPU time, not wall-clock: the machine was shared while measuring, which
 # stretches wall-clock time but hardly CPU time. benchmarks/bench_reproduce.py measures again.
 MEASURED_SECONDS = {
-    "quick": {"underflow": 1.6, "loss_curves": 14.5, "master_weights": 2.7, "overflow": 6.0,
-              "bf16": 6.8, "recipes": 9.1, "accumulation": 2.9},
-    "full": {"underflow": 1.6, "loss_curves": 80.7, "master_weights": 3.7, "overflow": 25.9,
-             "bf16": 19.7, "recipes": 58.7, "accumulation": 8.6},
+    "quick": {"underflow": 1.2, "loss_curves": 9.2, "master_weights": 2.1, "overflow": 4.8,
+              "bf16": 4.9, "recipes": 6.0, "accumulation": 2.4},
+    "full": {"underflow": 1.2, "loss_curves": 50.7, "master_weights": 2.9, "overflow": 21.3,
+             "bf16": 14.2, "recipes": 37.1, "accumulation": 6.7},
 }
 
 
