@@ -175,3 +175,22 @@ def test_global_norm_across_chunk_boundaries(small_chunks, sizes):
     assert _bits(global_norm(grads)) == _bits(exact_global_norm(grads))
     grads[-1][-1] = np.nan
     assert np.isnan(global_norm(grads))
+
+
+def test_weights_in_the_master_format_are_the_master_array():
+    """fp32 weights under an fp32 master: after a step p.data is the master (no copy), and
+    the next step starts from the same values either way."""
+    import numpy as np
+
+    from fpsim.autograd import Tensor
+    from fpsim.optim import SGD, Optimizer
+
+    w = Tensor(np.float32([1.0, -2.0, 3.0]), "fp32", requires_grad=True)
+    opt = Optimizer([w], SGD(lr=0.5))
+    w.grad = Tensor(np.float32([1.0, 2.0 ** -30, 0.0]), "fp32")
+    opt.step()
+    assert w.data is opt.masters["0"]
+    assert w.data.tolist() == [0.5, -2.0, 3.0]
+    w.grad = Tensor(np.float32([1.0, 1.0, 1.0]), "fp32")
+    opt.step()
+    assert w.data.tolist() == [0.0, -2.5, 2.5]

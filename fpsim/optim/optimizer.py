@@ -68,8 +68,9 @@ class Optimizer:
 
     ``params``: a ``Module`` (its named parameters) or an iterable of ``Tensor`` or
     ``(name, Tensor)``. ``master``: the master copy's format (default fp32), or None to
-    update the weights in their own format. ``clip_norm``: clip the global gradient norm
-    after unscaling, as ``torch.nn.utils.clip_grad_norm_`` does.
+    update the weights in their own format (where the weights are in the master's format,
+    after a step ``p.data`` is the master array itself, not a copy). ``clip_norm``: clip the
+    global gradient norm after unscaling, as ``torch.nn.utils.clip_grad_norm_`` does.
     """
 
     def __init__(self, params, rule, *, master: "Format | str | None" = FP32,
@@ -134,7 +135,8 @@ class Optimizer:
             if self.master_fmt is not None:
                 self.masters[name] = new
                 if p.fmt == self.master_fmt and (new.size == 0 or not xp.isnan(new.min())):
-                    p.data = new.copy()    # rounding into its own format: the identity
+                    p.data = new           # rounding into its own format: the identity;
+                    # one array for both (fpsim never writes into either in place)
                 else:                      # (NaNs: round_to's rule quiets a signalling one)
                     p.data = round_to(new, p.fmt)
             else:
