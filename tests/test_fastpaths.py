@@ -15,18 +15,9 @@ from fpsim.exact.fast_matmul import matmul_2d, round_out
 from fpsim.exact.underflow import count_gradient_underflow
 from fpsim.formats import BF16, FP16, FP32, get
 from fpsim.rounding import round_to
+from bit_patterns import same_bits
 
 OUT_FORMATS = [FP32, FP16, BF16, get("e4m3"), get("e5m2")]
-
-
-def bits(x):
-    x = np.asarray(x)
-    return x.view(np.uint32 if x.dtype == np.float32 else np.uint64)
-
-
-def same_bits(x, y) -> bool:
-    x, y = np.asarray(x), np.asarray(y)
-    return x.shape == y.shape and x.dtype == y.dtype and np.array_equal(bits(x), bits(y))
 
 
 def slow_reference(a, b, out_fmt, bias=None):

@@ -17,21 +17,12 @@ from fpsim.exact.certified import exact_rows_sum
 from fpsim.exact.softmax import cr_cross_entropy, log_softmax64
 from fpsim.formats import BF16, FP16, FP32
 from fpsim.rounding import round_to
+from bit_patterns import same_bits
 
 SPECIALS = np.concatenate([
     np.array([-np.inf, -1.5, -2.0 ** -149, -0.0, 0.0, 2.0 ** -149, 1.0, 65504.0, 3e38, np.inf,
               np.nan, -np.nan], np.float32),
     np.uint32([0x7FC01234, 0xFFA00001, 0x00000003, 0x80000003]).view(np.float32)])
-
-
-def bits(x):
-    x = np.asarray(x)
-    return x.view(np.uint32 if x.dtype == np.float32 else np.uint64)
-
-
-def same_bits(x, y) -> bool:
-    x, y = np.asarray(x), np.asarray(y)
-    return x.shape == y.shape and x.dtype == y.dtype and np.array_equal(bits(x), bits(y))
 
 
 # --- relu ----------------------------------------------------------------------------------
