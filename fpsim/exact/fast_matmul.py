@@ -102,9 +102,14 @@ def round_out(x32: xp.ndarray, fmt) -> xp.ndarray:
     if fmt == FP32:
         return x32
     with xp.errstate(over="ignore", invalid="ignore"):
-        if fmt == FP16 and x32.size < _SMALL:
-            return x32.astype(xp.float16).astype(xp.float32)
-        return round_to(x32, fmt)
+        return _round_out(x32, fmt)
+
+
+def _round_out(x32, fmt):
+    """``round_out`` to a format other than FP32, under the caller's error state."""
+    if fmt == FP16 and x32.size < _SMALL:
+        return x32.astype(xp.float16).astype(xp.float32)
+    return round_to(x32, fmt)
 
 
 def matmul_2d(a: xp.ndarray, b: xp.ndarray, out_fmt, bias: xp.ndarray | None = None,
@@ -116,16 +121,24 @@ def matmul_2d(a: xp.ndarray, b: xp.ndarray, out_fmt, bias: xp.ndarray | None = N
     n = b.shape[1]
     if k == 0 or m == 0 or n == 0 or (bias is not None and not _finite(bias)):
         return None
+    # One error state for the whole product (it only silences warnings, values are IEEE's):
+    # overflow to inf and inf - inf are the arithmetic the proof reads.
+    with xp.errstate(over="ignore", invalid="ignore"):
+        return _matmul_2d(a, b, out_fmt, bias, note, m, k, n)
+
+
+def _matmul_2d(a, b, out_fmt, bias, note, m, k, n):
     a64, row_norm = _widen_with_norms(a, "a", 1)
     b64, col_norm = _widen_with_norms(b, "b", 0)
     # Squares of float32 values cannot overflow a float64 sum (K 2**256 < 2**1024), so the
-    # norms are finite exactly when a and b are: one check, no extra pass over the operands.
-    if not (xp.isfinite(row_norm.sum()) and xp.isfinite(col_norm.sum())):
+    # norms (and their sums, below 2**256 (M + N)) are finite exactly when a and b are: one
+    # check, no extra pass over the operands.
+    if not xp.isfinite(row_norm.sum() + col_norm.sum()):
         return None
     approx = xp.matmul(a64, b64, out=_scratch("approx", (m, n), xp.float64))
+    fp32_out = out_fmt == FP32
     # pre is the output itself for fp32; otherwise only a work array (out is rounded from it)
-    pre = xp.empty((m, n), xp.float32) if out_fmt == FP32 else _scratch("pre", (m, n),
-                                                                         xp.float32)
+    pre = xp.empty((m, n), xp.float32) if fp32_out else _scratch("pre", (m, n), xp.float32)
     # Floors keep w > 0 where a row or column is all zero (module docstring, (3)); they are
     # below every nonzero norm's factor (norms of float32 values are at least 2**-149).
     row_width = xp.maximum(row_norm * width_factor(k), _ROW_FLOOR)
@@ -136,13 +149,12 @@ def matmul_2d(a: xp.ndarray, b: xp.ndarray, out_fmt, bias: xp.ndarray | None = N
     else:
         opened, low32, high32 = _certify_exact_rows(approx, exact_rows, row_width,
                                                     col_width, pre)
-    with xp.errstate(over="ignore"):
-        if bias is not None:
-            pre += bias                         # the fp32 epilogue: one float32 addition
-        out = round_out(pre, out_fmt)           # acc = hi32 wherever certified
+    if bias is not None:
+        pre += bias                             # the fp32 epilogue: one float32 addition
+    out = pre if fp32_out else _round_out(pre, out_fmt)     # acc = hi32 wherever certified
     if opened.size:
-        _settle_open(a, b, a64, b64, row_norm, col_norm, opened, low32, high32, pre, out,
-                     bias, out_fmt)
+        _settle_open(a, b, a64, b64, row_norm, col_norm, opened, low32, pre, out, bias,
+                     out_fmt, fp32_out)
     if note:
         underflow.note(pre, out)
     return out
@@ -183,8 +195,7 @@ def _certify_exact_rows(approx, exact_rows, row_width, col_width, pre):
     rnd32(s), save exact zero sums (a BLAS zero's sign is its own, not IEEE's): those are
     left open with the ends -0 and +0; the other rows take the first certificate."""
     n = approx.shape[1]
-    with xp.errstate(over="ignore"):
-        xp.copyto(pre, approx)
+    xp.copyto(pre, approx)                  # overflow to inf: the caller's error state
     zeros = xp.flatnonzero(xp.equal(pre, 0, out=_scratch("zeros", pre.shape, bool)))
     zeros = zeros[exact_rows[zeros // n] & (approx.reshape(-1)[zeros] == 0)]
     found = [(zeros, xp.full(zeros.size, -0.0, xp.float32), xp.zeros(zeros.size, xp.float32))]
@@ -234,41 +245,40 @@ def _widen_with_norms(x: xp.ndarray, name: str, axis: int):
     return out, xp.sqrt(squares, out=squares)
 
 
-def _settle_open(a, b, a64, b64, row_norm, col_norm, opened, low32, high32, pre, out, bias,
-                 out_fmt) -> None:
+def _settle_open(a, b, a64, b64, row_norm, col_norm, opened, low32, pre, out, bias,
+                 out_fmt, fp32_out) -> None:
     """pre and out at the elements the fp32 certificate left open (flat indices ``opened``,
-    their ends ``low32``, ``high32``). The f-level certificate takes those where f =
-    rnd_out(pre(.)) gives one bit pattern at both ends and pre is nonzero of one sign at
-    both (pre(acc) then keeps the zero/nonzero pattern of the exact path; pre and out there
-    are already f's values at the high end); it only helps when f is coarser than rnd32 (an
-    output format or a bias). The rest are summed exactly."""
+    their low ends ``low32``; pre and out hold f's values at the high ends there). The
+    f-level certificate takes those where f = rnd_out(pre(.)) gives one bit pattern at both
+    ends and pre is nonzero of one sign at both (pre(acc) then keeps the zero/nonzero
+    pattern of the exact path; pre and out there are already f's values at the high end);
+    it only helps when f is coarser than rnd32 (an output format or a bias). The rest are
+    summed exactly."""
     n = pre.shape[1]
-    if bias is not None or out_fmt != FP32:
-        bias_open = None if bias is None else bias[opened % n]
-        ok = _f_agree(low32, high32, bias_open, out_fmt)
+    if bias is not None or not fp32_out:
+        pre_low = low32 if bias is None else low32 + bias[opened % n]
+        ok = _f_agree(pre_low, pre.reshape(-1)[opened], out.reshape(-1)[opened], out_fmt,
+                      fp32_out)
         opened = opened[xp.logical_not(ok, out=ok)]
         if not opened.size:
             return
     rows, cols = xp.divmod(opened, n)
     acc = _exact_elements(_gather_source(a, a64), _gather_source(b, b64), row_norm, col_norm,
                           rows, cols, error_factor(a64.shape[1]))
-    with xp.errstate(over="ignore"):
-        if bias is not None:
-            acc += bias[cols]
-        pre.reshape(-1)[opened] = acc
-        out.reshape(-1)[opened] = round_out(acc, out_fmt)
+    if bias is not None:
+        acc += bias[cols]
+    pre.reshape(-1)[opened] = acc
+    if not fp32_out:
+        out.reshape(-1)[opened] = _round_out(acc, out_fmt)
 
 
-def _f_agree(low32, high32, bias, out_fmt) -> xp.ndarray:
+def _f_agree(pre_low, pre_high, out_high, out_fmt, fp32_out) -> xp.ndarray:
     """Where f gives one bit pattern at both ends and pre is nonzero of one sign at both
-    (1-D gathered ends; ``bias`` gathered alike, or None)."""
-    with xp.errstate(over="ignore", invalid="ignore"):
-        pre_low = low32 if bias is None else low32 + bias
-        pre_high = high32 if bias is None else high32 + bias
-        same = (pre_low != 0) & (pre_high != 0)
-        same &= xp.signbit(pre_low) == xp.signbit(pre_high)
-        ends = round_out(xp.concatenate([pre_low, pre_high]), out_fmt).view(xp.uint32)
-        same &= ends[:same.size] == ends[same.size:]
+    (1-D gathered: pre at the low end, pre and f = rnd_out(pre) at the high end)."""
+    same = (pre_low != 0) & (pre_high != 0)
+    same &= xp.signbit(pre_low) == xp.signbit(pre_high)
+    out_low = pre_low if fp32_out else _round_out(pre_low, out_fmt)
+    same &= out_low.view(xp.uint32) == out_high.view(xp.uint32)
     return same
 
 
@@ -290,9 +300,7 @@ def _exact_elements(a, b, row_norm, col_norm, rows, cols, g) -> xp.ndarray:
         acc, known = split_certify(products, upper)
         rest = xp.flatnonzero(~known)
         if rest.size:
-            exact = round_to_odd_sum(products[rest])
-            with xp.errstate(over="ignore"):
-                acc[rest] = exact                      # round-to-odd, then one fp32 cast
+            acc[rest] = round_to_odd_sum(products[rest])   # round-to-odd, one fp32 cast
         out[lo:lo + step][live] = acc
     return out
 
