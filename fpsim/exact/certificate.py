@@ -5,19 +5,27 @@ vectorised or with FMA (any BLAS, any thread count); s = sum p_k is the exact va
 S = sum |p_k|. Then |approx - s| <= gamma_{K-1} S, gamma_n = n u / (1 - n u), u = 2**-53
 (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., section 4.2 and Lemma 8.4);
 ``error_factor(K)`` = g = K * 2**-52 bounds that with room to spare (g < 2**-12 below 2**40
-terms). The caller supplies N >= 0 with N (1 + 2g) >= S: ||a_i|| ||b_j|| for a dot product
-(Cauchy-Schwarz; the norms' own rounding errs by less than (K/2 + 2) u each, covered by the
-1 + 2g), fl64(sum |x|) for a sum of values (it errs by at most gamma_{K-1} S, also covered).
+terms); the first certificate takes the tighter h = ``half_width_factor(K)`` =
+K 2**-53 (1 + K 2**-52) >= (K - 1) u (1 + 2 (K - 1) u) >= gamma_{K-1} ((K - 1) u < 2**-13).
+The caller supplies N >= 0 with N (1 + 2h) >= S. For a dot product N = ||a_i|| ||b_j||
+(Cauchy-Schwarz) with computed norms: each is the rounded root of a float64 sum of K exact
+squares, at least the exact norm times sqrt(1 - gamma_{K-1}) (1 - u), so the exact product of
+the norms is at most N / ((1 - gamma_{K-1}) (1 - u)**2) <= N (1 + (K + 1) u + 4 (K**2 + 1)
+u**2) <= N (1 + 2h) for K >= 2 (K = 1: both norms and the one product are exact). For a sum of values N =
+fl64(sum |x|) >= S (1 - gamma_{K-1}), and S <= N (1 + gamma_{K-1} + 2 gamma_{K-1}**2) <=
+N (1 + 2h).
 
 First certificate (``certify``). The half-width w = fl(fl(N * c)) with
-c = ``width_factor(K)`` = (g + 2**-50)(1 + 2g)(1 + 2**-39) (N as one factor or as a product
-of two, each multiplication rounded) is at least (g + 2**-50) N (1 + 2g) >= (g + 2**-50) S:
-its roundings lose at most 4 u relative, far less than the 2**-39 margin. Each end
-fl64(approx -+ w) errs by at most u (|approx| + w) <= u (S (1 + g) + w), which 2**-50 S
-exceeds, so fl64(approx - w) <= approx - g S <= s <= approx + g S <= fl64(approx + w): the
-exact s lies between the computed ends. Every rounding of fpsim (``round_to`` in any mode
-but stochastic, the float32 cast) is monotonic: if both ends round to the same bit pattern,
-so does every value between them, s included. Any w' >= w encloses s as well.
+c = ``width_factor(K)`` = (h + 2**-50)(1 + 2h)(1 + 2**-39) (N as one factor or as a product
+of two, each multiplication rounded, c itself computed in float64) is at least
+(h + 2**-50) N (1 + 2h) >= h S + 2**-50 N (1 + 2h): its roundings lose at most 8 u relative,
+far less than the 2**-39 margin. Each end fl64(approx -+ w) errs by at most
+u (|approx| + w) <= 2**-53 N (1 + 2h) (1 + 2**-11) (|approx| <= S (1 + h), w <= 2**-12 N),
+which 2**-50 N (1 + 2h) exceeds, so fl64(approx - w) <= approx - h S <= s <= approx + h S <=
+fl64(approx + w): the exact s lies between the computed ends. Every rounding of fpsim
+(``round_to`` in any mode but stochastic, the float32 cast) is monotonic: if both ends round
+to the same bit pattern, so does every value between them, s included. Any w' >= w
+encloses s as well.
 ``certify_fp32_open`` is the same certificate for a 2-D product with float32 ends, computed
 chunk by chunk and reporting only the elements it leaves open.
 
@@ -64,8 +72,8 @@ from ..backend import xp
 from ..backend import scratch
 from .sums import zero_sum
 
-__all__ = ["error_factor", "width_factor", "certify", "certify_fp32_open", "sums_exactly",
-           "line_quanta", "split_certify"]
+__all__ = ["error_factor", "half_width_factor", "width_factor", "certify", "certify_fp32_open",
+           "sums_exactly", "line_quanta", "split_certify"]
 
 _CHUNK = 1 << 15    # elements per chunk of the float32 path: temporaries stay in cache
 _OPEN_CHUNK = 1 << 17   # certify_fp32_open: fewer, larger chunks (its per-chunk work is more)
@@ -81,11 +89,18 @@ def error_factor(terms: int) -> float:
     return max(terms, 1) * 2.0 ** -52
 
 
+def half_width_factor(terms: int) -> float:
+    """h = K 2**-53 (1 + K 2**-52) >= gamma_{K-1}, the first certificate's error factor (half
+    of ``error_factor`` to first order; module docstring)."""
+    g = error_factor(terms)
+    return g * 0.5 * (1 + g)
+
+
 def width_factor(terms: int) -> float:
     """c with w = N * c the certified half-width of a sum of ``terms`` exact terms, for any
-    N with N (1 + 2g) >= sum |p| (module docstring)."""
-    g = error_factor(terms)
-    return (g + 2.0 ** -50) * (1 + 2 * g) * (1 + 2.0 ** -39)
+    N with N (1 + 2h) >= sum |p|, h = ``half_width_factor(terms)`` (module docstring)."""
+    h = half_width_factor(terms)
+    return (h + 2.0 ** -50) * (1 + 2 * h) * (1 + 2.0 ** -39)
 
 
 def certify(approx: xp.ndarray, width: xp.ndarray, width_cols: xp.ndarray | None = None,

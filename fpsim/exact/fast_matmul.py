@@ -10,8 +10,8 @@ and ``f = rnd_out o pre``, the result is ``f(rnd32(s))`` with ``s`` the exact do
     exact rows (where taken, below): acc = fl32(approx), except approx = +-0 (left open)
     other rows:
       w      = max(||a_i|| c, 2**-600) max(||b_j||, 2**-400),  c = width_factor(K)
-             = ||a_i|| ||b_j|| (g + 2**-50) (1 + 2g) (1 + 2**-39) but for all-zero lines,
-               g = K * 2**-52
+             = ||a_i|| ||b_j|| (h + 2**-50) (1 + 2h) (1 + 2**-39) but for all-zero lines,
+               h = K 2**-53 (1 + K 2**-52)
       lo32, hi32 = fl32(fl64(approx - w)), fl32(fl64(approx + w))
       certified where  bits(lo32) == bits(hi32)                          (acc = hi32)
     the rest (open): certified where f(lo32) == f(hi32) and pre(lo32), pre(hi32) are
