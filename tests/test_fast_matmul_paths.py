@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fpsim.exact import certificate, fast_matmul
+from fpsim.exact import certificate, fast_matmul, gathered
 from fpsim.exact.certificate import certify, certify_fp32_open, line_quanta, width_factor
 from fpsim.exact.certified import lowest_bit_exponent
 from fpsim.exact.underflow import count_gradient_underflow, in_backward, note
@@ -100,7 +100,7 @@ def test_gathered_products_from_any_operand_layout(order, monkeypatch):
     def certify_nothing(terms, upper):
         return np.zeros(terms.shape[0], np.float32), np.zeros(terms.shape[0], bool)
 
-    monkeypatch.setattr(fast_matmul, "split_certify", certify_nothing)
+    monkeypatch.setattr(gathered, "split_certify", certify_nothing)
     rng = np.random.default_rng(5)
     a, b, bias = adversarial(rng, 13, 40, 11, "ints")
     if order == "strided":
@@ -214,3 +214,47 @@ def test_round_to_small_arrays_take_the_same_bits_as_large_ones(fmt):
                 pieces = np.concatenate([round_to(part, fmt, **flags)
                                          for part in np.array_split(data, 40)])
             assert same_bits(whole, pieces), (fmt, flags, data.dtype)
+
+
+def _sparse_row_case(rng, m, k, n):
+    """Rows of a with few nonzeros (fired for few samples) against b with zeros on them:
+    exact zero sums of every sign pattern, next to live sums of the same rows."""
+    a = np.where(rng.random((m, k)) < 0.06, rng.standard_normal((m, k)), 0.0)
+    a = np.where(rng.random((m, k)) < 0.5, a, -a).astype(np.float32)   # +-0 off the support
+    b = np.where(rng.random((k, n)) < 0.5, rng.standard_normal((k, n)), 0.0).astype(np.float32)
+    a[1] = -0.0                                   # an all-zero row of -0
+    a[2, 5] = 3.0                                 # support {5}: b zero there in most columns
+    a[2, :5] = -0.0
+    a[2, 6:] = -0.0
+    b[5, : n // 2] = 0.0
+    b[:, [0, 1, 3]] = np.abs(b[:, [0, 1, 3]])
+    b[5, 0] = -0.0                                # every product -0: row 2 in column 0,
+    #                                               row 1 in column 3 ...
+    b[k - 1, 1] = -0.0                            # ... one +0 product, off the sign probes
+    a[3] = np.float32(1.0)                        # a dense row: the gathered route
+    a[4, :20] = np.float32(1.0)                   # more nonzeros than the support test takes
+    a[4, 20:] = 0.0
+    b[:20, 2] = 0.0
+    return a, b, rng.standard_normal(n).astype(np.float32)
+
+
+@pytest.mark.parametrize("a_order", ["C", "F"])
+@pytest.mark.parametrize("b_order", ["C", "F"])
+def test_zero_sums_of_sparse_rows_take_the_ieee_sign(a_order, b_order, monkeypatch):
+    """The support test of the exact step (every product zero where b vanishes on a sparse
+    row's nonzeros; -0 exactly when every product is -0) against the reference, in every
+    operand order, output format and with a bias; the test must be taken."""
+    monkeypatch.setattr(gathered, "_SPARSE_FROM", 0)
+    taken = _count_calls(monkeypatch, gathered, "_zero_sums_of_sparse_rows")
+    rng = np.random.default_rng(11)
+    for m, k, n in ((9, 40, 12), (14, 129, 7)):
+        a, b, bias = _sparse_row_case(rng, m, k, n)
+        a_in, b_in = np.asarray(a, order=a_order), np.asarray(b, order=b_order)
+        for out_fmt in (FP32, FP16, BF16):
+            for beta in (None, bias):
+                assert same_bits(fast_matmul.matmul_2d(a_in, b_in, out_fmt, beta),
+                                 slow_reference(a, b, out_fmt, beta)), (m, k, n, out_fmt)
+        out = fast_matmul.matmul_2d(a_in, b_in, FP32)
+        assert np.signbit(out[1, 3]) and np.signbit(out[2, 0]) and out[2, 0] == 0
+        assert not np.signbit(out[1, 1]) and out[1, 1] == 0
+    assert taken

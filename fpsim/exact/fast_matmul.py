@@ -37,9 +37,10 @@ other w) make w > 0, and the ends are -0 and +0: never certified at the fp32 lev
 level pre is then +-0 + bias, nonzero only for a nonzero bias, where the zero's sign does not
 matter (+-0 + b = b). Any other exact zero sum has approx = +-0 and w > 0, so lo32 and hi32
 differ in sign: not certified at the fp32 level, and at the f level only when a nonzero bias
-makes both pre values that same nonzero number. (4) The exact step, on the gathered products
-of the elements left: where every product is zero, s = 0 with the IEEE sign (-0 exactly when
-every product is -0, ``sums.zero_sum``); else the split certificate
+makes both pre values that same nonzero number. (4) The exact step (``gathered``), on the
+elements left: where every product is zero, s = 0 with the IEEE sign (-0 exactly when every
+product is -0, ``sums.zero_sum``; found from the support of a sparse row of a where approx =
++-0, else from the gathered products); else the split certificate
 (``certificate.split_certify``: one error-free split makes the float64 sum almost exact, so
 it takes all but exact ties and exact sums; where every low part is zero its exact high sum
 is s), else the exact sum rounded to odd (``round_to_odd_sum``) and cast once to fp32.
@@ -71,10 +72,9 @@ from ..backend import xp
 from ..formats import FP16, FP32
 from ..backend import round_to, scratch
 from . import underflow
-from .certificate import (certify_fp32_open, error_factor, line_quanta, split_certify,
-                          width_factor)
+from .certificate import certify_fp32_open, error_factor, line_quanta, width_factor
 from .certified import cauchy_schwarz_bound
-from .sums import ELEMENTS_PER_CHUNK, round_to_odd_sum, zero_sum
+from .gathered import exact_elements, gather_source
 
 __all__ = ["matmul_2d", "round_out"]
 
@@ -153,8 +153,8 @@ def _matmul_2d(a, b, out_fmt, bias, note, m, k, n):
         pre += bias                             # the fp32 epilogue: one float32 addition
     out = pre if fp32_out else _round_out(pre, out_fmt)     # acc = hi32 wherever certified
     if opened.size:
-        _settle_open(a, b, a64, b64, row_norm, col_norm, opened, low32, pre, out, bias,
-                     out_fmt, fp32_out)
+        _settle_open(a, b, a64, b64, row_norm, col_norm, approx, opened, low32, pre, out,
+                     bias, out_fmt, fp32_out)
     if note:
         underflow.note(pre, out)
     return out
@@ -245,7 +245,7 @@ def _widen_with_norms(x: xp.ndarray, name: str, axis: int):
     return out, xp.sqrt(squares, out=squares)
 
 
-def _settle_open(a, b, a64, b64, row_norm, col_norm, opened, low32, pre, out, bias,
+def _settle_open(a, b, a64, b64, row_norm, col_norm, approx, opened, low32, pre, out, bias,
                  out_fmt, fp32_out) -> None:
     """pre and out at the elements the fp32 certificate left open (flat indices ``opened``,
     their low ends ``low32``; pre and out hold f's values at the high ends there). The
@@ -263,8 +263,8 @@ def _settle_open(a, b, a64, b64, row_norm, col_norm, opened, low32, pre, out, bi
         if not opened.size:
             return
     rows, cols = xp.divmod(opened, n)
-    acc = _exact_elements(_gather_source(a, a64), _gather_source(b, b64), row_norm, col_norm,
-                          rows, cols, error_factor(a64.shape[1]))
+    acc = exact_elements(gather_source(a, a64), gather_source(b, b64), row_norm, col_norm,
+                         rows, cols, approx.reshape(-1)[opened])
     if bias is not None:
         acc += bias[cols]
     pre.reshape(-1)[opened] = acc
@@ -280,44 +280,3 @@ def _f_agree(pre_low, pre_high, out_high, out_fmt, fp32_out) -> xp.ndarray:
     out_low = pre_low if fp32_out else _round_out(pre_low, out_fmt)
     same &= out_low.view(xp.uint32) == out_high.view(xp.uint32)
     return same
-
-
-def _exact_elements(a, b, row_norm, col_norm, rows, cols, g) -> xp.ndarray:
-    """The exact sums of elements (rows, cols) of a @ b rounded once to fp32 (float32), with
-    the IEEE sign of exact zeros: zero where every gathered product is zero (-0 where every
-    one is -0, ``sums.zero_sum``), else the split certificate on the products, then the
-    exact sum (rounded to odd, cast once) for the exact ties it leaves."""
-    out = xp.empty(rows.size, xp.float32)
-    step = max(1, ELEMENTS_PER_CHUNK // a.shape[1])
-    for lo in range(0, rows.size, step):
-        r, c = rows[lo:lo + step], cols[lo:lo + step]
-        products = _products(a, b, r, c)
-        live = products.any(axis=1)
-        if not live.all():          # every product zero (disjoint supports): no sum to take
-            out[lo:lo + step][~live] = zero_sum(products[~live])
-            products, r, c = products[live], r[live], c[live]
-        upper = cauchy_schwarz_bound(row_norm[r], col_norm[c], g)     # >= sum |a_ik b_kj|
-        acc, known = split_certify(products, upper)
-        rest = xp.flatnonzero(~known)
-        if rest.size:
-            acc[rest] = round_to_odd_sum(products[rest])   # round-to-odd, one fp32 cast
-        out[lo:lo + step][live] = acc
-    return out
-
-
-def _gather_source(x32, x64):
-    """The operand to gather products from: the float32 original where it is C- or
-    F-ordered (half the bytes), else its float64 copy (always one of the two)."""
-    return x32 if x32.flags.c_contiguous or x32.flags.f_contiguous else x64
-
-
-def _products(a, b, rows, cols) -> xp.ndarray:
-    """(len(rows), K) float64 products a[rows[e], k] * b[k, cols[e]], exact (float32 or
-    float64 operands holding float32 values). Each factor is gathered by ``take`` along its
-    operand's contiguous axis (on a C-ordered array: ``take`` would first copy any other
-    whole), so that both share one layout wherever the operands' orders allow it."""
-    left = (xp.take(a, rows, axis=0) if a.flags.c_contiguous
-            else xp.take(a.T, rows, axis=1).T)
-    right = (xp.take(b.T, cols, axis=0) if b.flags.f_contiguous
-             else xp.take(b, cols, axis=1).T)
-    return xp.multiply(left, right, dtype=xp.float64)
