@@ -258,3 +258,21 @@ def test_zero_sums_of_sparse_rows_take_the_ieee_sign(a_order, b_order, monkeypat
         assert np.signbit(out[1, 3]) and np.signbit(out[2, 0]) and out[2, 0] == 0
         assert not np.signbit(out[1, 1]) and out[1, 1] == 0
     assert taken
+
+
+def test_exact_rows_gate_reads_first_lines_before_sampling(monkeypatch):
+    """Narrow data (fp16 values) whose output outweighs the operands take the exact rows at
+    the default gate; fp32 data are turned away by a's first row before any sample."""
+    sampled = _count_calls(monkeypatch, fast_matmul, "line_quanta")
+    rng = np.random.default_rng(12)
+    a = round_to(rng.standard_normal((64, 16)).astype(np.float32), "fp16")
+    b = round_to(rng.standard_normal((16, 48)).astype(np.float32), "fp16")
+    assert fast_matmul._exact_rows(a, b, *_norms(a, b), 16) is not None
+    assert sampled
+    sampled.clear()
+    wide = rng.standard_normal((64, 16)).astype(np.float32)
+    assert fast_matmul._exact_rows(wide, b, *_norms(wide, b), 16) is None
+    assert not sampled
+    for x, y in ((a, b), (wide, b)):
+        for out_fmt in (FP32, FP16):
+            assert same_bits(fast_matmul.matmul_2d(x, y, out_fmt), slow_reference(x, y, out_fmt))

@@ -56,7 +56,8 @@ cast. Only the sign of an exact zero is not the BLAS's to give: elements with ap
 stay open, with the ends -0 and +0 (f level: (3); exact step: (4)). fp16 and bf16 data (at
 most 11 significant bits) make nearly every row exact, and their frequent exact fp32 ties
 (which the ends leave open) certified at no cost; fp32 data rarely. Rows are tried where the
-output is large against the operands, and where a sample of rows passes.
+output is large against the operands, where a's first row and b's first column are narrow
+(at most 16 significant bits), and where a sample of rows passes.
 Non-finite inputs (seen as non-finite norms), K = 0 and empty shapes are left to the general
 path (``matmul_2d`` returns None). The fp32 ends are computed chunk by chunk
 (``certificate.certify_fp32_open``): only the elements left open leave the loop, with their
@@ -84,7 +85,8 @@ _COL_FLOOR = 2.0 ** -400
 _SAMPLE = 8              # rows of a and columns of b tried before the exact-row passes
 _EXACT_BELOW = 2.0 ** 53  # products' sum bound, in units of their common quantum
 _WIDEN_CHUNK = 1 << 17   # elements widened per chunk: the norms read them from cache
-_EXACT_MIN_SAVING = 1 << 17   # output elements that pay for the exact-row passes' fixed cost
+_EXACT_MIN_SAVING = 0    # output elements beyond K (M + N) that pay for the exact-row passes
+_WIDE_BITS = xp.uint32(0xFF)   # float32 fraction bits below 15: set in nearly every fp32 value
 
 
 def _finite(x: xp.ndarray) -> bool:
@@ -165,11 +167,14 @@ def _exact_rows(a, b, row_norm, col_norm, k):
     rho_i = ||a_i|| / 2**qa_i, sigma_j = ||b_j|| / 2**qb_j (exact scalings), U =
     cauchy_schwarz_bound(rho_i, max sigma, g) < 2**53. None where fewer than half the rows
     pass, as a sample of rows and columns foretells (fp32 data with wide products), or
-    where the output is small or the operands outweigh it (a pass over a and b costs about
-    what it saves on as many output elements, plus a fixed cost): then the first
-    certificate alone is cheaper."""
+    where the operands outweigh the output (a pass over a and b costs about what it saves
+    on as many output elements), or where a's first row or b's first column holds a value
+    of more than 16 significant bits (fp32 data: their rows are almost never exact, and
+    two reads of K values spare the sample): then the first certificate alone is cheaper."""
     m, n = a.shape[0], b.shape[1]
-    if m * n < _EXACT_MIN_SAVING + k * (m + n):
+    if (m * n < _EXACT_MIN_SAVING + k * (m + n)
+            or xp.bitwise_and(a[0].view(xp.uint32), _WIDE_BITS).any()
+            or xp.bitwise_and(b[:, 0].view(xp.uint32), _WIDE_BITS).any()):
         return None
     g = error_factor(k)
     rows, cols = _spread(m), _spread(n)
