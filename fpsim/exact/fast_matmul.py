@@ -52,8 +52,9 @@ sum is a float64 and approx = s. U = cauchy_schwarz_bound(rho_i, max_j sigma_j, 
 rho_i = ||a_i|| / 2**qa_i, sigma_j = ||b_j|| / 2**qb_j (exact power-of-two scalings, no
 over- or underflow for float32 data) bounds S / 2**(qa_i + qb_j) for every j of row i, so
 a row with U < 2**53 has approx = s in every column, and rnd32(s) = fl32(approx), the IEEE
-cast. Only the sign of an exact zero is not the BLAS's to give: elements with approx = +-0
-stay open, with the ends -0 and +0 (f level: (3); exact step: (4)). fp16 and bf16 data (at
+cast. Only the sign of an exact zero is not the BLAS's to give: where approx = +-0, s = 0,
+and it is -0 exactly when every product is -0, that is (their sum being zero) when
+signbit(a_ik) != signbit(b_kj) for every k: every product is then <= 0 (``gathered``). fp16 and bf16 data (at
 most 11 significant bits) make nearly every row exact, and their frequent exact fp32 ties
 (which the ends leave open) certified at no cost; fp32 data rarely. Rows are tried where the
 output is large against the operands, where a's first row and b's first column are narrow
@@ -75,7 +76,7 @@ from ..backend import round_to, scratch
 from . import underflow
 from .certificate import certify_fp32_open, error_factor, line_quanta, width_factor
 from .certified import cauchy_schwarz_bound
-from .gathered import exact_elements, gather_source
+from .gathered import exact_elements, exact_zero_signs, gather_source
 
 __all__ = ["matmul_2d", "round_out"]
 
@@ -150,7 +151,8 @@ def _matmul_2d(a, b, out_fmt, bias, note, m, k, n):
         opened, low32, high32 = certify_fp32_open(approx, row_width, col_width, pre)
     else:
         opened, low32, high32 = _certify_exact_rows(approx, exact_rows, row_width,
-                                                    col_width, pre)
+                                                    col_width, pre, gather_source(a, a64),
+                                                    gather_source(b, b64))
     if bias is not None:
         pre += bias                             # the fp32 epilogue: one float32 addition
     out = pre if fp32_out else _round_out(pre, out_fmt)     # acc = hi32 wherever certified
@@ -195,23 +197,24 @@ def _spread(n: int) -> xp.ndarray:
     return xp.arange(0, n, max(1, n // _SAMPLE))[:_SAMPLE]
 
 
-def _certify_exact_rows(approx, exact_rows, row_width, col_width, pre):
+def _certify_exact_rows(approx, exact_rows, row_width, col_width, pre, a, b):
     """``certify_fp32_open`` where some rows are exact sums: there pre = fl32(approx) is
-    rnd32(s), save exact zero sums (a BLAS zero's sign is its own, not IEEE's): those are
-    left open with the ends -0 and +0; the other rows take the first certificate."""
+    rnd32(s), save the sign of exact zero sums (a BLAS zero's sign is its own, not IEEE's):
+    s = 0 there, and ``gathered.exact_zero_signs`` gives its IEEE sign (a, b: the operands
+    to gather from); the other rows take the first certificate."""
     n = approx.shape[1]
     xp.copyto(pre, approx)                  # overflow to inf: the caller's error state
     zeros = xp.flatnonzero(xp.equal(pre, 0, out=_scratch("zeros", pre.shape, bool)))
     zeros = zeros[exact_rows[zeros // n] & (approx.reshape(-1)[zeros] == 0)]
-    found = [(zeros, xp.full(zeros.size, -0.0, xp.float32), xp.zeros(zeros.size, xp.float32))]
-    if not exact_rows.all():
-        rest = xp.flatnonzero(xp.logical_not(exact_rows))
-        high = xp.empty((rest.size, n), xp.float32)
-        opened, low32, high32 = certify_fp32_open(approx[rest], row_width[rest], col_width,
-                                                  high)
-        pre[rest] = high
-        found.append((rest[opened // n] * n + opened % n, low32, high32))
-    return tuple(xp.concatenate(part) for part in zip(*found))
+    if zeros.size:
+        pre.reshape(-1)[zeros] = exact_zero_signs(a, b, *xp.divmod(zeros, n))
+    if exact_rows.all():
+        return xp.zeros(0, xp.intp), xp.zeros(0, xp.float32), xp.zeros(0, xp.float32)
+    rest = xp.flatnonzero(xp.logical_not(exact_rows))
+    high = xp.empty((rest.size, n), xp.float32)
+    opened, low32, high32 = certify_fp32_open(approx[rest], row_width[rest], col_width, high)
+    pre[rest] = high
+    return rest[opened // n] * n + opened % n, low32, high32
 
 
 def _scratch(name: str, shape: tuple, dtype) -> xp.ndarray:

@@ -7,9 +7,9 @@ the IEEE sign of an exact zero (-0 exactly when every product is -0, IEEE 754-20
 * an element whose BLAS value is +-0 (every product zero gives exactly that) and whose row of
   a is sparse (at most ``_SUPPORT`` nonzeros: a unit that fired for few samples of a
   batch, in a weight gradient g^T x) is settled from that support alone when b is zero on
-  it: then every product is zero (a_ik = +-0 off the support, b_kj = +-0 on it), and the sum
-  is -0 exactly when signbit(a_ik) != signbit(b_kj) for every k (a few probes first, the
-  whole line only where they all differ). Tried where such elements hold at least
+  it: then every product is zero (a_ik = +-0 off the support, b_kj = +-0 on it), and the
+  sign comes from ``exact_zero_signs`` (any sum known to be zero: -0 exactly when
+  signbit(a_ik) != signbit(b_kj) for every k). Tried where such elements hold at least
   ``_SPARSE_FROM`` products: below, gathering them costs less than the test;
 * the others gather their K products (exact in float64): every product zero gives the
   zero sum (``sums.zero_sum``), else the split certificate (``certificate.split_certify``),
@@ -25,7 +25,7 @@ from .certificate import error_factor, split_certify
 from .certified import cauchy_schwarz_bound
 from .sums import ELEMENTS_PER_CHUNK, round_to_odd_sum, zero_sum
 
-__all__ = ["exact_elements", "gather_source"]
+__all__ = ["exact_elements", "exact_zero_signs", "gather_source"]
 
 _SUPPORT = 16    # nonzeros of a's row up to which a zero sum is settled from its support
 _PROBES = 8      # sign probes before a zero sum's whole lines are compared
@@ -84,18 +84,26 @@ def _zero_sums_of_sparse_rows(a, b, rows, cols):
     on_support = xp.arange(width) < counts[:, None]
     b_there = _values_of(b, support[which], cols[:, None])          # (E, width)
     settled = sparse[which] & ~((b_there != 0) & on_support[which]).any(axis=1)
-    candidates = xp.flatnonzero(settled)
-    if candidates.size:
-        k = a.shape[1]
-        probes = xp.arange(0, k, max(1, k // _PROBES))[:_PROBES]
-        differ = (xp.signbit(lines[which[candidates]][:, probes])
-                  != xp.signbit(_values_of(b, probes, cols[candidates][:, None])))
-        candidates = candidates[differ.all(axis=1)]
-        if candidates.size:                                # the whole lines
-            differ = (xp.signbit(lines[which[candidates]])
-                      != xp.signbit(_cols_of(b, cols[candidates])))
-            value[candidates[differ.all(axis=1)]] = -0.0
+    value[settled] = exact_zero_signs(a, b, rows[settled], cols[settled])
     return settled, value
+
+
+def exact_zero_signs(a, b, rows, cols) -> xp.ndarray:
+    """float32 +-0 for elements (rows, cols) of a @ b whose exact sum is known to be zero: -0
+    exactly when every product is -0, that is (the sum being zero) when signbit(a_ik) !=
+    signbit(b_kj) for every k (every product is then <= 0, so each is -0). A few probes
+    first, the whole lines only where every probe differs."""
+    value = xp.zeros(rows.size, xp.float32)
+    k = a.shape[1]
+    probes = xp.arange(0, k, max(1, k // _PROBES))[:_PROBES]
+    differ = (xp.signbit(_values_of(a, rows[:, None], probes))
+              != xp.signbit(_values_of(b, probes, cols[:, None])))
+    candidates = xp.flatnonzero(differ.all(axis=1))
+    if candidates.size:
+        differ = (xp.signbit(_rows_of(a, rows[candidates]))
+                  != xp.signbit(_cols_of(b, cols[candidates])))
+        value[candidates[differ.all(axis=1)]] = -0.0
+    return value
 
 
 def gather_source(x32, x64):
@@ -116,8 +124,9 @@ def _cols_of(b, cols) -> xp.ndarray:
     return xp.take(b.T, cols, axis=0) if b.flags.f_contiguous else xp.take(b, cols, axis=1).T
 
 
-def _values_of(b, ks, js) -> xp.ndarray:
-    """b[ks, js] (broadcast index arrays) of a C- or F-ordered b, through its flat buffer."""
-    if b.flags.c_contiguous:
-        return xp.take(b.reshape(-1), ks * b.shape[1] + js)
-    return xp.take(b.T.reshape(-1), js * b.shape[0] + ks)
+def _values_of(x, rows, cols) -> xp.ndarray:
+    """x[rows, cols] (broadcast index arrays) of a C- or F-ordered x, through its flat
+    buffer."""
+    if x.flags.c_contiguous:
+        return xp.take(x.reshape(-1), rows * x.shape[1] + cols)
+    return xp.take(x.T.reshape(-1), cols * x.shape[0] + rows)
