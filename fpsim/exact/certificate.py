@@ -174,12 +174,20 @@ def certify_fp32_open(approx: xp.ndarray, width_rows: xp.ndarray, width_cols: xp
     lines, n = approx.shape
     step = max(1, _OPEN_CHUNK // max(1, n))
     rows = min(step, lines)
-    w_buf = scratch("certify.width", xp.float64, rows * n).reshape(rows, n)
-    low_buf = scratch("certify.open.low", xp.float32, rows * n).reshape(rows, n)
-    same_buf = scratch("certify.open.same", bool, rows * n).reshape(rows, n)
-    # One rounded product per element: an einsum outer product is faster per element than
-    # NumPy's broadcast multiply here, the multiply faster per call (small matrices).
-    outer = _outer_einsum if rows * n >= _EINSUM_FROM else _outer_multiply
+    if rows * n >= _EINSUM_FROM:
+        # One rounded product per element: an einsum outer product is faster per element
+        # than NumPy's broadcast multiply here, the multiply faster per call (small
+        # matrices). Large work arrays are reused (fresh pages cost more than the work);
+        # small ones are cheaper to allocate than to look up.
+        outer = _outer_einsum
+        w_buf = scratch("certify.width", xp.float64, rows * n).reshape(rows, n)
+        low_buf = scratch("certify.open.low", xp.float32, rows * n).reshape(rows, n)
+        open_buf = scratch("certify.open.mask", bool, rows * n).reshape(rows, n)
+    else:
+        outer = _outer_multiply
+        w_buf = xp.empty((rows, n), xp.float64)
+        low_buf = xp.empty((rows, n), xp.float32)
+        open_buf = xp.empty((rows, n), bool)
     found = []
     with xp.errstate(invalid="ignore", over="ignore"):
         for lo in range(0, lines, step):
@@ -188,9 +196,10 @@ def certify_fp32_open(approx: xp.ndarray, width_rows: xp.ndarray, width_cols: xp
             w = outer(width_rows[lo:hi], width_cols, w_buf[:hi - lo])
             low = xp.subtract(x, w, out=low_buf[:hi - lo])
             xp.add(x, w, out=top)
-            same = _same_bits(low, top, same_buf[:hi - lo])
-            if not same.all():
-                where = xp.flatnonzero(xp.logical_not(same, out=same))
+            differ = xp.not_equal(low.view(xp.uint32), top.view(xp.uint32),
+                                  out=open_buf[:hi - lo])
+            if differ.any():
+                where = xp.flatnonzero(differ)
                 found.append((where + lo * n, low.reshape(-1)[where], top.reshape(-1)[where]))
     if not found:
         return xp.zeros(0, xp.intp), xp.zeros(0, xp.float32), xp.zeros(0, xp.float32)

@@ -90,11 +90,6 @@ _EXACT_MIN_SAVING = 0    # output elements beyond K (M + N) that pay for the exa
 _WIDE_BITS = xp.uint32(0xFF)   # float32 fraction bits below 15: set in nearly every fp32 value
 
 
-def _finite(x: xp.ndarray) -> bool:
-    # max and min propagate NaN, and an infinity is one of them: both finite <=> all finite
-    return bool(xp.isfinite(x.max()) and xp.isfinite(x.min()))
-
-
 def round_out(x32: xp.ndarray, fmt) -> xp.ndarray:
     """float32 values rounded once to ``fmt`` (nearest even), as ``round_to`` gives them, for
     any input without a signalling NaN (IEEE arithmetic and float64 -> float32 casts only make
@@ -122,11 +117,14 @@ def matmul_2d(a: xp.ndarray, b: xp.ndarray, out_fmt, bias: xp.ndarray | None = N
     output) to the underflow counter, as ``accumulation._to_output`` does."""
     m, k = a.shape
     n = b.shape[1]
-    if k == 0 or m == 0 or n == 0 or (bias is not None and not _finite(bias)):
+    if k == 0 or m == 0 or n == 0:
         return None
     # One error state for the whole product (it only silences warnings, values are IEEE's):
     # overflow to inf and inf - inf are the arithmetic the proof reads.
     with xp.errstate(over="ignore", invalid="ignore"):
+        # float32 values cannot overflow a float64 sum: finite exactly when every one is
+        if bias is not None and not xp.isfinite(bias.sum(dtype=xp.float64)):
+            return None
         return _matmul_2d(a, b, out_fmt, bias, note, m, k, n)
 
 
