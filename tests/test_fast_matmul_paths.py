@@ -32,12 +32,14 @@ def _count_calls(monkeypatch, module, name):
     return calls
 
 
+@pytest.mark.parametrize("sample_from", [0, 1 << 40])
 @pytest.mark.parametrize("kind", ["fp16", "ints", "tiny", "huge"])
-def test_exact_rows_match_the_reference(kind, monkeypatch):
-    """Exact rows forced on (any size): fl32(approx) where the row's sums are exact, the
-    ends elsewhere, +-0 sums left open; ties, signed zeros of disjoint supports, zero
-    lines, subnormal and overflowing sums."""
+def test_exact_rows_match_the_reference(kind, sample_from, monkeypatch):
+    """Exact rows forced on (any size, with and without the sample first): fl32(approx)
+    where the row's sums are exact, the ends elsewhere, the IEEE sign of exact zero sums;
+    ties, signed zeros of disjoint supports, zero lines, subnormal and overflowing sums."""
     monkeypatch.setattr(fast_matmul, "_EXACT_MIN_SAVING", -10 ** 9)
+    monkeypatch.setattr(fast_matmul, "_SAMPLE_FROM", sample_from)
     taken = _count_calls(monkeypatch, fast_matmul, "_certify_exact_rows")
     rng = np.random.default_rng(len(kind) + 40)
     for m, k, n in ((12, 9, 10), (17, 33, 8), (9, 2, 14)):
@@ -77,9 +79,16 @@ def _norms(a, b):
 
 def test_exact_rows_are_not_tried_for_wide_fp32_data(monkeypatch):
     monkeypatch.setattr(fast_matmul, "_EXACT_MIN_SAVING", -10 ** 9)
+    monkeypatch.setattr(fast_matmul, "_SAMPLE_FROM", 0)
     rng = np.random.default_rng(8)
     a, b, _ = adversarial(rng, 30, 64, 20, "wide")
     assert fast_matmul._exact_rows(a, b, *_norms(a, b), 64) is None
+    narrow_first = a.copy()
+    narrow_first[0] = 1.0            # past the first-line check: the sample turns it away
+    sampled = _count_calls(monkeypatch, fast_matmul, "line_quanta")
+    assert fast_matmul._exact_rows(narrow_first, b * 0 + 1, *_norms(narrow_first, b * 0 + 1),
+                                   64) is None
+    assert len(sampled) == 1
 
 
 def test_zero_sums_of_nonzero_lines_take_the_ieee_sign():

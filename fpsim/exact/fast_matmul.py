@@ -84,6 +84,7 @@ _SMALL = 1 << 13        # below this, NumPy's float16 cast is cheaper than round
 _ROW_FLOOR = 2.0 ** -600  # width floors: w > 0 for all-zero lines, below any nonzero one's
 _COL_FLOOR = 2.0 ** -400
 _SAMPLE = 8              # rows of a and columns of b tried before the exact-row passes
+_SAMPLE_FROM = 1 << 17   # operand elements K (M + N) from which the sample is taken first
 _EXACT_BELOW = 2.0 ** 53  # products' sum bound, in units of their common quantum
 _WIDEN_CHUNK = 1 << 17   # elements widened per chunk: the norms read them from cache
 _EXACT_MIN_SAVING = 0    # output elements beyond K (M + N) that pay for the exact-row passes
@@ -166,7 +167,8 @@ def _exact_rows(a, b, row_norm, col_norm, k):
     """The rows i whose float64 sums are exact for every column (module docstring, (5)):
     rho_i = ||a_i|| / 2**qa_i, sigma_j = ||b_j|| / 2**qb_j (exact scalings), U =
     cauchy_schwarz_bound(rho_i, max sigma, g) < 2**53. None where fewer than half the rows
-    pass, as a sample of rows and columns foretells (fp32 data with wide products), or
+    pass, as a sample of rows and columns foretells for large operands (fp32 data with wide
+    products), or
     where the operands outweigh the output (a pass over a and b costs about what it saves
     on as many output elements), or where a's first row or b's first column holds a value
     of more than 16 significant bits (fp32 data: their rows are almost never exact, and
@@ -177,13 +179,14 @@ def _exact_rows(a, b, row_norm, col_norm, k):
             or xp.bitwise_and(b[:, 0].view(xp.uint32), _WIDE_BITS).any()):
         return None
     g = error_factor(k)
-    rows, cols = _spread(m), _spread(n)
-    quanta = line_quanta(xp.concatenate([a[rows], b[:, cols].T]), 1)   # one call: lines of K
-    rho = row_norm[rows] / quanta[:rows.size]
-    sigma = col_norm[cols] / quanta[rows.size:]
-    passing = cauchy_schwarz_bound(rho, sigma.max(), g) < _EXACT_BELOW
-    if 2 * xp.count_nonzero(passing) < rows.size:
-        return None
+    if k * (m + n) >= _SAMPLE_FROM:         # below, the sample costs what it could spare
+        rows, cols = _spread(m), _spread(n)
+        quanta = line_quanta(xp.concatenate([a[rows], b[:, cols].T]), 1)   # lines of K
+        rho = row_norm[rows] / quanta[:rows.size]
+        sigma = col_norm[cols] / quanta[rows.size:]
+        passing = cauchy_schwarz_bound(rho, sigma.max(), g) < _EXACT_BELOW
+        if 2 * xp.count_nonzero(passing) < rows.size:
+            return None
     rho = row_norm / line_quanta(a, 1)
     sigma = col_norm / line_quanta(b, 0)
     exact = cauchy_schwarz_bound(rho, sigma.max(), g) < _EXACT_BELOW
