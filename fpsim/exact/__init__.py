@@ -16,7 +16,8 @@ its thread count.
 - ``certified.py``: the ``exact`` model's general path: float64 BLAS plus the certificate,
   exact sums for the elements it cannot certify (``exact_matmul``, ``exact_rows_sum``).
 - ``fast_matmul.py``: the ``exact(fp32)`` 2-D fast path, certified straight to the output
-  format (``matmul_2d``, ``round_out``).
+  format (``matmul_2d``, ``round_out``); ``gathered.py``: its exact step, the elements the
+  certificates leave, summed from their gathered products (or their supports).
 - ``scatter.py``: scatter-add with exact, order-free totals (``scatter_sum``), the
   gradient of a gather with repeated indices.
 - ``sums.py``: exact sums of float64 terms with integer limbs, rounded to odd

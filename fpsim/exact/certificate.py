@@ -5,15 +5,15 @@ vectorised or with FMA (any BLAS, any thread count); s = sum p_k is the exact va
 S = sum |p_k|. Then |approx - s| <= gamma_{K-1} S, gamma_n = n u / (1 - n u), u = 2**-53
 (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., section 4.2 and Lemma 8.4);
 ``error_factor(K)`` = g = K * 2**-52 bounds that with room to spare (g < 2**-12 below 2**40
-terms); the first certificate takes the tighter h = ``half_width_factor(K)`` =
+terms); the first certificate takes the tighter h = ``tight_error_factor(K)`` =
 K 2**-53 (1 + K 2**-52) >= (K - 1) u (1 + 2 (K - 1) u) >= gamma_{K-1} ((K - 1) u < 2**-13).
 The caller supplies N >= 0 with N (1 + 2h) >= S. For a dot product N = ||a_i|| ||b_j||
 (Cauchy-Schwarz) with computed norms: each is the rounded root of a float64 sum of K exact
 squares, at least the exact norm times sqrt(1 - gamma_{K-1}) (1 - u), so the exact product of
 the norms is at most N / ((1 - gamma_{K-1}) (1 - u)**2) <= N (1 + (K + 1) u + 4 (K**2 + 1)
-u**2) <= N (1 + 2h) for K >= 2 (K = 1: both norms and the one product are exact). For a sum of values N =
-fl64(sum |x|) >= S (1 - gamma_{K-1}), and S <= N (1 + gamma_{K-1} + 2 gamma_{K-1}**2) <=
-N (1 + 2h).
+u**2) <= N (1 + 2h) for K >= 2 (K = 1: both norms and the one product are exact). For a sum
+of values N = fl64(sum |x|) >= S (1 - gamma_{K-1}), and S <= N (1 + gamma_{K-1} +
+2 gamma_{K-1}**2) <= N (1 + 2h).
 
 First certificate (``certify``). The half-width w = fl(fl(N * c)) with
 c = ``width_factor(K)`` = (h + 2**-50)(1 + 2h)(1 + 2**-39) (N as one factor or as a product
@@ -72,7 +72,7 @@ from ..backend import xp
 from ..backend import scratch
 from .sums import zero_sum
 
-__all__ = ["error_factor", "half_width_factor", "width_factor", "certify", "certify_fp32_open",
+__all__ = ["error_factor", "tight_error_factor", "width_factor", "certify", "certify_fp32_open",
            "sums_exactly", "line_quanta", "split_certify"]
 
 _CHUNK = 1 << 15    # elements per chunk of the float32 path: temporaries stay in cache
@@ -89,7 +89,7 @@ def error_factor(terms: int) -> float:
     return max(terms, 1) * 2.0 ** -52
 
 
-def half_width_factor(terms: int) -> float:
+def tight_error_factor(terms: int) -> float:
     """h = K 2**-53 (1 + K 2**-52) >= gamma_{K-1}, the first certificate's error factor (half
     of ``error_factor`` to first order; module docstring)."""
     g = error_factor(terms)
@@ -98,8 +98,8 @@ def half_width_factor(terms: int) -> float:
 
 def width_factor(terms: int) -> float:
     """c with w = N * c the certified half-width of a sum of ``terms`` exact terms, for any
-    N with N (1 + 2h) >= sum |p|, h = ``half_width_factor(terms)`` (module docstring)."""
-    h = half_width_factor(terms)
+    N with N (1 + 2h) >= sum |p|, h = ``tight_error_factor(terms)`` (module docstring)."""
+    h = tight_error_factor(terms)
     return (h + 2.0 ** -50) * (1 + 2 * h) * (1 + 2.0 ** -39)
 
 

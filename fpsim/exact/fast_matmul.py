@@ -7,7 +7,7 @@ to ``out_fmt``), for a 2-D float32 ``a`` (M, K) and ``b`` (K, N) with finite val
 and ``f = rnd_out o pre``, the result is ``f(rnd32(s))`` with ``s`` the exact dot product::
 
     approx = fl64(a @ b)                                  # any BLAS, order, threads
-    exact rows (where taken, below): acc = fl32(approx), except approx = +-0 (left open)
+    exact rows (where taken, below): acc = fl32(approx); approx = +-0: the IEEE zero sum
     other rows:
       w      = max(||a_i|| c, 2**-600) max(||b_j||, 2**-400),  c = width_factor(K)
              = ||a_i|| ||b_j|| (h + 2**-50) (1 + 2h) (1 + 2**-39) but for all-zero lines,
@@ -54,8 +54,9 @@ over- or underflow for float32 data) bounds S / 2**(qa_i + qb_j) for every j of 
 a row with U < 2**53 has approx = s in every column, and rnd32(s) = fl32(approx), the IEEE
 cast. Only the sign of an exact zero is not the BLAS's to give: where approx = +-0, s = 0,
 and it is -0 exactly when every product is -0, that is (their sum being zero) when
-signbit(a_ik) != signbit(b_kj) for every k: every product is then <= 0 (``gathered``). fp16 and bf16 data (at
-most 11 significant bits) make nearly every row exact, and their frequent exact fp32 ties
+signbit(a_ik) != signbit(b_kj) for every k: every product is then <= 0
+(``gathered.exact_zero_signs``). fp16 and bf16 data (at most 11 significant bits) make
+nearly every row exact, and their frequent exact fp32 ties
 (which the ends leave open) certified at no cost; fp32 data rarely. Rows are tried where the
 output is large against the operands, where a's first row and b's first column are narrow
 (at most 16 significant bits), and where a sample of rows passes.
@@ -167,12 +168,11 @@ def _exact_rows(a, b, row_norm, col_norm, k):
     """The rows i whose float64 sums are exact for every column (module docstring, (5)):
     rho_i = ||a_i|| / 2**qa_i, sigma_j = ||b_j|| / 2**qb_j (exact scalings), U =
     cauchy_schwarz_bound(rho_i, max sigma, g) < 2**53. None where fewer than half the rows
-    pass, as a sample of rows and columns foretells for large operands (fp32 data with wide
-    products), or
-    where the operands outweigh the output (a pass over a and b costs about what it saves
-    on as many output elements), or where a's first row or b's first column holds a value
-    of more than 16 significant bits (fp32 data: their rows are almost never exact, and
-    two reads of K values spare the sample): then the first certificate alone is cheaper."""
+    pass (as a sample of rows and columns foretells, for large operands), where the
+    operands outweigh the output (a pass over a and b costs about what it saves on as many
+    output elements), or where a's first row or b's first column holds a value of more than
+    16 significant bits (fp32 data: their rows are almost never exact, and two reads of K
+    values spare the rest): then the first certificate alone is cheaper."""
     m, n = a.shape[0], b.shape[1]
     if (m * n < _EXACT_MIN_SAVING + k * (m + n)
             or xp.bitwise_and(a[0].view(xp.uint32), _WIDE_BITS).any()
