@@ -32,14 +32,15 @@ def _count_calls(monkeypatch, module, name):
     return calls
 
 
-@pytest.mark.parametrize("sample_from", [0, 1 << 40])
+@pytest.mark.parametrize("widen_chunk", [1 << 17, 7])
 @pytest.mark.parametrize("kind", ["fp16", "ints", "tiny", "huge"])
-def test_exact_rows_match_the_reference(kind, sample_from, monkeypatch):
-    """Exact rows forced on (any size, with and without the sample first): fl32(approx)
-    where the row's sums are exact, the ends elsewhere, the IEEE sign of exact zero sums;
-    ties, signed zeros of disjoint supports, zero lines, subnormal and overflowing sums."""
+def test_exact_rows_match_the_reference(kind, widen_chunk, monkeypatch):
+    """Exact rows forced on (any size; the quanta taken with the widening in one chunk or in
+    many): fl32(approx) where the row's sums are exact, the ends elsewhere, the IEEE sign
+    of exact zero sums; ties, signed zeros of disjoint supports, zero lines, subnormal and
+    overflowing sums."""
     monkeypatch.setattr(fast_matmul, "_EXACT_MIN_SAVING", -10 ** 9)
-    monkeypatch.setattr(fast_matmul, "_SAMPLE_FROM", sample_from)
+    monkeypatch.setattr(fast_matmul, "_WIDEN_CHUNK", widen_chunk)
     taken = _count_calls(monkeypatch, fast_matmul, "_certify_exact_rows")
     rng = np.random.default_rng(len(kind) + 40)
     for m, k, n in ((12, 9, 10), (17, 33, 8), (9, 2, 14)):
@@ -64,7 +65,7 @@ def test_exact_rows_with_some_rows_left_to_the_ends(monkeypatch):
     a[[5, 9, 17, 22, 30, 33]] = wide.astype(np.float32)
     for out_fmt in (FP32, FP16):
         for beta in (None, bias):
-            rows = fast_matmul._exact_rows(a, b, *_norms(a, b), a.shape[1])
+            rows = _exact_rows(a, b)
             assert rows is not None and not rows.all() and rows.sum() >= 20
             with np.errstate(over="ignore", invalid="ignore"):
                 fast = fast_matmul.matmul_2d(a, b, out_fmt, beta)
@@ -77,18 +78,27 @@ def _norms(a, b):
     return np.sqrt((a64 * a64).sum(1)), np.sqrt((b64 * b64).sum(0))
 
 
+def _exact_rows(a, b):
+    """fast_matmul's exact rows of a @ b where the gate lets them be tried, else None."""
+    m, k = a.shape
+    if not fast_matmul._exact_rows_worth_trying(a, b, m, k, b.shape[1]):
+        return None
+    return fast_matmul._exact_rows(*_norms(a, b), line_quanta(a, 1), line_quanta(b, 0), k)
+
+
 def test_exact_rows_are_not_tried_for_wide_fp32_data(monkeypatch):
     monkeypatch.setattr(fast_matmul, "_EXACT_MIN_SAVING", -10 ** 9)
-    monkeypatch.setattr(fast_matmul, "_SAMPLE_FROM", 0)
     rng = np.random.default_rng(8)
     a, b, _ = adversarial(rng, 30, 64, 20, "wide")
-    assert fast_matmul._exact_rows(a, b, *_norms(a, b), 64) is None
+    assert not fast_matmul._exact_rows_worth_trying(a, b, 30, 64, 20)
     narrow_first = a.copy()
-    narrow_first[0] = 1.0            # past the first-line check: the sample turns it away
-    sampled = _count_calls(monkeypatch, fast_matmul, "line_quanta")
-    assert fast_matmul._exact_rows(narrow_first, b * 0 + 1, *_norms(narrow_first, b * 0 + 1),
-                                   64) is None
-    assert len(sampled) == 1
+    narrow_first[0] = 1.0            # past the first-line check: the quanta turn it away
+    ones = np.ones_like(b)
+    assert fast_matmul._exact_rows_worth_trying(narrow_first, ones, 30, 64, 20)
+    assert _exact_rows(narrow_first, ones) is None
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert same_bits(fast_matmul.matmul_2d(narrow_first, ones, FP16),
+                         slow_reference(narrow_first, ones, FP16))
 
 
 def test_zero_sums_of_nonzero_lines_take_the_ieee_sign():
@@ -128,7 +138,7 @@ def test_gathered_products_from_any_operand_layout(order, monkeypatch):
 
 @pytest.mark.parametrize("order", ["C", "F", "strided"])
 @pytest.mark.parametrize("axis", [0, 1])
-def test_widening_with_norms_in_chunks(order, axis, monkeypatch):
+def test_widening_with_norms_and_quanta_in_chunks(order, axis, monkeypatch):
     monkeypatch.setattr(fast_matmul, "_WIDEN_CHUNK", 37)    # many chunks, lines crossing them
     rng = np.random.default_rng(axis)
     x = (rng.standard_normal((23, 19)) * 2.0 ** rng.integers(-140, 120, (23, 19))).astype(
@@ -136,10 +146,14 @@ def test_widening_with_norms_in_chunks(order, axis, monkeypatch):
     x = np.asarray(x, order="C" if order == "strided" else order)
     if order == "strided":
         x = np.repeat(x, 2, axis=1)[:, ::2]
-    wide, norms = fast_matmul._widen_with_norms(x, "test", axis)
-    assert np.array_equal(wide, x.astype(np.float64))
-    exact = np.sqrt(np.sum(x.astype(np.float64) ** 2, axis=axis))
-    assert np.allclose(norms, exact, rtol=1e-13, atol=0)
+    x[3] = 0.0                                              # an all-zero line either way
+    x[:, 4] = -0.0
+    for quanta in (False, True):
+        wide, norms, line_q = fast_matmul._widen_with_norms(x, "test", axis, quanta)
+        assert np.array_equal(wide, x.astype(np.float64))
+        exact = np.sqrt(np.sum(x.astype(np.float64) ** 2, axis=axis))
+        assert np.allclose(norms, exact, rtol=1e-13, atol=0)
+        assert (line_q is None) if not quanta else np.array_equal(line_q, line_quanta(x, axis))
 
 
 def test_fp32_open_ends_agree_with_the_certificate(monkeypatch):
@@ -269,19 +283,22 @@ def test_zero_sums_of_sparse_rows_take_the_ieee_sign(a_order, b_order, monkeypat
     assert taken
 
 
-def test_exact_rows_gate_reads_first_lines_before_sampling(monkeypatch):
+def test_exact_rows_gate_reads_first_lines_before_the_quanta(monkeypatch):
     """Narrow data (fp16 values) whose output outweighs the operands take the exact rows at
-    the default gate; fp32 data are turned away by a's first row before any sample."""
-    sampled = _count_calls(monkeypatch, fast_matmul, "line_quanta")
+    the default gate, their quanta taken with the widening; fp32 data are turned away by
+    a's first row before any quanta."""
+    patterns = _count_calls(monkeypatch, fast_matmul, "lowest_bit_patterns")
+    taken = _count_calls(monkeypatch, fast_matmul, "_certify_exact_rows")
     rng = np.random.default_rng(12)
     a = round_to(rng.standard_normal((64, 16)).astype(np.float32), "fp16")
     b = round_to(rng.standard_normal((16, 48)).astype(np.float32), "fp16")
-    assert fast_matmul._exact_rows(a, b, *_norms(a, b), 16) is not None
-    assert sampled
-    sampled.clear()
     wide = rng.standard_normal((64, 16)).astype(np.float32)
-    assert fast_matmul._exact_rows(wide, b, *_norms(wide, b), 16) is None
-    assert not sampled
-    for x, y in ((a, b), (wide, b)):
-        for out_fmt in (FP32, FP16):
-            assert same_bits(fast_matmul.matmul_2d(x, y, out_fmt), slow_reference(x, y, out_fmt))
+    for out_fmt in (FP32, FP16):
+        assert same_bits(fast_matmul.matmul_2d(a, b, out_fmt), slow_reference(a, b, out_fmt))
+    assert patterns and taken
+    patterns.clear()
+    taken.clear()
+    for out_fmt in (FP32, FP16):
+        assert same_bits(fast_matmul.matmul_2d(wide, b, out_fmt),
+                         slow_reference(wide, b, out_fmt))
+    assert not patterns and not taken

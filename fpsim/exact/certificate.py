@@ -73,7 +73,8 @@ from ..backend import scratch
 from .sums import zero_sum
 
 __all__ = ["error_factor", "tight_error_factor", "width_factor", "certify", "certify_fp32_open",
-           "sums_exactly", "line_quanta", "split_certify"]
+           "sums_exactly", "line_quanta", "lowest_bit_patterns", "quanta_from_patterns",
+           "split_certify"]
 
 _CHUNK = 1 << 15    # elements per chunk of the float32 path: temporaries stay in cache
 _OPEN_CHUNK = 1 << 17   # certify_fp32_open: fewer, larger chunks (its per-chunk work is more)
@@ -241,7 +242,15 @@ def line_quanta(x: xp.ndarray, axis: int) -> xp.ndarray:
     for a power of two (an exponent bit goes): the line's smallest such difference, cut to
     the power of two at or below it, divides every element. Patterns compare as unsigned
     integers in the order of the non-negative values they hold; subtracting 1 sends the
-    zeros' differences to the top, out of the minimum."""
+    zeros' differences to the top, out of the minimum. The minimum may be taken over parts
+    of a line and combined (``lowest_bit_patterns``, ``quanta_from_patterns``)."""
+    return quanta_from_patterns(lowest_bit_patterns(x, axis))
+
+
+def lowest_bit_patterns(x: xp.ndarray, axis: int) -> xp.ndarray:
+    """Per line of the finite float32 ``x`` along ``axis``: the smallest lowest-bit
+    difference of its elements as a uint32 pattern, less 1 (zeros wrap to the top); the
+    minimum of these over parts of a line is the whole line's (``line_quanta``)."""
     mag = _like(x, "quanta.mag", xp.uint32)
     xp.bitwise_and(x.view(xp.uint32), xp.uint32(0x7FFFFFFF), out=mag)
     low = _like(x, "quanta.low", xp.uint32)
@@ -249,7 +258,12 @@ def line_quanta(x: xp.ndarray, axis: int) -> xp.ndarray:
     xp.bitwise_and(low, mag, out=low)
     xp.subtract(mag.view(xp.float32), low.view(xp.float32), out=low.view(xp.float32))
     low -= xp.uint32(1)
-    smallest = low.min(axis=axis) + xp.uint32(1)        # an all-zero line wraps back to 0
+    return low.min(axis=axis)
+
+
+def quanta_from_patterns(patterns: xp.ndarray) -> xp.ndarray:
+    """``line_quanta`` from the lines' ``lowest_bit_patterns`` (combined by minimum)."""
+    smallest = patterns + xp.uint32(1)                  # an all-zero line wraps back to 0
     normal = smallest >= xp.uint32(0x00800000)          # subnormal differences: powers of two
     smallest[normal] &= xp.uint32(0xFF800000)
     quanta = smallest.view(xp.float32).astype(xp.float64)

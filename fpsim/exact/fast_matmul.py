@@ -58,8 +58,9 @@ signbit(a_ik) != signbit(b_kj) for every k: every product is then <= 0
 (``gathered.exact_zero_signs``). fp16 and bf16 data (at most 11 significant bits) make
 nearly every row exact, and their frequent exact fp32 ties
 (which the ends leave open) certified at no cost; fp32 data rarely. Rows are tried where the
-output is large against the operands, where a's first row and b's first column are narrow
-(at most 16 significant bits), and where a sample of rows passes.
+output is large against the operands and where a's first row and b's first column are
+narrow (at most 16 significant bits); their quanta are then taken while a and b are widened
+(in cache), and the rows are used where at least half of them pass.
 Non-finite inputs (seen as non-finite norms), K = 0 and empty shapes are left to the general
 path (``matmul_2d`` returns None). The fp32 ends are computed chunk by chunk
 (``certificate.certify_fp32_open``): only the elements left open leave the loop, with their
@@ -75,7 +76,8 @@ from ..backend import xp
 from ..formats import FP16, FP32
 from ..backend import round_to, scratch
 from . import underflow
-from .certificate import certify_fp32_open, error_factor, line_quanta, width_factor
+from .certificate import (certify_fp32_open, error_factor, lowest_bit_patterns,
+                          quanta_from_patterns, width_factor)
 from .certified import cauchy_schwarz_bound
 from .gathered import exact_elements, exact_zero_signs, gather_source
 
@@ -84,8 +86,6 @@ __all__ = ["matmul_2d", "round_out"]
 _SMALL = 1 << 13        # below this, NumPy's float16 cast is cheaper than round_to's setup
 _ROW_FLOOR = 2.0 ** -600  # width floors: w > 0 for all-zero lines, below any nonzero one's
 _COL_FLOOR = 2.0 ** -400
-_SAMPLE = 8              # rows of a and columns of b tried before the exact-row passes
-_SAMPLE_FROM = 1 << 17   # operand elements K (M + N) from which the sample is taken first
 _EXACT_BELOW = 2.0 ** 53  # products' sum bound, in units of their common quantum
 _WIDEN_CHUNK = 1 << 17   # elements widened per chunk: the norms read them from cache
 _EXACT_MIN_SAVING = 0    # output elements beyond K (M + N) that pay for the exact-row passes
@@ -131,8 +131,9 @@ def matmul_2d(a: xp.ndarray, b: xp.ndarray, out_fmt, bias: xp.ndarray | None = N
 
 
 def _matmul_2d(a, b, out_fmt, bias, note, m, k, n):
-    a64, row_norm = _widen_with_norms(a, "a", 1)
-    b64, col_norm = _widen_with_norms(b, "b", 0)
+    try_exact = _exact_rows_worth_trying(a, b, m, k, n)
+    a64, row_norm, row_quanta = _widen_with_norms(a, "a", 1, try_exact)
+    b64, col_norm, col_quanta = _widen_with_norms(b, "b", 0, try_exact)
     # Squares of float32 values cannot overflow a float64 sum (K 2**256 < 2**1024), so the
     # norms (and their sums, below 2**256 (M + N)) are finite exactly when a and b are: one
     # check, no extra pass over the operands.
@@ -146,7 +147,8 @@ def _matmul_2d(a, b, out_fmt, bias, note, m, k, n):
     # below every nonzero norm's factor (norms of float32 values are at least 2**-149).
     row_width = xp.maximum(row_norm * width_factor(k), _ROW_FLOOR)
     col_width = xp.maximum(col_norm, _COL_FLOOR)
-    exact_rows = _exact_rows(a, b, row_norm, col_norm, k)
+    exact_rows = (_exact_rows(row_norm, col_norm, row_quanta, col_quanta, k) if try_exact
+                  else None)
     if exact_rows is None:
         opened, low32, high32 = certify_fp32_open(approx, row_width, col_width, pre)
     else:
@@ -164,38 +166,25 @@ def _matmul_2d(a, b, out_fmt, bias, note, m, k, n):
     return out
 
 
-def _exact_rows(a, b, row_norm, col_norm, k):
+def _exact_rows_worth_trying(a, b, m, k, n) -> bool:
+    """Whether to look for exact rows (the line quanta then come with the widening): where
+    the output outweighs the operands (a pass over a and b costs about what it saves on as
+    many output elements) and a's first row and b's first column hold no value of more
+    than 16 significant bits (fp32 data: their rows are almost never exact)."""
+    return not (m * n < _EXACT_MIN_SAVING + k * (m + n)
+                or xp.bitwise_and(a[0].view(xp.uint32), _WIDE_BITS).any()
+                or xp.bitwise_and(b[:, 0].view(xp.uint32), _WIDE_BITS).any())
+
+
+def _exact_rows(row_norm, col_norm, row_quanta, col_quanta, k):
     """The rows i whose float64 sums are exact for every column (module docstring, (5)):
     rho_i = ||a_i|| / 2**qa_i, sigma_j = ||b_j|| / 2**qb_j (exact scalings), U =
-    cauchy_schwarz_bound(rho_i, max sigma, g) < 2**53. None where fewer than half the rows
-    pass (as a sample of rows and columns foretells, for large operands), where the
-    operands outweigh the output (a pass over a and b costs about what it saves on as many
-    output elements), or where a's first row or b's first column holds a value of more than
-    16 significant bits (fp32 data: their rows are almost never exact, and two reads of K
-    values spare the rest): then the first certificate alone is cheaper."""
-    m, n = a.shape[0], b.shape[1]
-    if (m * n < _EXACT_MIN_SAVING + k * (m + n)
-            or xp.bitwise_and(a[0].view(xp.uint32), _WIDE_BITS).any()
-            or xp.bitwise_and(b[:, 0].view(xp.uint32), _WIDE_BITS).any()):
-        return None
-    g = error_factor(k)
-    if k * (m + n) >= _SAMPLE_FROM:         # below, the sample costs what it could spare
-        rows, cols = _spread(m), _spread(n)
-        quanta = line_quanta(xp.concatenate([a[rows], b[:, cols].T]), 1)   # lines of K
-        rho = row_norm[rows] / quanta[:rows.size]
-        sigma = col_norm[cols] / quanta[rows.size:]
-        passing = cauchy_schwarz_bound(rho, sigma.max(), g) < _EXACT_BELOW
-        if 2 * xp.count_nonzero(passing) < rows.size:
-            return None
-    rho = row_norm / line_quanta(a, 1)
-    sigma = col_norm / line_quanta(b, 0)
-    exact = cauchy_schwarz_bound(rho, sigma.max(), g) < _EXACT_BELOW
-    return exact if 2 * xp.count_nonzero(exact) >= m else None
-
-
-def _spread(n: int) -> xp.ndarray:
-    """Up to _SAMPLE indices spread evenly over range(n)."""
-    return xp.arange(0, n, max(1, n // _SAMPLE))[:_SAMPLE]
+    cauchy_schwarz_bound(rho_i, max sigma, g) < 2**53; None where fewer than half the rows
+    pass (the first certificate alone is then cheaper)."""
+    rho = row_norm / row_quanta
+    sigma = col_norm / col_quanta
+    exact = cauchy_schwarz_bound(rho, sigma.max(), error_factor(k)) < _EXACT_BELOW
+    return exact if 2 * xp.count_nonzero(exact) >= rho.size else None
 
 
 def _certify_exact_rows(approx, exact_rows, row_width, col_width, pre, a, b):
@@ -224,12 +213,14 @@ def _scratch(name: str, shape: tuple, dtype) -> xp.ndarray:
     return scratch(name, dtype, math.prod(shape)).reshape(shape)
 
 
-def _widen_with_norms(x: xp.ndarray, name: str, axis: int):
+def _widen_with_norms(x: xp.ndarray, name: str, axis: int, quanta: bool = False):
     """(x in float64, exact, in a reused buffer with x's memory order (BLAS reads either);
-    the 2-norms in float64 over ``axis``), chunk by chunk along x's memory order, so that
-    the norms read the widened values while they are in cache. A norm's sum runs in some
-    order (in partial sums per chunk where a line crosses chunks); the (K/2 + 2) u bound on
-    its error (``cauchy_schwarz_bound``) holds for every order."""
+    the 2-norms in float64 over ``axis``; with ``quanta``, the lines' ``line_quanta`` over
+    ``axis``, else None), chunk by chunk along x's memory order, so that the norms and the
+    quanta read the values while they are in cache. A norm's sum runs in some order (in
+    partial sums per chunk where a line crosses chunks); the (K/2 + 2) u bound on its error
+    (``cauchy_schwarz_bound``) holds for every order; the quanta's minimum is one
+    (``lowest_bit_patterns`` per chunk, combined)."""
     if x.flags.f_contiguous and not x.flags.c_contiguous:
         src, along_rows = x.T, axis == 0                # src is C-ordered
         wide = _scratch(name, src.shape, xp.float64)
@@ -239,19 +230,32 @@ def _widen_with_norms(x: xp.ndarray, name: str, axis: int):
         wide = out = _scratch(name, x.shape, xp.float64)
     lines, width = src.shape
     step = max(1, _WIDEN_CHUNK // max(1, width))
+    across = 1 if along_rows else 0
     if step >= lines:                                   # one chunk
         xp.copyto(wide, src)
         squares = xp.einsum("pq,pq->p" if along_rows else "pq,pq->q", wide, wide)
-        return out, xp.sqrt(squares, out=squares)
-    squares = xp.empty(lines, xp.float64) if along_rows else xp.zeros(width, xp.float64)
-    for lo in range(0, lines, step):
-        part = wide[lo:lo + step]
-        xp.copyto(part, src[lo:lo + step])
-        if along_rows:
-            xp.einsum("pq,pq->p", part, part, out=squares[lo:lo + step])
-        else:
-            squares += xp.einsum("pq,pq->q", part, part)
-    return out, xp.sqrt(squares, out=squares)
+        patterns = lowest_bit_patterns(src, across) if quanta else None
+    else:
+        squares = xp.empty(lines, xp.float64) if along_rows else xp.zeros(width, xp.float64)
+        patterns = xp.empty(lines, xp.uint32) if quanta and along_rows else None
+        for lo in range(0, lines, step):
+            part = wide[lo:lo + step]
+            xp.copyto(part, src[lo:lo + step])
+            if along_rows:
+                xp.einsum("pq,pq->p", part, part, out=squares[lo:lo + step])
+            else:
+                squares += xp.einsum("pq,pq->q", part, part)
+            if not quanta:
+                continue
+            found = lowest_bit_patterns(src[lo:lo + step], across)
+            if along_rows:
+                patterns[lo:lo + step] = found
+            elif patterns is None:
+                patterns = found
+            else:
+                xp.minimum(patterns, found, out=patterns)
+    norms = xp.sqrt(squares, out=squares)
+    return out, norms, None if patterns is None else quanta_from_patterns(patterns)
 
 
 def _settle_open(a, b, a64, b64, row_norm, col_norm, approx, opened, low32, pre, out, bias,
