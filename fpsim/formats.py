@@ -64,6 +64,18 @@ class Format:
     def __post_init__(self) -> None:
         _validate(self)
 
+    # The dataclass's own comparison, with the identity test first: formats are compared on
+    # every op (``fmt == FP32``), nearly always with the same object.
+    def __eq__(self, other):
+        if self is other:
+            return True
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return _compared(self) == _compared(other)
+
+    def __hash__(self) -> int:
+        return hash(_compared(self))
+
     # --- layout ---------------------------------------------------------------------------
     @property
     def bits(self) -> int:
@@ -131,6 +143,11 @@ class Format:
 
     def __str__(self) -> str:
         return self.name
+
+
+def _compared(fmt: Format) -> tuple:
+    """The fields equality and hashing look at (every field but ``name``)."""
+    return (fmt.exp_bits, fmt.man_bits, fmt.bias, fmt.subnormals, fmt.saturate, fmt.encoding)
 
 
 def _validate(fmt: Format) -> None:

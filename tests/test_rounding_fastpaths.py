@@ -7,7 +7,7 @@ import pytest
 
 import fpsim.rounding as rounding
 from fpsim.autograd.numerics import round_array
-from fpsim.formats import FP16, custom, get
+from fpsim.formats import FP16, Format, custom, get
 from fpsim.rounding import round_to
 from fpsim.rounding._kernels import Rules, magic_applies, round_any_mode
 
@@ -107,3 +107,12 @@ def test_round_array_fp16_around_the_small_size(n):
         with np.errstate(over="ignore", invalid="ignore"):
             assert same_bits(round_array(data, FP16), round_to(data, FP16).astype(np.float32))
 
+
+
+def test_format_equality_and_hash_ignore_the_name():
+    fp16 = get("fp16")
+    twin = Format("half-by-another-name", 5, 10, 15)
+    assert fp16 == twin and hash(fp16) == hash(twin) and fp16 is not twin
+    assert fp16 != fp16.replace(saturate=True) and fp16 != custom(5, 9)
+    assert fp16 != "fp16" and not (fp16 == 16)
+    assert len({fp16, twin, custom(5, 10)}) == 1
