@@ -134,6 +134,9 @@ class Arith:
         work = scratch("arith.fma", xp.float64, 2 * width)   # the sums, then their low bits
         with xp.errstate(over="ignore", invalid="ignore"):
             a, b, c = _flat(a, shape), _flat(b, shape), _flat(c, shape)
+            if n == width:                  # one chunk: the loop's only pass, without it
+                self._fma_chunk(a, b, c, flat_out, work[:n], work[n:].view(xp.uint64))
+                return out
             for lo in range(0, n, CHUNK):
                 size = min(CHUNK, n - lo)
                 hi = lo + size
