@@ -286,3 +286,44 @@ def test_update_together_is_the_update_one_by_one(monkeypatch, rule, master, fmt
             assert a.data.shape == b.data.shape and same_bits(a.data, b.data)
         for key, value in opt_a.state_dict().items():
             assert same_bits(np.asarray(value), np.asarray(opt_b.state_dict()[key])), key
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("n", [1, 64, 200, 1000])
+def test_fma_counted_counts_what_moved_and_the_optimizer_count(small_chunks, fmt, n):
+    """``fma_counted``'s counts, taken chunk by chunk, against ``Update.moved`` and the
+    optimizer's comparison of the result with the stored values, for every kind of factor
+    (zero, signed zeros, inf, NaN) and directions with zeros, infs and NaNs."""
+    ops = Arith(fmt)
+    rng = np.random.default_rng(n)
+    c = _values(ops, rng, n)
+    b = _values(ops, rng, n)
+    b[::5] = 0.0
+    b[1::17] = np.inf
+    b[2::19] = np.nan
+    b[3::23] = -0.0
+    for factor in [0.1, -1e-3, 0.0, -0.0, np.inf, np.nan, 1e-30]:
+        a = ops.scalar(factor)
+        with np.errstate(over="ignore", invalid="ignore"):
+            out, moved, kept = ops.fma_counted(a, b, c)
+            expected = ops.fma(a, b, c)
+            update = Update(expected, b, a, None)
+            mask = update.moved()
+        assert _bits(out).tolist() == _bits(expected).tolist()
+        assert (moved, kept) == (int(mask.sum()), int((mask & (expected == c)).sum())), factor
+
+
+def test_sgd_counts_its_lost_updates_as_the_optimizer_does():
+    rng = np.random.default_rng(2)
+    ops = Arith("fp16")
+    param = ops.round(rng.standard_normal(300) * 100)
+    grad = ops.round(rng.standard_normal(300) * 1e-3)
+    grad[::7] = 0.0
+    for rule in (SGD(lr=0.01), SGD(lr=0.01, momentum=0.9, weight_decay=1e-4)):
+        result = rule.apply(ops, param, grad, rule.init(param), 1)
+        mask = result.moved()
+        assert result.counts == (int(mask.sum()), int((mask & (result.param == param)).sum()))
+        assert result.counts[1] > 0
+        as_float64 = rule.apply(ops, param, grad.astype(np.float64), rule.init(param), 1)
+        assert (as_float64.counts is None) == (rule.weight_decay == 0)  # wd: fma's float32
+        assert _bits(as_float64.param).tolist() == _bits(result.param).tolist()

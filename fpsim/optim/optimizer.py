@@ -272,6 +272,8 @@ _ELEMENTWISE_RULES = (SGD, Adam)
 
 def _counts(result: Update, new, stored) -> tuple[int, int]:
     """(elements the rule meant to move, those of them whose stored value did not change)."""
+    if result.counts is not None:       # counted by the rule, against the same stored values
+        return result.counts
     moved = result.moved().reshape(-1)
     kept = xp.equal(new.reshape(-1), xp.asarray(stored).reshape(-1))
     return (int(xp.count_nonzero(moved)),
