@@ -327,3 +327,24 @@ def test_sgd_counts_its_lost_updates_as_the_optimizer_does():
         as_float64 = rule.apply(ops, param, grad.astype(np.float64), rule.init(param), 1)
         assert (as_float64.counts is None) == (rule.weight_decay == 0)  # wd: fma's float32
         assert _bits(as_float64.param).tolist() == _bits(result.param).tolist()
+
+
+def test_update_together_rejoins_only_what_changed():
+    """After a one-pass step the masters and momentum buffers are views of the flat results,
+    which the next step takes as they are; a master replaced in between is joined anew."""
+    rng = np.random.default_rng(4)
+    params = [Tensor(rng.standard_normal(s), "fp32", requires_grad=True) for s in (5, (2, 3))]
+    opt = Optimizer(params, SGD(lr=0.1, momentum=0.9))
+    for p in params:
+        p.grad = Tensor(rng.standard_normal(p.shape), "fp32")
+    opt.step()
+    masters = [opt.masters[str(i)] for i in range(2)]
+    flat = opt._flats["stored"][1]
+    assert all(np.shares_memory(m, flat) for m in masters)
+    assert opt._rejoined("stored", masters) is flat
+    assert opt._rejoined(0, [opt.states[str(i)].momentum_buffer for i in range(2)]) is \
+        opt._flats[0][1]
+    replaced = masters[0].copy()
+    opt.masters["0"] = replaced
+    joined = opt._rejoined("stored", [replaced, masters[1]])
+    assert joined is not flat and np.array_equal(joined, flat)

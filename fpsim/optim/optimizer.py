@@ -97,6 +97,7 @@ class Optimizer:
                 self.masters[name] = widened.copy()
         self.states = {name: rule.init(p.data) for name, p in self.named}
         self.step_count = 0
+        self._flats: dict = {}    # _update_together's flat results and the views of them
 
     # --- the step ---------------------------------------------------------------------------
     def step(self, scaler_state=None) -> StepReport:
@@ -170,22 +171,37 @@ class Optimizer:
         named = self.named
         states = [self.states[name] for name, _ in named]
         fields = list(zip(*states))
-        flat_stored = _joined(stored)
-        state = type(states[0])(*(None if field[0] is None else _joined(field)
-                                  for field in fields))
+        flat_stored = self._rejoined("stored", stored)
+        state = type(states[0])(*(None if field[0] is None else self._rejoined(i, field)
+                                  for i, field in enumerate(fields)))
         result: Update = self.rule.apply(_arith(fmt), flat_stored, grad, state, self.step_count)
         new = xp.asarray(result.param, xp.float32).reshape(-1)
         counts = _counts(result, new, flat_stored)
         nan_free = new.size == 0 or not xp.isnan(new.min())
+        flats = [None if value is None else value.reshape(-1) for value in result.state]
+        views = {key: [] for key in ["stored", *range(len(flats))]}
         start = 0
         for name, p in named:
             part = slice(start, start + p.size)
             start += p.size
-            self.states[name] = type(result.state)(
-                *(None if value is None else value.reshape(-1)[part].reshape(p.shape)
-                  for value in result.state))
-            self._store(name, p, new[part].reshape(p.shape), nan_free)
+            fields_new = [None if flat is None else flat[part].reshape(p.shape)
+                          for flat in flats]
+            self.states[name] = type(result.state)(*fields_new)
+            for i, view in enumerate(fields_new):
+                views[i].append(view)
+            views["stored"].append(new[part].reshape(p.shape))
+            self._store(name, p, views["stored"][-1], nan_free)
+        self._flats = {key: (tuple(views[key]), flat)
+                       for key, flat in [("stored", new), *enumerate(flats)] if flat is not None}
         return counts
+
+    def _rejoined(self, key, arrays) -> xp.ndarray:
+        """``arrays`` joined flat: the last step's flat result itself where ``arrays`` are
+        still the views of it that step handed out (no copy), else a new join."""
+        views, flat = self._flats.get(key, ((), None))
+        if len(views) == len(arrays) and all(a is b for a, b in zip(arrays, views)):
+            return flat
+        return _joined(arrays)
 
     def _store(self, name: str, p: Tensor, new, nan_free: bool | None) -> None:
         """The step's result ``new`` (in the update format) as the master and the weights;
