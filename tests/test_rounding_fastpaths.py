@@ -116,3 +116,22 @@ def test_format_equality_and_hash_ignore_the_name():
     assert fp16 != fp16.replace(saturate=True) and fp16 != custom(5, 9)
     assert fp16 != "fp16" and not (fp16 == 16)
     assert len({fp16, twin, custom(5, 10)}) == 1
+
+
+def test_format_hash_is_the_same_in_every_process():
+    """The hash is computed once, from ints only: a format pickled into another process (a
+    sweep worker) keeps a hash that agrees with that process's own formats."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import pickle, sys; from fpsim.formats import get; "
+            "f = pickle.loads(sys.stdin.buffer.read()); "
+            "print(hash(f) == hash(get('e4m3fnuz')), f == get('e4m3fnuz'), hash(get('fp16')))")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+               PYTHONHASHSEED="12345")
+    out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(get("e4m3fnuz")),
+                         capture_output=True, env=env, check=True).stdout.decode().split()
+    assert out == ["True", "True", str(hash(get("fp16")))]
