@@ -60,6 +60,31 @@ def test_magic_kernel_matches_the_every_mode_kernel(name, subnormals, saturate):
             assert same_bits(got, expected), (name, subnormals, saturate, n, data.dtype)
 
 
+SPECIALS = {"none": None, "+0": 0.0, "-0": -0.0, "tiny": -2.0 ** -140, "half-ulp": -2.0 ** -25,
+            "subnormal": 3.1e-6, "big": -40000.0, "tie-to-inf": 65520.0, "inf": np.inf,
+            "nan": np.nan}
+
+
+@pytest.mark.parametrize("name", ["fp16", "e4m3", "e5m2fnuz", "e4m3fnuz", "bf16", "e2m1"])
+@pytest.mark.parametrize("subnormals,saturate", FLAGS)
+@pytest.mark.parametrize("special", SPECIALS)
+def test_magic_kernel_steps_that_only_some_elements_need(name, subnormals, saturate, special):
+    """Data within one binade band takes the short route (no clip, overflow step, flush, sign
+    fix or NaN settling); one special element brings back exactly the steps it needs."""
+    fmt = get(name).replace(subnormals=subnormals, saturate=saturate)
+    rng = np.random.default_rng(1)
+    for n in (40, 9000):
+        x = (rng.uniform(1, 2, n) * rng.choice([-1, 1], n) * 2.0 ** fmt.emin).astype(np.float32)
+        if SPECIALS[special] is not None:
+            x[n // 3] = SPECIALS[special]
+        for data in _both(x):
+            with np.errstate(invalid="ignore"):
+                expected = _reference(data, fmt, subnormals, saturate)
+            with np.errstate(over="ignore", invalid="ignore"):
+                got = round_to(data, fmt)
+            assert same_bits(got, expected), (name, subnormals, saturate, special, n)
+
+
 def test_magic_kernel_needs_two_spare_bits():
     """x + 1.5 C stays in C's binade only when the container has two more mantissa bits than
     the format: 22-bit formats in float32 widen to float64 first."""

@@ -131,6 +131,8 @@ class _MagicConstants(NamedTuple):
     nan_bits: np.ndarray         # ieee formats: the bits a NaN result keeps (settle_nans)
     sign_mask: np.ndarray
     zero: np.ndarray
+    emax_field: np.ndarray       # x's exponent field from which a result may overflow
+    zero_field: np.ndarray       # ... up to which a result may be zero
 
 
 @functools.lru_cache(maxsize=256)
@@ -155,7 +157,8 @@ def _magic_constants(rules: Rules, dtype: np.dtype) -> _MagicConstants:
         r(-rules.max_finite), r(rules.max_finite),
         r(2.0 ** shift) if scale else None, r(2.0 ** -shift) if scale else None,
         r(rules.max_finite), r(rules.min_normal), u(~cut & (box.sign_mask * 2 - 1)),
-        u(box.sign_mask), r(0.0))
+        u(box.sign_mask), r(0.0), u((rules.emax + box.bias) << box.mant_bits),
+        u(max(rules.emin - rules.man_bits - 1 + box.bias, 0) << box.mant_bits))
 
 
 _SMALL_CLIP = 1 << 13   # below this, maximum + minimum cost less than np.clip's Python wrapper
@@ -172,48 +175,72 @@ def _clip(x: np.ndarray, low, high, out: np.ndarray) -> None:
 
 def round_nearest_even_magic(x: np.ndarray, out: np.ndarray, rules: Rules,
                              scratch: Scratch) -> None:
+    """``out`` = x rounded to nearest even (module doc). The smallest and largest exponent
+    field of x (two reductions) say which steps can change anything: the clip of C's field,
+    the overflow step, the subnormal flush, the sign of zero results and the NaN settling
+    each run only where some element needs them (they leave every other element as it is),
+    so data within the format's normal range, as weights and activations mostly are, takes
+    four passes instead of ten."""
+    if x.size == 0:
+        return
     k = _magic_constants(rules, x.dtype)
     uint = k.uint
     result = out.view(x.dtype)
+    magic = scratch.get(1, uint, x.size)
+    np.bitwise_and(x.view(uint), k.exp_mask, out=magic)
+    lowest, highest = magic.min(), magic.max()
     source = x
-    if rules.saturate:
+    if rules.saturate and highest >= k.emax_field:
+        # only values from 2**emax up can exceed max_finite: clamp them (NaN stays NaN), and
+        # take C from the clamped values
         _clip(x, k.low_clamp, k.high_clamp, result)
         source = result
+        np.bitwise_and(result.view(uint), k.exp_mask, out=magic)
+        lowest, highest = magic.min(), magic.max()
 
     # C's exponent field: x's, at least emin's and at most emax+1's (one clip). The upper
     # bound only keeps C finite: an |x| from 2**(emax+1) up still rounds to at least
     # 2**(emax+1) in magnitude (monotonic), which the overflow step below turns into inf.
-    magic = scratch.get(1, uint, x.size)
-    np.bitwise_and(source.view(uint), k.exp_mask, out=magic)
-    _clip(magic, k.low_field, k.high_field, magic)
+    if lowest < k.low_field or highest > k.high_field:
+        _clip(magic, k.low_field, k.high_field, magic)
     np.add(magic, k.c_bits, out=magic)
     magic_f = magic.view(x.dtype)
 
     np.add(source, magic_f, out=result)
     np.subtract(result, magic_f, out=result)
 
-    if not rules.saturate:
+    # below 2**emax every result is at most 2**emax <= max_finite: no overflow
+    overflow = not rules.saturate and highest >= k.emax_field
+    if overflow:
         if k.up is not None:
             np.multiply(result, k.up, out=result)  # [2**(emax+1), inf] -> inf, nothing else
             np.multiply(result, k.down, out=result)
         else:
             np.putmask(result, np.abs(result) > k.max_finite,
                        np.inf if rules.has_inf else np.nan)
-    if not rules.subnormals:
+    below_normal = lowest < k.low_field        # from 2**emin up every result is normal
+    if not rules.subnormals and below_normal:
         np.putmask(result, np.abs(result) < k.min_normal, k.zero)
 
-    # x's sign bit, into C's spent buffer, then onto the result: only zeros lack it (x + C - C
-    # is +0) and NaNs already carry it (np.copysign is no vector loop: several times slower)
-    sign = magic
-    np.bitwise_and(x.view(uint), k.sign_mask, out=sign)
-    result_bits = result.view(uint)
-    np.bitwise_or(result_bits, sign, out=result_bits)
-    if rules.unsigned_zero:
+    # A nonzero result has x's sign (x + C - C is monotonic in x and odd); a zero one is +0:
+    # x's sign bit is ORed in where some result may be zero (|x| <= half the smallest
+    # subnormal, or flushed), or NaN (the all-ones field: inf or NaN inputs; overflow in a
+    # format without inf).
+    nan = highest == k.exp_mask or (overflow and k.up is None)
+    zeros = lowest <= k.zero_field or (not rules.subnormals and below_normal)
+    if zeros or nan:
+        sign = magic  # C is spent: its buffer takes x's sign bit
+        np.bitwise_and(x.view(uint), k.sign_mask, out=sign)
+        result_bits = result.view(uint)
+        np.bitwise_or(result_bits, sign, out=result_bits)
+    if rules.unsigned_zero and zeros:
         np.add(result, k.zero, out=result)   # -0 + 0 == +0 under round-to-nearest
-    if rules.nan_payload:   # settle_nans' rule: every non-NaN result has these bits zero
-        np.bitwise_and(result_bits, k.nan_bits, out=result_bits)
-    else:
-        settle_nans(result, rules)
+    if nan:
+        if rules.nan_payload:   # settle_nans' rule: every non-NaN result has these bits zero
+            result_bits = result.view(uint)
+            np.bitwise_and(result_bits, k.nan_bits, out=result_bits)
+        else:
+            settle_nans(result, rules)
 
 
 def settle_nans(result: np.ndarray, rules: Rules) -> None:
