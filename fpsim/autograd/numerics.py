@@ -32,8 +32,8 @@ __all__ = ["FP64", "Float64Reference", "resolve", "round_array", "contains", "wi
            "container_of"]
 
 # below this many elements NumPy's own float16 cast (software, ~5 ns an element) beats
-# round_to's fixed cost (measured crossover: about 3000 elements)
-_SMALL = 3072
+# round_to's fixed cost (measured crossover: about 2000 elements)
+_SMALL = 2048
 
 
 class Float64Reference:

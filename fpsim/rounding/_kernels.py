@@ -131,8 +131,9 @@ class _MagicConstants(NamedTuple):
     nan_bits: np.ndarray         # ieee formats: the bits a NaN result keeps (settle_nans)
     sign_mask: np.ndarray
     zero: np.ndarray
-    emax_field: np.ndarray       # x's exponent field from which a result may overflow
-    zero_field: np.ndarray       # ... up to which a result may be zero
+    fields: tuple                # Python ints, for the tests on x's exponent fields: low and
+    #                              high as above, emax's (from it a result may overflow),
+    #                              the last at which a result may be zero, all ones
 
 
 @functools.lru_cache(maxsize=256)
@@ -157,11 +158,14 @@ def _magic_constants(rules: Rules, dtype: np.dtype) -> _MagicConstants:
         r(-rules.max_finite), r(rules.max_finite),
         r(2.0 ** shift) if scale else None, r(2.0 ** -shift) if scale else None,
         r(rules.max_finite), r(rules.min_normal), u(~cut & (box.sign_mask * 2 - 1)),
-        u(box.sign_mask), r(0.0), u((rules.emax + box.bias) << box.mant_bits),
-        u(max(rules.emin - rules.man_bits - 1 + box.bias, 0) << box.mant_bits))
+        u(box.sign_mask), r(0.0),
+        ((rules.emin + box.bias) << box.mant_bits, (rules.emax + 1 + box.bias) << box.mant_bits,
+         (rules.emax + box.bias) << box.mant_bits,
+         max(rules.emin - rules.man_bits - 1 + box.bias, 0) << box.mant_bits, box.exp_mask))
 
 
 _SMALL_CLIP = 1 << 13   # below this, maximum + minimum cost less than np.clip's Python wrapper
+_SMALL_SCAN = 1 << 11   # below this, every step costs less than finding which ones to skip
 
 
 def _clip(x: np.ndarray, low, high, out: np.ndarray) -> None:
@@ -188,20 +192,25 @@ def round_nearest_even_magic(x: np.ndarray, out: np.ndarray, rules: Rules,
     result = out.view(x.dtype)
     magic = scratch.get(1, uint, x.size)
     np.bitwise_and(x.view(uint), k.exp_mask, out=magic)
-    lowest, highest = magic.min(), magic.max()
+    low_field, high_field, emax_field, zero_field, all_ones = k.fields
+    if x.size < _SMALL_SCAN:    # every step: cheaper than the two reductions' fixed cost
+        lowest, highest = 0, all_ones
+    else:
+        lowest, highest = int(magic.min()), int(magic.max())
     source = x
-    if rules.saturate and highest >= k.emax_field:
+    if rules.saturate and highest >= emax_field:
         # only values from 2**emax up can exceed max_finite: clamp them (NaN stays NaN), and
         # take C from the clamped values
         _clip(x, k.low_clamp, k.high_clamp, result)
         source = result
         np.bitwise_and(result.view(uint), k.exp_mask, out=magic)
-        lowest, highest = magic.min(), magic.max()
+        if x.size >= _SMALL_SCAN:
+            lowest, highest = int(magic.min()), int(magic.max())
 
     # C's exponent field: x's, at least emin's and at most emax+1's (one clip). The upper
     # bound only keeps C finite: an |x| from 2**(emax+1) up still rounds to at least
     # 2**(emax+1) in magnitude (monotonic), which the overflow step below turns into inf.
-    if lowest < k.low_field or highest > k.high_field:
+    if lowest < low_field or highest > high_field:
         _clip(magic, k.low_field, k.high_field, magic)
     np.add(magic, k.c_bits, out=magic)
     magic_f = magic.view(x.dtype)
@@ -210,7 +219,7 @@ def round_nearest_even_magic(x: np.ndarray, out: np.ndarray, rules: Rules,
     np.subtract(result, magic_f, out=result)
 
     # below 2**emax every result is at most 2**emax <= max_finite: no overflow
-    overflow = not rules.saturate and highest >= k.emax_field
+    overflow = not rules.saturate and highest >= emax_field
     if overflow:
         if k.up is not None:
             np.multiply(result, k.up, out=result)  # [2**(emax+1), inf] -> inf, nothing else
@@ -218,7 +227,7 @@ def round_nearest_even_magic(x: np.ndarray, out: np.ndarray, rules: Rules,
         else:
             np.putmask(result, np.abs(result) > k.max_finite,
                        np.inf if rules.has_inf else np.nan)
-    below_normal = lowest < k.low_field        # from 2**emin up every result is normal
+    below_normal = lowest < low_field        # from 2**emin up every result is normal
     if not rules.subnormals and below_normal:
         np.putmask(result, np.abs(result) < k.min_normal, k.zero)
 
@@ -226,8 +235,8 @@ def round_nearest_even_magic(x: np.ndarray, out: np.ndarray, rules: Rules,
     # x's sign bit is ORed in where some result may be zero (|x| <= half the smallest
     # subnormal, or flushed), or NaN (the all-ones field: inf or NaN inputs; overflow in a
     # format without inf).
-    nan = highest == k.exp_mask or (overflow and k.up is None)
-    zeros = lowest <= k.zero_field or (not rules.subnormals and below_normal)
+    nan = highest == all_ones or (overflow and k.up is None)
+    zeros = lowest <= zero_field or (not rules.subnormals and below_normal)
     if zeros or nan:
         sign = magic  # C is spent: its buffer takes x's sign bit
         np.bitwise_and(x.view(uint), k.sign_mask, out=sign)
