@@ -348,3 +348,23 @@ def test_update_together_rejoins_only_what_changed():
     opt.masters["0"] = replaced
     joined = opt._rejoined("stored", [replaced, masters[1]])
     assert joined is not flat and np.array_equal(joined, flat)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_fma_counted_zero_products_over_ties_and_signed_zeros(small_chunks, fmt):
+    """Zero products over c on a midpoint of the format's grid, below its smallest normal and
+    zeros of both signs: ``fma_counted`` rounds and counts as the reference does."""
+    ops = Arith(fmt)
+    f = ops.fmt
+    ulp = 2.0 ** -f.man_bits
+    c = np.float32([1 + ulp / 2, 1 + 1.5 * ulp, -(1 + ulp / 2), f.min_normal * 0.75, 0.0,
+                    -0.0, -0.0, 0.0, 3.0, np.nan] * 13)
+    b = np.float32([0.0, -0.0, 0.0, 0.0, -0.0, 0.0, -0.0, 0.0, 2.0 ** -30, 0.0] * 13)
+    for a in (ops.scalar(0.5), ops.scalar(-0.25), ops.scalar(0.0)):
+        with np.errstate(invalid="ignore"):
+            out, moved, kept = ops.fma_counted(a, b, c)
+            expected = _reference(ops, a, b, c)
+        assert _bits(out).tolist() == _bits(expected).tolist(), (fmt, float(a))
+        assert _bits(ops.fma(a, b, c)).tolist() == _bits(expected).tolist()
+        mask = Update(expected, b, a, None).moved()
+        assert (moved, kept) == (int(mask.sum()), int((mask & (expected == c)).sum()))
