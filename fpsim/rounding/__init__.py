@@ -7,7 +7,7 @@ Where the rounding happens, and how:
 - Output has the input's container dtype and holds values exactly representable in the
   format (or inf/NaN), so ``round_to(round_to(x, f), f)`` is ``round_to(x, f)``.
 - Round to nearest, ties to even, on float32 input is the hot path of every simulation; it runs
-  the branch-free kernel in ``_kernels`` (or ml_dtypes' exact bfloat16 cast for plain bf16),
+  the magic-number kernel in ``_kernels`` (or ml_dtypes' exact bfloat16 cast for plain bf16),
   chunk by chunk in cache, on up to two threads. Every other case takes the float64 kernel
   that handles every mode. Both give the same bits; the tests check them against each other,
   against MPFR, Berkeley TestFloat, numpy.float16 and ml_dtypes.
@@ -126,7 +126,8 @@ def round_to(x, fmt: "Format | str", mode: str = "nearest_even", *, seed=None, o
     elif kernel == "magic":
         _run_parallel(lambda src, dst, start: _magic_chunks(src, dst, rules), flat_in, flat_out)
     elif kernel == "magic64":
-        # 8-exponent-bit formats (tf32, fp32...) in float32: widen each chunk (exact).
+        # 8-exponent-bit formats (tf32, fp32...) and 22-bit significands in float32: widen
+        # each chunk (exact).
         _run_parallel(lambda src, dst, start: _magic_chunks(src, dst, rules, widen=True),
                       flat_in, flat_out)
     else:

@@ -20,8 +20,11 @@ Two kernels, both exact:
     2**(emax+1) then rounds (monotonically) to at least 2**(emax+1) in magnitude, and
     scaling by 2**(container_emax - emax) turns exactly those results into inf. A result that
     rounds to zero is +0 (x + C - C); OR-ing x's sign bit in gives it x's sign (every other
-    result has it already; NaNs keep x's sign and payload, quietened by the addition). Saturating formats first clamp x to
-    [-max_finite, max_finite] (NaN stays NaN) and take C from the clamped value.
+    result has it already; NaNs keep x's sign and payload, quietened by the addition).
+    Saturating formats first clamp x to [-max_finite, max_finite] (NaN stays NaN) and take C
+    from the clamped value. Each step after the additions changes only some elements (the
+    clip, overflow, flush, zero signs, NaNs); the smallest and largest exponent field of the
+    chunk say whether any element needs it, and otherwise it is skipped.
 
 Both rely on IEEE arithmetic without flush-to-zero, which is NumPy's default on CPU.
 """
