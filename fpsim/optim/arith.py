@@ -33,9 +33,10 @@ from ..formats import FP32, Format, get
 __all__ = ["Arith", "fma_round_to_odd", "CHUNK"]
 
 #: elements per pass of ``Arith.fma``: its float64 work arrays (reused, see
-#: ``fpsim.backend.scratch``) stay in the CPU cache. The bits do not depend on it as long as
+#: ``fpsim.backend.scratch``) stay in the CPU cache (measured on a 512 KiB-L2 machine: 2**17
+#: beats 2**16 by 6-14%, fewer passes' fixed costs). The bits do not depend on it as long as
 #: it is a power of two of at least 64 (see ``Arith.fma``).
-CHUNK = 1 << 16
+CHUNK = 1 << 17
 
 
 def fma_round_to_odd(a, b, c) -> xp.ndarray:
