@@ -63,6 +63,25 @@ class Format:
 
     def __post_init__(self) -> None:
         _validate(self)
+        # the hash, once: of ints only, so the same in every process (a pickled format keeps
+        # it); equal formats have equal fields, so equal hashes
+        object.__setattr__(self, "_hash", hash((self.exp_bits, self.man_bits, self.bias,
+                                                self.subnormals, self.saturate,
+                                                ENCODINGS.index(self.encoding))))
+
+    # The dataclass's own comparison (every field but ``name``), with the identity test
+    # first and field by field: formats are compared on every op (``fmt == FP32``).
+    def __eq__(self, other):
+        if self is other:
+            return True
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (self.man_bits == other.man_bits and self.exp_bits == other.exp_bits
+                and self.bias == other.bias and self.subnormals == other.subnormals
+                and self.saturate == other.saturate and self.encoding == other.encoding)
+
+    def __hash__(self) -> int:
+        return self._hash
 
     # --- layout ---------------------------------------------------------------------------
     @property

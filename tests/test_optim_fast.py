@@ -13,6 +13,8 @@ from fpsim.optim.arith import fma_round_to_odd
 from fpsim.autograd import Tensor
 from fpsim.rounding import round_to
 
+from bit_patterns import same_bits
+
 FORMATS = ["fp32", "bf16", "fp16", "fp8_e4m3"]
 
 
@@ -194,3 +196,175 @@ def test_weights_in_the_master_format_are_the_master_array():
     w.grad = Tensor(np.float32([1.0, 1.0, 1.0]), "fp32")
     opt.step()
     assert w.data.tolist() == [0.0, -2.5, 2.5]
+
+
+def test_unscale_without_copy_gives_the_inputs_back_only_at_scale_one():
+    """The optimizer reads the unscaled gradients only: at inv_scale 1 it takes the inputs
+    themselves (copy=False); every other case gives the same new arrays as before."""
+    from fpsim.scaling import NoScaler, ScalerState, preset, unscale
+    grads = [np.float32([3.0, -0.0, np.inf]), np.float32([2.0 ** -149, np.nan])]
+    one = NoScaler().init()
+    assert all(u is g for u, g in zip(unscale(grads, one, copy=False), grads))
+    copied = unscale(grads, one)
+    assert all(u is not g and _bits(u).tolist() == _bits(g).tolist()
+               for u, g in zip(copied, grads))
+    for state, fmt in [(one, "fp16"), (ScalerState(scaler=preset("torch"), scale=8.0), None),
+                       (ScalerState(scaler=preset("keras3"), scale=3.0), None)]:
+        with np.errstate(over="ignore", invalid="ignore"):
+            fast, slow = unscale(grads, state, fmt, copy=False), unscale(grads, state, fmt)
+        for f, s, g in zip(fast, slow, grads):
+            assert f is not g and _bits(f).tolist() == _bits(s).tolist()
+
+
+def test_optimizer_step_at_scale_one_matches_the_unscaled_step():
+    from fpsim.scaling import NoScaler
+    rng = np.random.default_rng(5)
+    start = rng.standard_normal(50).astype(np.float32)
+    grad = (rng.standard_normal(50) * 1e-3).astype(np.float32)
+    runs = []
+    for state in (None, NoScaler().init()):
+        w = Tensor(start, "fp32", requires_grad=True)
+        w.grad = Tensor(grad, "fp32")
+        report = Optimizer([w], SGD(lr=0.1, momentum=0.9)).step(state)
+        assert _bits(w.grad.data).tolist() == _bits(grad).tolist()   # the gradient untouched
+        runs.append((_bits(w.data).tolist(), report.updates, report.lost_updates))
+    assert runs[0] == runs[1]
+
+
+def _run_steps(rule, master, fmts, clip, grads_per_step, scaler):
+    rng = np.random.default_rng(11)
+    params = []
+    for i, fmt in enumerate(fmts):
+        shape = [(3, 4), (7,), (2, 2, 2), (1,), (0,)][i % 5]
+        params.append((f"p{i}", Tensor(rng.standard_normal(shape) * 4, fmt, requires_grad=True)))
+    opt = Optimizer(params, rule, master=master, clip_norm=clip)
+    state = scaler.init() if scaler is not None else None
+    reports = []
+    for grads in grads_per_step:
+        for (_, p), g in zip(params, grads):
+            p.grad = Tensor(g[:p.size].reshape(p.shape), p.grad_fmt)
+        with np.errstate(over="ignore", invalid="ignore"):
+            report = opt.step(state)
+        state = report.scaler_state if scaler is not None else None
+        reports.append(report._replace(scaler_state=None))
+    return params, opt, reports
+
+
+@pytest.mark.parametrize("rule", [SGD(lr=0.1), SGD(lr=0.05, momentum=0.9, weight_decay=0.01),
+                                  SGD(lr=0.05, momentum=0.9, nesterov=True),
+                                  Adam(lr=1e-3), Adam(lr=1e-3, weight_decay=0.1, decoupled=True)],
+                         ids=["sgd", "momentum", "nesterov", "adam", "adamw"])
+@pytest.mark.parametrize("master,fmts", [("fp32", ["fp32"] * 5), ("fp32", ["fp16", "fp32"] * 3),
+                                         (None, ["bf16"] * 4), (None, ["fp16", "fp32"])],
+                         ids=["fp32", "mixed-formats", "bf16-no-master", "no-master-mixed"])
+def test_update_together_is_the_update_one_by_one(monkeypatch, rule, master, fmts):
+    """All parameters as one flat array (``Optimizer._together``) against one parameter at a
+    time: the same weights, masters, rule states and reports, NaN and inf included."""
+    from fpsim.optim import optimizer as optimizer_mod
+    from fpsim.scaling import preset
+    rng = np.random.default_rng(3)
+    steps = []
+    for k in range(4):
+        grads = [(rng.standard_normal(12) * 10.0 ** rng.integers(-8, 2, 12)).astype(np.float32)
+                 for _ in fmts]
+        if k == 2:
+            grads[0][1] = np.nan                 # a skipped step (scaler) or NaN weights
+        if k == 3:
+            grads[-1][0] = 0.0
+        steps.append(grads)
+    for clip, scaler in [(None, None), (0.5, preset("torch"))]:
+        runs = []
+        for limit in (optimizer_mod._TOGETHER_MAX, 0):
+            monkeypatch.setattr(optimizer_mod, "_TOGETHER_MAX", limit)
+            runs.append(_run_steps(rule, master, fmts, clip, steps, scaler))
+            together = Optimizer([Tensor([1.0], fmt) for fmt in fmts], rule, master=master)
+            assert (together._together() is not None) == (
+                limit > 0 and (master is not None or len(set(fmts)) == 1))
+        (params_a, opt_a, rep_a), (params_b, opt_b, rep_b) = runs
+        assert str(rep_a) == str(rep_b)           # NaN norms of skipped steps print alike
+        for (_, a), (_, b) in zip(params_a, params_b):
+            assert a.data.shape == b.data.shape and same_bits(a.data, b.data)
+        for key, value in opt_a.state_dict().items():
+            assert same_bits(np.asarray(value), np.asarray(opt_b.state_dict()[key])), key
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("n", [1, 64, 200, 1000])
+def test_fma_counted_counts_what_moved_and_the_optimizer_count(small_chunks, fmt, n):
+    """``fma_counted``'s counts, taken chunk by chunk, against ``Update.moved`` and the
+    optimizer's comparison of the result with the stored values, for every kind of factor
+    (zero, signed zeros, inf, NaN) and directions with zeros, infs and NaNs."""
+    ops = Arith(fmt)
+    rng = np.random.default_rng(n)
+    c = _values(ops, rng, n)
+    b = _values(ops, rng, n)
+    b[::5] = 0.0
+    b[1::17] = np.inf
+    b[2::19] = np.nan
+    b[3::23] = -0.0
+    for factor in [0.1, -1e-3, 0.0, -0.0, np.inf, np.nan, 1e-30]:
+        a = ops.scalar(factor)
+        with np.errstate(over="ignore", invalid="ignore"):
+            out, moved, kept = ops.fma_counted(a, b, c)
+            expected = ops.fma(a, b, c)
+            update = Update(expected, b, a, None)
+            mask = update.moved()
+        assert _bits(out).tolist() == _bits(expected).tolist()
+        assert (moved, kept) == (int(mask.sum()), int((mask & (expected == c)).sum())), factor
+
+
+def test_sgd_counts_its_lost_updates_as_the_optimizer_does():
+    rng = np.random.default_rng(2)
+    ops = Arith("fp16")
+    param = ops.round(rng.standard_normal(300) * 100)
+    grad = ops.round(rng.standard_normal(300) * 1e-3)
+    grad[::7] = 0.0
+    for rule in (SGD(lr=0.01), SGD(lr=0.01, momentum=0.9, weight_decay=1e-4)):
+        result = rule.apply(ops, param, grad, rule.init(param), 1)
+        mask = result.moved()
+        assert result.counts == (int(mask.sum()), int((mask & (result.param == param)).sum()))
+        assert result.counts[1] > 0
+        as_float64 = rule.apply(ops, param, grad.astype(np.float64), rule.init(param), 1)
+        assert (as_float64.counts is None) == (rule.weight_decay == 0)  # wd: fma's float32
+        assert _bits(as_float64.param).tolist() == _bits(result.param).tolist()
+
+
+def test_update_together_rejoins_only_what_changed():
+    """After a one-pass step the masters and momentum buffers are views of the flat results,
+    which the next step takes as they are; a master replaced in between is joined anew."""
+    rng = np.random.default_rng(4)
+    params = [Tensor(rng.standard_normal(s), "fp32", requires_grad=True) for s in (5, (2, 3))]
+    opt = Optimizer(params, SGD(lr=0.1, momentum=0.9))
+    for p in params:
+        p.grad = Tensor(rng.standard_normal(p.shape), "fp32")
+    opt.step()
+    masters = [opt.masters[str(i)] for i in range(2)]
+    flat = opt._flats["stored"][1]
+    assert all(np.shares_memory(m, flat) for m in masters)
+    assert opt._rejoined("stored", masters) is flat
+    assert opt._rejoined(0, [opt.states[str(i)].momentum_buffer for i in range(2)]) is \
+        opt._flats[0][1]
+    replaced = masters[0].copy()
+    opt.masters["0"] = replaced
+    joined = opt._rejoined("stored", [replaced, masters[1]])
+    assert joined is not flat and np.array_equal(joined, flat)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_fma_counted_zero_products_over_ties_and_signed_zeros(small_chunks, fmt):
+    """Zero products over c on a midpoint of the format's grid, below its smallest normal and
+    zeros of both signs: ``fma_counted`` rounds and counts as the reference does."""
+    ops = Arith(fmt)
+    f = ops.fmt
+    ulp = 2.0 ** -f.man_bits
+    c = np.float32([1 + ulp / 2, 1 + 1.5 * ulp, -(1 + ulp / 2), f.min_normal * 0.75, 0.0,
+                    -0.0, -0.0, 0.0, 3.0, np.nan] * 13)
+    b = np.float32([0.0, -0.0, 0.0, 0.0, -0.0, 0.0, -0.0, 0.0, 2.0 ** -30, 0.0] * 13)
+    for a in (ops.scalar(0.5), ops.scalar(-0.25), ops.scalar(0.0)):
+        with np.errstate(invalid="ignore"):
+            out, moved, kept = ops.fma_counted(a, b, c)
+            expected = _reference(ops, a, b, c)
+        assert _bits(out).tolist() == _bits(expected).tolist(), (fmt, float(a))
+        assert _bits(ops.fma(a, b, c)).tolist() == _bits(expected).tolist()
+        mask = Update(expected, b, a, None).moved()
+        assert (moved, kept) == (int(mask.sum()), int((mask & (expected == c)).sum()))

@@ -26,12 +26,15 @@ class Update(NamedTuple):
     """A rule's result for one parameter: the new stored values, the increment the rule meant
     to add as ``factor * direction`` (where it is nonzero but the stored value did not
     change, the update was lost), and the rule's new state. ``factor`` and ``direction`` are
-    values of the update's format (a scalar and an array)."""
+    values of the update's format (a scalar and an array). ``counts``: (moved, lost), the
+    number of elements with a nonzero increment and of those whose stored value did not
+    change, where the rule counted them itself (``Arith.fma_counted``), else None."""
 
     param: xp.ndarray
     direction: xp.ndarray
     factor: xp.float32
     state: tuple
+    counts: tuple[int, int] | None = None
 
     @property
     def intended(self) -> xp.ndarray:
@@ -111,7 +114,10 @@ class SGD:
                 buffer = ops.fma(ops.scalar(1.0 - self.dampening), d, decayed)
             d = ops.fma(ops.scalar(self.momentum), buffer, d) if self.nesterov else buffer
         minus_lr = ops.scalar(-self.lr)
-        return Update(ops.fma(minus_lr, d, param), d, minus_lr, MomentumState(buffer))
+        if xp.asarray(d).dtype != xp.float32:   # counts need exact float64 products
+            return Update(ops.fma(minus_lr, d, param), d, minus_lr, MomentumState(buffer))
+        new, moved, lost = ops.fma_counted(minus_lr, d, param)
+        return Update(new, d, minus_lr, MomentumState(buffer), (moved, lost))
 
 
 class AdamState(NamedTuple):

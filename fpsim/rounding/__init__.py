@@ -7,7 +7,7 @@ Where the rounding happens, and how:
 - Output has the input's container dtype and holds values exactly representable in the
   format (or inf/NaN), so ``round_to(round_to(x, f), f)`` is ``round_to(x, f)``.
 - Round to nearest, ties to even, on float32 input is the hot path of every simulation; it runs
-  the branch-free kernel in ``_kernels`` (or ml_dtypes' exact bfloat16 cast for plain bf16),
+  the magic-number kernel in ``_kernels`` (or ml_dtypes' exact bfloat16 cast for plain bf16),
   chunk by chunk in cache, on up to two threads. Every other case takes the float64 kernel
   that handles every mode. Both give the same bits; the tests check them against each other,
   against MPFR, Berkeley TestFloat, numpy.float16 and ml_dtypes.
@@ -92,6 +92,16 @@ def round_to(x, fmt: "Format | str", mode: str = "nearest_even", *, seed=None, o
     >>> round_to(70000.0, "fp16"), round_to(70000.0, "fp16", "toward_zero")
     (inf, 65504.0)
     """
+    if (type(x) is np.ndarray and isinstance(fmt, (Format, str)) and mode == "nearest_even"
+            and subnormals is None
+            and saturate is None and daz is False and seed is None and offset is None
+            and rng is None and x.flags.c_contiguous):
+        # the common call (format's own rules, native float32/float64 array), resolved once
+        kernel = _default_kernel(fmt, x.dtype)
+        if kernel is not None and x.size < _PARALLEL_MIN:
+            out = np.empty(x.shape, x.dtype)
+            kernel(x.reshape(-1), out.reshape(-1))
+            return out
     fmt = get(fmt)
     if mode not in MODES:
         raise ValueError(f"unknown rounding mode {mode!r}; accepted: {', '.join(MODES)}")
@@ -116,7 +126,8 @@ def round_to(x, fmt: "Format | str", mode: str = "nearest_even", *, seed=None, o
     elif kernel == "magic":
         _run_parallel(lambda src, dst, start: _magic_chunks(src, dst, rules), flat_in, flat_out)
     elif kernel == "magic64":
-        # 8-exponent-bit formats (tf32, fp32...) in float32: widen each chunk (exact).
+        # 8-exponent-bit formats (tf32, fp32...) and 22-bit significands in float32: widen
+        # each chunk (exact).
         _run_parallel(lambda src, dst, start: _magic_chunks(src, dst, rules, widen=True),
                       flat_in, flat_out)
     else:
@@ -143,6 +154,23 @@ def _plan(fmt: Format, subnormals: bool, saturate: bool, daz: bool, dtype, mode:
     if mode == "nearest_even" and magic_applies(rules, np.float64):
         return rules, "magic64"
     return rules, "any"
+
+
+@functools.lru_cache(maxsize=512)
+def _default_kernel(fmt: "Format | str", dtype):
+    """The one-thread kernel ``round_to(x, fmt)`` runs on a native C-ordered ``dtype`` array
+    with every option at its default, as ``kernel(flat_src, flat_dst)``; None where that
+    call takes the general route (other dtypes, the every-mode kernel). Same plan as
+    ``_plan``: the fast route only skips re-checking the arguments."""
+    if dtype not in (np.float32, np.float64):
+        return None
+    fmt = get(fmt)
+    rules, kernel = _plan(fmt, fmt.subnormals, fmt.saturate, False, dtype, "nearest_even")
+    if kernel == "bf16":
+        return _bf16_via_ml_dtypes
+    if kernel in ("magic", "magic64"):
+        return functools.partial(_magic_chunks, rules=rules, widen=kernel == "magic64")
+    return None
 
 
 def _stochastic_key(seed, offset, rng) -> tuple[int, int]:
@@ -197,6 +225,9 @@ def _chunks(n: int):
 def _magic_chunks(src: np.ndarray, dst: np.ndarray, rules: Rules, widen: bool = False) -> None:
     scratch = thread_scratch()
     with np.errstate(over="ignore", invalid="ignore"):
+        if not widen and src.size <= _CHUNK:
+            round_nearest_even_magic(src, dst, rules, scratch)
+            return
         for lo, hi in _chunks(src.size):
             if widen:
                 wide_out = scratch.get(3, np.float64, hi - lo)

@@ -9,14 +9,22 @@ Two kernels, both exact:
     (exact), so this is one rounding from the input value straight to the format.
 
 ``round_nearest_even_magic`` (float32 or float64, round-to-nearest-even only)
-    For the same q, C = q * 2**t (t = the container's mantissa bits) has ulp(C) == q, so the
-    hardware's own round-to-nearest-even addition |x| + C rounds |x| to a multiple of q, and
-    subtracting C back is exact (Sterbenz). C comes from the exponent bits of |x| with two
-    integer ops (the exponent field of |x| clipped to [emin, emax + 1]), so normals and
+    For the same q, C = 1.5 * q * 2**t (t = the container's mantissa bits) lies in the binade
+    [q 2**t, q 2**(t+1)), whose ulp is q, and so does x + C for every |x| < 2**(max(e, emin)+1)
+    of either sign when t - man_bits >= 2 (|x| <= C / 3). So the hardware's own
+    round-to-nearest-even addition x + C rounds x to a multiple of q (C / q is even: ties go
+    to even multiples), and subtracting C back is exact (Sterbenz); no |x| is formed. C comes
+    from the exponent bits of x with three integer ops (the exponent field clipped to
+    [emin, emax + 1], then C's field and its top fraction bit added), so normals and
     subnormals take the same branch-free path. The clip keeps C finite; an |x| at or above
-    2**(emax+1) then rounds (monotonically) to at least 2**(emax+1), and scaling by
-    2**(container_emax - emax) turns exactly those results into inf. Saturating formats
-    first clamp |x| to the largest finite value (``np.minimum`` keeps NaN).
+    2**(emax+1) then rounds (monotonically) to at least 2**(emax+1) in magnitude, and
+    scaling by 2**(container_emax - emax) turns exactly those results into inf. A result that
+    rounds to zero is +0 (x + C - C); OR-ing x's sign bit in gives it x's sign (every other
+    result has it already; NaNs keep x's sign and payload, quietened by the addition).
+    Saturating formats first clamp x to [-max_finite, max_finite] (NaN stays NaN) and take C
+    from the clamped value. Each step after the additions changes only some elements (the
+    clip, overflow, flush, zero signs, NaNs); the smallest and largest exponent field of the
+    chunk say whether any element needs it, and otherwise it is skipped.
 
 Both rely on IEEE arithmetic without flush-to-zero, which is NumPy's default on CPU.
 """
@@ -69,10 +77,11 @@ _CONTAINERS = {
 
 def magic_applies(rules: Rules, dtype: np.dtype) -> bool:
     """Whether ``round_nearest_even_magic`` is exact for these rules in this container:
-    C must stay finite for inputs up to 2**(emax+1), and ulp(C) must be q (man_bits < t)."""
+    C must stay finite for inputs up to 2**(emax+1), and x + C must stay in C's binade
+    (man_bits <= t - 2, module doc)."""
     box = _CONTAINERS[np.dtype(dtype)]
     biggest_c_field = rules.emax + 1 + box.bias + box.mant_bits - rules.man_bits
-    return (not rules.daz and rules.man_bits < box.mant_bits
+    return (not rules.daz and rules.man_bits <= box.mant_bits - 2
             and biggest_c_field <= 2 * box.bias)
 
 
@@ -107,84 +116,143 @@ def thread_scratch() -> Scratch:
 
 
 class _MagicConstants(NamedTuple):
-    """The magic kernel's constants for one (rules, container), as NumPy scalars."""
+    """The magic kernel's constants for one (rules, container), as 0-d arrays (a ufunc takes
+    a 0-d array operand faster than a NumPy scalar: no scalar conversion per call)."""
 
     uint: type
-    abs_mask: np.generic
-    exp_mask: np.generic
-    low_field: np.generic        # C's exponent field at least emin's ...
-    high_field: np.generic       # ... and at most emax+1's
-    shift_field: np.generic      # from |x|'s exponent to C's: container minus format bits
-    sign_mask: np.generic
-    clamp: np.generic            # saturating formats: the largest finite value
-    up: np.generic | None        # overflow by scaling: 2**(container_emax - emax), its inverse
-    down: np.generic | None
+    exp_mask: np.ndarray
+    low_field: np.ndarray        # C's exponent field at least emin's ...
+    high_field: np.ndarray       # ... and at most emax+1's
+    c_bits: np.ndarray           # from x's exponent field to C's: container minus format
+    #                              bits, plus C's top fraction bit (the 1.5)
+    low_clamp: np.ndarray        # saturating formats: -max_finite and max_finite
+    high_clamp: np.ndarray
+    up: np.ndarray | None        # overflow by scaling: 2**(container_emax - emax), its inverse
+    down: np.ndarray | None
+    max_finite: np.ndarray
+    min_normal: np.ndarray
+    nan_bits: np.ndarray         # ieee formats: the bits a NaN result keeps (settle_nans)
+    sign_mask: np.ndarray
+    zero: np.ndarray
+    fields: tuple                # Python ints, for the tests on x's exponent fields: low and
+    #                              high as above, emax's (from it a result may overflow),
+    #                              the last at which a result may be zero, all ones
 
 
 @functools.lru_cache(maxsize=256)
 def _magic_constants(rules: Rules, dtype: np.dtype) -> _MagicConstants:
     box = _CONTAINERS[dtype]
     uint, real = box.uint, dtype.type
+
+    def u(v):
+        return np.array(v, uint)
+
+    def r(v):
+        return np.array(v, real)
+
     shift = box.bias - rules.emax  # the container's emax equals its bias
     scale = rules.has_inf and shift <= box.bias
+    cut = (1 << (box.mant_bits - rules.man_bits)) - 1
     return _MagicConstants(
-        uint, uint(box.sign_mask - 1), uint(box.exp_mask),
-        uint((rules.emin + box.bias) << box.mant_bits),
-        uint((rules.emax + 1 + box.bias) << box.mant_bits),
-        uint((box.mant_bits - rules.man_bits) << box.mant_bits), uint(box.sign_mask),
-        real(rules.max_finite), real(2.0 ** shift) if scale else None,
-        real(2.0 ** -shift) if scale else None)
+        uint, u(box.exp_mask),
+        u((rules.emin + box.bias) << box.mant_bits),
+        u((rules.emax + 1 + box.bias) << box.mant_bits),
+        u(((box.mant_bits - rules.man_bits) << box.mant_bits) | (1 << (box.mant_bits - 1))),
+        r(-rules.max_finite), r(rules.max_finite),
+        r(2.0 ** shift) if scale else None, r(2.0 ** -shift) if scale else None,
+        r(rules.max_finite), r(rules.min_normal), u(~cut & (box.sign_mask * 2 - 1)),
+        u(box.sign_mask), r(0.0),
+        ((rules.emin + box.bias) << box.mant_bits, (rules.emax + 1 + box.bias) << box.mant_bits,
+         (rules.emax + box.bias) << box.mant_bits,
+         max(rules.emin - rules.man_bits - 1 + box.bias, 0) << box.mant_bits, box.exp_mask))
 
 
 _SMALL_CLIP = 1 << 13   # below this, maximum + minimum cost less than np.clip's Python wrapper
+_SMALL_SCAN = 1 << 11   # below this, every step costs less than finding which ones to skip
+
+
+def _clip(x: np.ndarray, low, high, out: np.ndarray) -> None:
+    """out = min(max(x, low), high) (NaN stays NaN)."""
+    if x.size < _SMALL_CLIP:
+        np.maximum(x, low, out=out)
+        np.minimum(out, high, out=out)
+    else:
+        np.clip(x, low, high, out=out)
 
 
 def round_nearest_even_magic(x: np.ndarray, out: np.ndarray, rules: Rules,
                              scratch: Scratch) -> None:
+    """``out`` = x rounded to nearest even (module doc). The smallest and largest exponent
+    field of x (two reductions) say which steps can change anything: the clip of C's field,
+    the overflow step, the subnormal flush, the sign of zero results and the NaN settling
+    each run only where some element needs them (they leave every other element as it is),
+    so data within the format's normal range, as weights and activations mostly are, takes
+    four passes instead of ten."""
+    if x.size == 0:
+        return
     k = _magic_constants(rules, x.dtype)
-    uint, n = k.uint, x.size
-    bits = x.view(uint)
-
-    mag = scratch.get(0, uint, n)
-    np.bitwise_and(bits, k.abs_mask, out=mag)
-    mag_f = mag.view(x.dtype)
-    if rules.saturate:
-        np.minimum(mag_f, k.clamp, out=mag_f)  # keeps NaN
-
-    # C's exponent field: |x|'s, at least emin's and at most emax+1's (one clip). The upper
-    # bound only keeps C finite: an |x| from 2**(emax+1) up still rounds to at least
-    # 2**(emax+1) (monotonic), which the overflow step below turns into inf.
-    magic = scratch.get(1, uint, n)
-    np.bitwise_and(mag, k.exp_mask, out=magic)
-    if n < _SMALL_CLIP:
-        np.maximum(magic, k.low_field, out=magic)
-        np.minimum(magic, k.high_field, out=magic)
+    uint = k.uint
+    result = out.view(x.dtype)
+    magic = scratch.get(1, uint, x.size)
+    np.bitwise_and(x.view(uint), k.exp_mask, out=magic)
+    low_field, high_field, emax_field, zero_field, all_ones = k.fields
+    if x.size < _SMALL_SCAN:    # every step: cheaper than the two reductions' fixed cost
+        lowest, highest = 0, all_ones
     else:
-        np.clip(magic, k.low_field, k.high_field, out=magic)
-    np.add(magic, k.shift_field, out=magic)
+        lowest, highest = int(magic.min()), int(magic.max())
+    source = x
+    if rules.saturate and highest >= emax_field:
+        # only values from 2**emax up can exceed max_finite: clamp them (NaN stays NaN), and
+        # take C from the clamped values
+        _clip(x, k.low_clamp, k.high_clamp, result)
+        source = result
+        np.bitwise_and(result.view(uint), k.exp_mask, out=magic)
+        if x.size >= _SMALL_SCAN:
+            lowest, highest = int(magic.min()), int(magic.max())
+
+    # C's exponent field: x's, at least emin's and at most emax+1's (one clip). The upper
+    # bound only keeps C finite: an |x| from 2**(emax+1) up still rounds to at least
+    # 2**(emax+1) in magnitude (monotonic), which the overflow step below turns into inf.
+    if lowest < low_field or highest > high_field:
+        _clip(magic, k.low_field, k.high_field, magic)
+    np.add(magic, k.c_bits, out=magic)
     magic_f = magic.view(x.dtype)
 
-    result = out.view(x.dtype)
-    np.add(mag_f, magic_f, out=result)
+    np.add(source, magic_f, out=result)
     np.subtract(result, magic_f, out=result)
 
-    if not rules.saturate:
+    # below 2**emax every result is at most 2**emax <= max_finite: no overflow
+    overflow = not rules.saturate and highest >= emax_field
+    if overflow:
         if k.up is not None:
             np.multiply(result, k.up, out=result)  # [2**(emax+1), inf] -> inf, nothing else
             np.multiply(result, k.down, out=result)
         else:
-            np.putmask(result, result > rules.max_finite,
+            np.putmask(result, np.abs(result) > k.max_finite,
                        np.inf if rules.has_inf else np.nan)
-    if not rules.subnormals:
-        np.putmask(result, result < rules.min_normal, 0.0)
+    below_normal = lowest < low_field        # from 2**emin up every result is normal
+    if not rules.subnormals and below_normal:
+        np.putmask(result, np.abs(result) < k.min_normal, k.zero)
 
-    sign = magic  # C is spent: its buffer takes x's sign bit
-    np.bitwise_and(bits, k.sign_mask, out=sign)
-    result_bits = result.view(uint)
-    np.bitwise_or(result_bits, sign, out=result_bits)
-    if rules.unsigned_zero:
-        np.add(result, 0.0, out=result)  # -0 + 0 == +0 under round-to-nearest
-    settle_nans(result, rules)
+    # A nonzero result has x's sign (x + C - C is monotonic in x and odd); a zero one is +0:
+    # x's sign bit is ORed in where some result may be zero (|x| <= half the smallest
+    # subnormal, or flushed), or NaN (the all-ones field: inf or NaN inputs; overflow in a
+    # format without inf).
+    nan = highest == all_ones or (overflow and k.up is None)
+    zeros = lowest <= zero_field or (not rules.subnormals and below_normal)
+    if zeros or nan:
+        sign = magic  # C is spent: its buffer takes x's sign bit
+        np.bitwise_and(x.view(uint), k.sign_mask, out=sign)
+        result_bits = result.view(uint)
+        np.bitwise_or(result_bits, sign, out=result_bits)
+    if rules.unsigned_zero and zeros:
+        np.add(result, k.zero, out=result)   # -0 + 0 == +0 under round-to-nearest
+    if nan:
+        if rules.nan_payload:   # settle_nans' rule: every non-NaN result has these bits zero
+            result_bits = result.view(uint)
+            np.bitwise_and(result_bits, k.nan_bits, out=result_bits)
+        else:
+            settle_nans(result, rules)
 
 
 def settle_nans(result: np.ndarray, rules: Rules) -> None:

@@ -55,10 +55,12 @@ def scale_loss(loss, state, fmt=None):
     return wrap(product)
 
 
-def unscale(grads, state, fmt=None):
+def unscale(grads, state, fmt=None, *, copy: bool = True):
     """Gradients divided by the scale the way the state's framework does it (see the module
     docstring). ``grads``: an array/scalar or a list/tuple of them; the same structure comes
-    back, new arrays, the inputs untouched."""
+    back, new arrays, the inputs untouched. ``copy=False``: where ``inv_scale`` is 1 (and no
+    ``fmt``), the input arrays themselves come back instead of copies of the same values
+    (for a caller that only reads them)."""
     divide = getattr(state.scaler, "unscale_op", "reciprocal") == "divide"
     factor = state.scale if divide else state.inv_scale
 
@@ -67,7 +69,7 @@ def unscale(grads, state, fmt=None):
         if divide:
             out = array / array.dtype.type(factor)
         elif factor == 1.0:
-            out = array.copy()
+            out = array.copy() if copy and fmt is None else array   # round_to makes its own
         else:
             out = array * array.dtype.type(factor)
         if fmt is not None:
