@@ -83,7 +83,7 @@ from .gathered import exact_elements, exact_zero_signs, gather_source
 
 __all__ = ["matmul_2d", "round_out"]
 
-_SMALL = 1 << 13        # below this, NumPy's float16 cast is cheaper than round_to's setup
+_SMALL = 1 << 11        # below this, NumPy's float16 cast is cheaper than round_to's setup
 _ROW_FLOOR = 2.0 ** -600  # width floors: w > 0 for all-zero lines, below any nonzero one's
 _COL_FLOOR = 2.0 ** -400
 _EXACT_BELOW = 2.0 ** 53  # products' sum bound, in units of their common quantum
