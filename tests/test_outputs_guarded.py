@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from child_process import ctrl_c_reaches_python
 
 from fpsim import experiments
 from fpsim.cli import main
@@ -28,7 +29,8 @@ PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"
 
 def fpsim(*argv, **kwargs):
     return subprocess.Popen([sys.executable, "-m", "fpsim", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=ENV, **kwargs)
+                            stderr=subprocess.PIPE, text=True, env=ENV,
+                            preexec_fn=ctrl_c_reaches_python, **kwargs)
 
 
 def wait_for(predicate, timeout=60.0, every=0.001):
@@ -201,7 +203,12 @@ def test_ctrl_c_that_surfaces_as_another_exception_still_stops_the_run(tmp_path,
 
     monkeypatch.setitem(experiments.REGISTRY, "underflow",
                         experiments.Experiment("underflow", "t", interrupted_inside_cpp))
-    with pytest.raises(KeyboardInterrupt):
-        experiments.reproduce(tmp_path / "out", quick=True, only=["underflow"])
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # Python's own handler, as an interactive run has it (a background job ignores SIGINT)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            experiments.reproduce(tmp_path / "out", quick=True, only=["underflow"])
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert not (tmp_path / "out" / "summary.json").exists()

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from child_process import ctrl_c_reaches_python
 
 from fpsim.cli import main
 from fpsim.sweep import load_spec, run_sweep
@@ -185,7 +186,8 @@ def test_an_interrupted_sweep_keeps_complete_rows_and_resumes(cluster, tmp_path)
     env = dict(os.environ, PYTHONPATH=str(REPO))
     process = subprocess.Popen([sys.executable, "-m", "fpsim", "sweep", str(spec), "--out",
                                 str(out), "--workers", "1"], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=ctrl_c_reaches_python)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not any((out / "cells").glob("*/result.json")):
         time.sleep(0.05)

@@ -17,6 +17,11 @@ Without a master copy (``master=None``) the rule computes in each parameter's ow
 writes there directly: an update smaller than half an ulp of its weight is lost (for fp16,
 weight/update ratios above 2048). ``StepReport`` counts lost updates every step.
 
+Many small parameters are updated as one flat array (``_together``: elementwise rules only);
+the bits are those of one parameter at a time, but for the sign of a NaN computed from two
+NaNs of opposite signs (NumPy's SIMD loops return one operand in their vector body and the
+other in their tail, so that sign depends on an element's position, and on the machine).
+
 >>> import numpy as np
 >>> from fpsim.autograd import Tensor
 >>> from fpsim.optim import SGD
@@ -145,9 +150,10 @@ class Optimizer:
 
     def _together(self):
         """(format, stored arrays) where the step updates every parameter as one flat array:
-        the rule is elementwise (SGD, Adam: the same bits as one parameter at a time) and the
-        parameters are many small ones (one pass instead of a pass per parameter, whose
-        fixed cost dominated); None where the step goes parameter by parameter."""
+        the rule is elementwise (SGD, Adam: the same bits as one parameter at a time, save
+        a NaN-from-two-NaNs' sign: module docstring) and the parameters are many small ones
+        (one pass instead of a pass per parameter, whose fixed cost dominated); None where
+        the step goes parameter by parameter."""
         named = self.named
         if (type(self.rule) not in _ELEMENTWISE_RULES or len(named) < 2
                 or sum(p.size for _, p in named) > (len(named) - 1) * _TOGETHER_MAX):
