@@ -125,13 +125,26 @@ def test_fast_route_leaves_other_inputs_to_the_general_route():
         round_to(x, "fp17")
 
 
-@pytest.mark.parametrize("n", [1, 2047, 2048, 2049, 9000])
-def test_round_array_fp16_around_the_small_size(n):
-    """NumPy's float16 cast below ``_SMALL`` elements, round_to above: the same bits."""
-    for data in _both(_data(n, seed=n)):
-        with np.errstate(over="ignore", invalid="ignore"):
-            assert same_bits(round_array(data, FP16), round_to(data, FP16).astype(np.float32))
-
+@pytest.mark.parametrize("n", [1, 15, 2047, 2048, 2049, 9000])
+def test_fp16_by_float16_cast_around_its_size(n, monkeypatch):
+    """round_to(x, "fp16") takes NumPy's float16 cast below ``_FLOAT16_CAST_BELOW`` elements
+    (its NaNs through the magic kernel), the magic kernel from there; round_array follows
+    round_to: both give the general route's bits (n >= 15: every special value)."""
+    calls = []
+    cast = rounding._small_by_float16_cast
+    monkeypatch.setattr(rounding, "_small_by_float16_cast",
+                        lambda src, dst, magic: calls.append(src.size) or cast(src, dst, magic))
+    rounding._default_kernel.cache_clear()
+    try:
+        for data in _both(_data(n, seed=n)):
+            with np.errstate(over="ignore", invalid="ignore"):
+                general = round_to(data, FP16, subnormals=True, saturate=False)
+                assert same_bits(round_to(data, "fp16"), general)
+                assert same_bits(round_array(data, FP16), general.astype(np.float32))
+    finally:
+        rounding._default_kernel.cache_clear()
+    assert calls and set(calls) == {n}          # the fast route ran (general: never)
+    assert (n < rounding._FLOAT16_CAST_BELOW) == (n < 2048)
 
 
 def test_format_equality_and_hash_ignore_the_name():

@@ -25,15 +25,11 @@ from ..backend import xp
 
 from .. import backend
 from ..exact import underflow
-from ..formats import FP16, FP32, Format, get
+from ..formats import FP32, Format, get
 from ..backend import round_to
 
 __all__ = ["FP64", "Float64Reference", "resolve", "round_array", "contains", "widest",
            "container_of"]
-
-# below this many elements NumPy's own float16 cast (software, ~5 ns an element) beats
-# round_to's fixed cost (measured crossover: about 2000 elements)
-_SMALL = 2048
 
 
 class Float64Reference:
@@ -71,9 +67,8 @@ def round_array(x, fmt):
     """``x`` (float32 or float64 array) rounded once to ``fmt``, in ``fmt``'s container.
 
     Fast paths that give the same bits as ``round_to``: FP32 from float32 is the identity and
-    from float64 is the IEEE cast; FP16 on small arrays uses NumPy's IEEE float16 cast (exact
-    round-to-nearest-even with subnormals and overflow to inf). The tests compare every path
-    with ``round_to``.
+    from float64 is the IEEE cast (``round_to`` itself takes NumPy's float16 cast for small
+    fp16 roundings). The tests compare every path with ``round_to``.
     """
     if fmt is FP64:
         return x.astype(xp.float64, copy=False)
@@ -88,15 +83,8 @@ def round_array(x, fmt):
             return out
     else:
         raise TypeError(f"round_array takes float32/float64 arrays, got {x.dtype}")
-    if x.size < _SMALL and (fmt is FP16 or fmt == FP16):
-        with xp.errstate(over="ignore", invalid="ignore"):
-            out = x.astype(xp.float16).astype(xp.float32)
-        nans = xp.isnan(out)
-        if nans.any():  # NumPy's NaN payloads differ from round_to's rule: let it decide
-            out[nans] = round_to(x[nans], fmt)
-    else:
-        out = round_to(x, fmt)
-        out = out if out.dtype == xp.float32 else out.astype(xp.float32)
+    out = round_to(x, fmt)
+    out = out if out.dtype == xp.float32 else out.astype(xp.float32)
     underflow.note(x, out)
     return out
 

@@ -73,7 +73,7 @@ import math
 
 from ..backend import xp
 
-from ..formats import FP16, FP32
+from ..formats import FP32
 from ..backend import round_to, scratch
 from . import underflow
 from .certificate import (certify_fp32_open, error_factor, lowest_bit_patterns,
@@ -83,7 +83,6 @@ from .gathered import exact_elements, exact_zero_signs, gather_source
 
 __all__ = ["matmul_2d", "round_out"]
 
-_SMALL = 1 << 11        # below this, NumPy's float16 cast is cheaper than round_to's setup
 _ROW_FLOOR = 2.0 ** -600  # width floors: w > 0 for all-zero lines, below any nonzero one's
 _COL_FLOOR = 2.0 ** -400
 _EXACT_BELOW = 2.0 ** 53  # products' sum bound, in units of their common quantum
@@ -95,20 +94,10 @@ _WIDE_BITS = xp.uint32(0xFF)   # float32 fraction bits below 15: set in nearly e
 def round_out(x32: xp.ndarray, fmt) -> xp.ndarray:
     """float32 values rounded once to ``fmt`` (nearest even), as ``round_to`` gives them, for
     any input without a signalling NaN (IEEE arithmetic and float64 -> float32 casts only make
-    quiet ones; ``round_to`` would quiet a signalling one). FP32 is then the identity (same
-    format, subnormals kept, payloads fit); NumPy's float32 -> float16 cast is IEEE
-    nearest-even with subnormals, overflow to inf and the quiet NaN payloads ``round_to``
-    keeps (``tests/test_fastpaths.py`` checks every quiet NaN pattern once)."""
+    quiet ones; ``round_to`` would quiet a signalling one): FP32 is then the identity (same
+    format, subnormals kept, payloads fit)."""
     if fmt == FP32:
         return x32
-    with xp.errstate(over="ignore", invalid="ignore"):
-        return _round_out(x32, fmt)
-
-
-def _round_out(x32, fmt):
-    """``round_out`` to a format other than FP32, under the caller's error state."""
-    if fmt == FP16 and x32.size < _SMALL:
-        return x32.astype(xp.float16).astype(xp.float32)
     return round_to(x32, fmt)
 
 
@@ -157,7 +146,7 @@ def _matmul_2d(a, b, out_fmt, bias, note, m, k, n):
                                                     gather_source(b, b64))
     if bias is not None:
         pre += bias                             # the fp32 epilogue: one float32 addition
-    out = pre if fp32_out else _round_out(pre, out_fmt)     # acc = hi32 wherever certified
+    out = pre if fp32_out else round_to(pre, out_fmt)     # acc = hi32 wherever certified
     if opened.size:
         _settle_open(a, b, a64, b64, row_norm, col_norm, approx, opened, low32, pre, out,
                      bias, out_fmt, fp32_out)
@@ -282,7 +271,7 @@ def _settle_open(a, b, a64, b64, row_norm, col_norm, approx, opened, low32, pre,
         acc += bias[cols]
     pre.reshape(-1)[opened] = acc
     if not fp32_out:
-        out.reshape(-1)[opened] = _round_out(acc, out_fmt)
+        out.reshape(-1)[opened] = round_to(acc, out_fmt)
 
 
 def _f_agree(pre_low, pre_high, out_high, out_fmt, fp32_out) -> xp.ndarray:
@@ -290,6 +279,6 @@ def _f_agree(pre_low, pre_high, out_high, out_fmt, fp32_out) -> xp.ndarray:
     (1-D gathered: pre at the low end, pre and f = rnd_out(pre) at the high end)."""
     same = (pre_low != 0) & (pre_high != 0)
     same &= xp.signbit(pre_low) == xp.signbit(pre_high)
-    out_low = pre_low if fp32_out else _round_out(pre_low, out_fmt)
+    out_low = pre_low if fp32_out else round_to(pre_low, out_fmt)
     same &= out_low.view(xp.uint32) == out_high.view(xp.uint32)
     return same

@@ -29,7 +29,7 @@ from numbers import Real
 
 import numpy as np
 
-from ..formats import BF16, Format, get
+from ..formats import BF16, FP16, Format, get
 from ._kernels import (Rules, magic_applies, round_any_mode, round_nearest_even_magic,
                        thread_scratch)
 from ._philox import check_seed, philox4x32, philox_uniforms
@@ -169,8 +169,28 @@ def _default_kernel(fmt: "Format | str", dtype):
     if kernel == "bf16":
         return _bf16_via_ml_dtypes
     if kernel in ("magic", "magic64"):
-        return functools.partial(_magic_chunks, rules=rules, widen=kernel == "magic64")
+        magic = functools.partial(_magic_chunks, rules=rules, widen=kernel == "magic64")
+        return functools.partial(_small_by_float16_cast, magic=magic) if fmt == FP16 else magic
     return None
+
+
+_FLOAT16_CAST_BELOW = 2048   # measured crossover with the magic kernel's fixed cost (~3000)
+
+
+def _small_by_float16_cast(src: np.ndarray, dst: np.ndarray, magic) -> None:
+    """``magic(src, dst)`` for IEEE fp16 with its own rules, through NumPy's float16 cast on
+    small arrays: an IEEE nearest-even conversion with subnormals and overflow to inf (the
+    same values), whose NaNs alone go through ``magic`` (round_to's payload rule)."""
+    if src.size >= _FLOAT16_CAST_BELOW:
+        magic(src, dst)
+        return
+    with np.errstate(over="ignore", invalid="ignore"):
+        dst[...] = src.astype(np.float16)
+    nans = np.flatnonzero(np.isnan(dst))
+    if nans.size:
+        settled = np.empty(nans.size, dst.dtype)
+        magic(src[nans], settled)
+        dst[nans] = settled
 
 
 def _stochastic_key(seed, offset, rng) -> tuple[int, int]:
