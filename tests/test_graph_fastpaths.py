@@ -13,7 +13,7 @@ from fpsim.autograd import tensor as tensor_module
 from fpsim.autograd.ops_elementwise import _relu_values
 from fpsim.exact import elementary as el
 from fpsim.exact.accumulation import reduce_sum
-from fpsim.exact.certified import exact_rows_sum
+from fpsim.exact.certified import _sums_and_patterns, exact_rows_sum, exponent_window_open
 from fpsim.exact.softmax import cr_cross_entropy, log_softmax64
 from fpsim.formats import BF16, FP16, FP32
 from fpsim.rounding import round_to
@@ -105,6 +105,84 @@ def test_column_major_rows_give_the_row_major_bits():
     batch = _adversarial_columns(rng, 24, 10).reshape(4, 6, 10)       # axes (0, 1): a view
     assert same_bits(reduce_sum(batch, (0, 1), out_fmt=FP32),
                      _reference_column_sums(batch.reshape(24, 10), FP32))
+
+
+def _window_rows(rng, k):
+    """Rows of k float32 values whose exponents span 0 to 40 binades (the window at k terms
+    is 29 - ceil(log2 k)), with ties, cancellations, zeros of both signs, subnormals."""
+    rows = []
+    for spread in range(41):
+        exponents = rng.integers(0, spread + 1, k) - spread // 2
+        row = rng.integers(1 << 23, 1 << 24, k) * np.ldexp(1.0, exponents - 23)
+        row = (row * rng.choice([-1.0, 1.0], k)).astype(np.float32)
+        row[rng.random(k) < 0.4] = rng.choice(np.float32([0.0, -0.0]))     # ReLU zeros
+        rows.append(row)
+    rows.append(np.zeros(k, np.float32))
+    rows.append(np.full(k, -0.0, np.float32))
+    rows.append(np.float32(2.0 ** -149) * rng.integers(-5, 6, k).astype(np.float32))
+    pair = rng.standard_normal(k).astype(np.float32)
+    pair[1::2] = -pair[0::2][: k // 2]                 # exact cancellation (s = 0 for even k)
+    rows.append(pair)
+    tie = np.zeros(k, np.float32)
+    tie[0], tie[-1] = 1.0, 2.0 ** -24                 # an fp32 tie (k >= 2)
+    rows.append(tie)
+    return np.stack(rows)
+
+
+def _double_rounding_row():
+    """8 terms, exponents 27 binades apart (the window at 8 terms is 26): the float64 sum
+    rounds (a tie, to even) onto an fp32 midpoint, and fp32's tie then goes the wrong way."""
+    u = 2.0 ** -23
+    return np.float32([2 - 3 * u] + [2 - 2 * u] * 5 + [2.0 ** -23 - 2.0 ** -27,
+                                                       2.0 ** -27 + 2.0 ** -50])
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 8, 127, 128, 129, 300])
+def test_exponent_window_sums_match_exact_sums(k):
+    """Rows the exponent window passes are rounded from the float64 sum: the same bits as
+    the exact integer sums, whatever the spread, layout or accumulator."""
+    rng = np.random.default_rng(k)
+    rows = _window_rows(rng, k)
+    if k == 8:
+        rows = np.concatenate([rows, _double_rounding_row()[None]])
+    top_open = exponent_window_open(*_sums_and_patterns(rows)[1:], k)
+    assert not top_open[:29 - (k - 1).bit_length()].any()     # narrow rows: float64 sums
+    for acc in (FP32, FP16, BF16):
+        want, _ = exact_rows_sum(rows, acc, force_fallback=True)
+        for layout in (rows, np.asfortranarray(rows), rows[::-1][::-1]):
+            got, _ = exact_rows_sum(layout, acc)
+            assert same_bits(got, want), (k, acc.name)
+
+
+def test_exponent_window_is_tight_where_float64_double_rounds():
+    """One binade past the window the float64 sum can be wrong: the row stays open (and the
+    certified path gives the exact bits), which a window one binade wider would miss."""
+    row = _double_rounding_row()
+    approx, top, low = _sums_and_patterns(row[None])
+    assert np.float32(approx[0]) != np.float32(exact_rows_sum(row[None], FP32,
+                                                              force_fallback=True)[0][0])
+    assert exponent_window_open(top, low, 8)[0]
+    got = reduce_sum(np.tile(row[:, None], (1, 3)), 0, out_fmt=FP32)     # column sums
+    assert same_bits(got, np.full(3, np.float32(12 - 2.0 ** -20)))
+
+
+def test_exponent_window_rows_with_inf_and_nan_follow_ieee():
+    """Rows holding inf or NaN are always open: they get the general path's bits, NaN
+    payloads included (two NaNs in a row: which one wins depends on the order)."""
+    rng = np.random.default_rng(3)
+    rows = _window_rows(rng, 16)
+    rows[5, 3], rows[6, 0], rows[6, 9], rows[7, 2], rows[8, 4] = np.inf, np.inf, -np.inf, \
+        np.nan, -np.inf
+    rows[9] = 0.0                                       # inf among zeros only
+    rows[9, 7] = np.inf
+    rows[10] = np.float32(3e38)                         # NaNs among the largest exponents
+    rows[10, [2, 9]] = SPECIALS[[12, 13]]
+    with np.errstate(invalid="ignore"):
+        got, _ = exact_rows_sum(rows, FP32)
+        want, _ = exact_rows_sum(rows, FP32, force_fallback=True)
+    assert got[5] == np.inf and np.isnan(got[6]) and np.isnan(got[7]) and got[8] == -np.inf
+    assert got[9] == np.inf and np.isnan(got[10])
+    assert same_bits(got, want)
 
 
 # --- cross-entropy -------------------------------------------------------------------------

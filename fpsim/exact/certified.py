@@ -6,9 +6,10 @@ the interval certificate (``certificate.certify``: N = ||a_i|| ||b_j|| for matmu
 Cauchy-Schwarz, N = fl(sum|x|) for sums), else by the second certificate
 (``certificate.sums_exactly``: q, the lowest set bit of every product, from the row minimum
 of a plus the column minimum of b), else summed exactly with integer limbs and rounded to
-odd (``sums.round_to_odd_sum``), then rounded once to ``acc``. The bits never depend on the
-BLAS, its summation order or its thread count: only certified or exactly computed values are
-used.
+odd (``sums.round_to_odd_sum``), then rounded once to ``acc``. Row sums try a cheaper
+certificate first (``exponent_window_open``): a row whose nonzero values span few enough
+binades has an exact float64 sum in any order. The bits never depend on the BLAS, its
+summation order or its thread count: only certified or exactly computed values are used.
 """
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from ..backend import round_to, scratch
 from .certificate import certify, error_factor, sums_exactly, width_factor
 from .sums import ELEMENTS_PER_CHUNK, round_to_odd_sum, zero_sum
 
-__all__ = ["exact_matmul", "exact_rows_sum", "lowest_bit_exponent", "per_line_lowest_bit",
-           "cauchy_schwarz_bound"]
+__all__ = ["exact_matmul", "exact_rows_sum", "exponent_window_open", "lowest_bit_exponent",
+           "per_line_lowest_bit", "cauchy_schwarz_bound"]
 
 
 def _round_acc(x: xp.ndarray, acc) -> xp.ndarray:
@@ -92,7 +93,74 @@ def exact_matmul(a3: xp.ndarray, b3: xp.ndarray, acc, *, force_fallback: bool = 
 
 def exact_rows_sum(rows: xp.ndarray, acc, *, force_fallback: bool = False
                    ) -> tuple[xp.ndarray, int]:
-    """Sum of each row of a (n, K) float32 array, exact, rounded once to ``acc``."""
+    """Sum of each row of a (n, K) float32 array, exact, rounded once to ``acc``.
+
+    Rows whose float64 sum is exact by their exponent window (``exponent_window_open``: the
+    common case of gradients) are rounded from that sum straight away; an exact zero sum is
+    +0 then (its terms are not all zeros, and IEEE addition of terms not all zeros gives +0
+    for an exact zero in any order: x + (-x) is +0, +0 + -0 is +0). All-zero rows take the
+    zero-sign rule (``sums.zero_sum``); the other rows, inf and NaN among them, take
+    ``_rows_sum_certified``.
+    """
+    k = rows.shape[1]
+    if force_fallback or not rows.size:
+        return _rows_sum_certified(rows, acc, force_fallback)
+    with xp.errstate(invalid="ignore", over="ignore"):
+        approx, top, low = _sums_and_patterns(rows)
+        out = approx.astype(xp.float32).astype(xp.float64) if acc == FP32 else \
+            round_to(approx, acc)                       # as _round_acc
+    if not top.all():                                  # a row of zeros (+0 or -0)
+        zero = top == 0
+        out[zero] = zero_sum(rows[zero])
+    open_rows = exponent_window_open(top, low, k)
+    if not open_rows.any():
+        return out, 0
+    idx = xp.nonzero(open_rows)[0]
+    out[idx], count = _rows_sum_certified(rows[idx], acc, False)
+    return out, count
+
+
+_EXPONENT_SHIFT = xp.asarray(24, dtype=xp.uint32)   # 2|x|'s pattern >> 24: the exponent field
+_LARGEST_FINITE_EXPONENT = xp.asarray(254, dtype=xp.uint32)
+_ONE = xp.asarray(1, dtype=xp.uint32)
+
+
+def exponent_window_open(top: xp.ndarray, low: xp.ndarray, terms: int) -> xp.ndarray:
+    """Where a float64 sum of ``terms`` finite float32 values may not be exact, judged from
+    their exponent window alone (``_sums_and_patterns``: ``top`` = 2 * the largest |x|
+    pattern, ``low`` = 2 * the smallest nonzero |x| pattern - 1, uint32; all-zero lines are
+    never open, lines holding inf or NaN always). Outside the mask the float64 sum, in any
+    order, IS the exact sum.
+
+    Proof. Doubling a pattern drops the sign bit, so ``top >> 24`` is the largest biased
+    exponent E of the line's values and ``low >> 24`` at most the smallest nonzero one's
+    (one low when that value is a power of two: 2p - 1 borrows from the exponent field).
+    With e = max(E, 1) every finite float32 x has |x| < 2**(e - 126) and is a multiple of
+    2**(e - 150) (subnormals: e = 1, multiples of 2**-149), and patterns order like
+    magnitudes, so every nonzero term is a multiple of 2**q, q = e_low - 150, and
+    S = sum |x| < 2**(B + e_top - 126) with 2**B >= ``terms``. Every partial sum, whatever
+    the order or blocking (a BLAS, threads, FMA with exact products 1 * x), is a multiple of
+    2**q with magnitude <= S: a float64 (53 bits, q >= -150 > -1074) when
+    B + e_top - 126 <= q + 53, i.e. e_top - e_low <= 29 - B. Then no addition rounds.
+    The mask reads E for e and the one-low exponent for e_low: where E_top >= 1 that only
+    widens the window; where E_top = 0 every term is subnormal (multiples of 2**-149 below
+    2**-126), and their sum is exact for any K <= 2**29 (2**(B - 126) <= 2**(-149 + 53)),
+    which the mask (0 > E_low + limit never holds) says. A window of 22 binades at K = 128 holds
+    nearly every gradient column (a ReLU's exact zeros take no part).
+    """
+    limit = 29 - max(terms - 1, 0).bit_length()
+    if limit < 0:
+        return xp.ones(top.shape, bool)
+    # The bound is capped at 254, the largest finite exponent: a line holding inf or NaN
+    # (top >> 24 = 255) is open too.
+    bound = xp.add(low >> _EXPONENT_SHIFT, xp.asarray(limit, dtype=xp.uint32))
+    return (top >> _EXPONENT_SHIFT) > xp.minimum(bound, _LARGEST_FINITE_EXPONENT, out=bound)
+
+
+def _rows_sum_certified(rows: xp.ndarray, acc, force_fallback: bool
+                        ) -> tuple[xp.ndarray, int]:
+    """exact_rows_sum by the certificates: the interval one (N = fl(sum |x|)), then the
+    lowest-bit one (``sums_exactly``), then exact integer-limb sums; inf and NaN by IEEE."""
     count_rows, k = rows.shape
     approx, magnitude = _float64_sums(rows)
     # Finite float32 values cannot overflow a float64 sum (K 2**128 < 2**1024): the sum of
@@ -133,6 +201,45 @@ def exact_rows_sum(rows: xp.ndarray, acc, *, force_fallback: bool = False
 
 
 _BLOCK = 1 << 15    # float64 elements per block of _float64_sums: 256 KiB, stays in cache
+
+
+def _sums_and_patterns(rows: xp.ndarray):
+    """(fl64 sum, ``top``, ``low``) of each row of float32 ``rows``, as
+    ``exponent_window_open`` reads them: top = max of 2|x|'s pattern, low = min of it less 1
+    (zeros wrap to 2**32 - 1, out of the minimum). Block by block in memory order through
+    reused buffers, as ``_float64_sums``; the sums are float64 matrix-vector products with
+    ones (any order: see the certificates). Call under errstate(invalid="ignore")."""
+    across = rows.flags.f_contiguous and not rows.flags.c_contiguous
+    lines = rows.T if across else rows      # across: the sums run across the lines
+    count, width = lines.shape
+    step = max(1, _BLOCK // width)
+    block_lines = min(step, count)
+    wide = scratch("rows_sum.block", xp.float64, block_lines * width)
+    doubled = scratch("rows_sum.patterns", xp.uint32, block_lines * width)
+    one = _ONE
+    axis = 0 if across else 1
+    ones = xp.ones(block_lines if across else width, xp.float64)
+    parts = []
+    for lo in range(0, count, step):
+        hi = min(lo + step, count)
+        part = lines[lo:hi]
+        block = wide[:(hi - lo) * width].reshape(hi - lo, width)
+        xp.copyto(block, part)
+        pattern = doubled[:(hi - lo) * width].reshape(hi - lo, width)
+        xp.left_shift(part.view(xp.uint32), one, out=pattern)
+        approx = xp.matmul(ones[:hi - lo], block) if across else xp.matmul(block, ones)
+        top = pattern.max(axis=axis)
+        parts.append((approx, top, xp.subtract(pattern, one, out=pattern).min(axis=axis)))
+    if len(parts) == 1:
+        return parts[0]
+    if not across:
+        return tuple(xp.concatenate(part) for part in zip(*parts))
+    approx, top, low = parts[0]
+    for more in parts[1:]:
+        approx += more[0]
+        xp.maximum(top, more[1], out=top)
+        xp.minimum(low, more[2], out=low)
+    return approx, top, low
 
 
 def _float64_sums(rows: xp.ndarray) -> tuple[xp.ndarray, xp.ndarray]:
