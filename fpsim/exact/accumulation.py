@@ -278,11 +278,14 @@ def matmul(a, b, *, out_fmt, model: Accumulation | str = exact()) -> xp.ndarray:
     if a2.shape[-1] != b2.shape[-2]:
         raise ValueError(f"matmul: inner dimensions differ: a has shape {a.shape} "
                          f"(K={a2.shape[-1]}), b has shape {b.shape} (K={b2.shape[-2]})")
-    try:
-        batch = xp.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
-    except ValueError:
-        raise ValueError(f"matmul: batch dimensions of a {a.shape} and b {b.shape} do not "
-                         f"broadcast") from None
+    if a2.ndim == 2 and b2.ndim == 2:
+        batch = ()                      # no batch dimensions (the common case: no lookup)
+    else:
+        try:
+            batch = xp.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+        except ValueError:
+            raise ValueError(f"matmul: batch dimensions of a {a.shape} and b {b.shape} do not "
+                             f"broadcast") from None
     m, k, n = a2.shape[-2], a2.shape[-1], b2.shape[-1]
     if b2.ndim == 2 and a2.size and b2.size and isinstance(model, exact) and model.acc == FP32:
         # Every element is its own exact dot product: stacking a's batches into rows
