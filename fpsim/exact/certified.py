@@ -203,31 +203,30 @@ def _rows_sum_certified(rows: xp.ndarray, acc, force_fallback: bool
 _BLOCK = 1 << 15    # float64 elements per block of _float64_sums: 256 KiB, stays in cache
 
 
+_PATTERN_BLOCK = 1 << 18   # uint32 elements per block of _sums_and_patterns (1 MiB: fewer
+#                            blocks beat smaller ones here, measured 240 vs 330 us at 262K)
+
+
 def _sums_and_patterns(rows: xp.ndarray):
     """(fl64 sum, ``top``, ``low``) of each row of float32 ``rows``, as
     ``exponent_window_open`` reads them: top = max of 2|x|'s pattern, low = min of it less 1
-    (zeros wrap to 2**32 - 1, out of the minimum). Block by block in memory order through
-    reused buffers, as ``_float64_sums``; the sums are float64 matrix-vector products with
-    ones (any order: see the certificates). Call under errstate(invalid="ignore")."""
+    (zeros wrap to 2**32 - 1, out of the minimum). Block by block in memory order through a
+    reused buffer, as ``_float64_sums``; the sums are NumPy's float64 sums of the widened
+    values (any order: see the certificates). Call under errstate(invalid="ignore")."""
     across = rows.flags.f_contiguous and not rows.flags.c_contiguous
     lines = rows.T if across else rows      # across: the sums run across the lines
     count, width = lines.shape
-    step = max(1, _BLOCK // width)
-    block_lines = min(step, count)
-    wide = scratch("rows_sum.block", xp.float64, block_lines * width)
-    doubled = scratch("rows_sum.patterns", xp.uint32, block_lines * width)
+    step = max(1, _PATTERN_BLOCK // width)
+    doubled = scratch("rows_sum.patterns", xp.uint32, min(step, count) * width)
     one = _ONE
     axis = 0 if across else 1
-    ones = xp.ones(block_lines if across else width, xp.float64)
     parts = []
     for lo in range(0, count, step):
         hi = min(lo + step, count)
         part = lines[lo:hi]
-        block = wide[:(hi - lo) * width].reshape(hi - lo, width)
-        xp.copyto(block, part)
         pattern = doubled[:(hi - lo) * width].reshape(hi - lo, width)
         xp.left_shift(part.view(xp.uint32), one, out=pattern)
-        approx = xp.matmul(ones[:hi - lo], block) if across else xp.matmul(block, ones)
+        approx = xp.sum(part, axis=axis, dtype=xp.float64)
         top = pattern.max(axis=axis)
         parts.append((approx, top, xp.subtract(pattern, one, out=pattern).min(axis=axis)))
     if len(parts) == 1:
