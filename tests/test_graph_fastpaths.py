@@ -241,6 +241,34 @@ def test_log1p_single_branch_matches_the_two_branch_formula():
         assert same_bits(el.log1p(t), two_branch(t))
 
 
+def test_horner_and_exp_clamp_match_their_plain_formulations():
+    """``_horner`` starts from x * c_n (no filled array) and ``exp`` clamps with maximum
+    and minimum (no clip): the bits of the plain formulations, signed zeros, subnormals,
+    inf and NaN payloads included."""
+    def plain_horner(x, coeffs):
+        acc = np.full_like(x, coeffs[-1])
+        for c in coeffs[-2::-1]:
+            acc *= x
+            acc += c
+        return acc
+
+    def plain_exp(y):
+        finite = np.isfinite(y)
+        k, p = el.exp_parts(np.clip(np.where(finite, y, 0.0), -400.0, 400.0))
+        p = (p + 1.0) * el.pow2(k)
+        return np.where(np.isinf(y), np.where(y > 0, np.inf, 0.0), np.where(np.isnan(y), y, p))
+
+    rng = np.random.default_rng(4)
+    with np.errstate(all="ignore"):                   # (signalling NaNs widen quietly)
+        special = np.concatenate([SPECIALS.astype(np.float64), [2.0 ** -1074, -5e-324, 1e300]])
+        x = np.concatenate([special, rng.standard_normal(200) * 0.3,
+                            rng.standard_normal(200) * 10.0 ** rng.integers(-30, 3, 200)])
+        for coeffs in (el._EXPM1_Q, el._ATANH_W, (3.0, -0.5)):
+            assert same_bits(el._horner(x, coeffs), plain_horner(x, coeffs))
+        for y in (x, x * 500.0, rng.standard_normal((7, 9)) * 300.0):
+            assert same_bits(el.exp(y), plain_exp(y))
+
+
 # --- leaf gradients: kept when unshared, copied when shared --------------------------------
 
 def test_unshared_tells_a_sole_array_from_a_shared_one():

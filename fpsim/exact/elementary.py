@@ -79,8 +79,12 @@ _ATANH_W = tuple(2 / (2 * i + 3) for i in range(11))
 
 
 def _horner(x, coeffs):
-    acc = xp.full_like(x, coeffs[-1])
-    for c in coeffs[-2::-1]:
+    """((c_n x + c_{n-1}) x + ...) x + c_0, n >= 1, one rounding per operation. The first
+    product is x * c_n (multiplication commutes: the bits of c_n * x, with no array of c_n
+    to fill first)."""
+    acc = x * coeffs[-1]
+    acc += coeffs[-2]
+    for c in coeffs[-3::-1]:
         acc *= x
         acc += c
     return acc
@@ -107,7 +111,9 @@ def exp(y):
     the gradient format and counted as underflow, where libm's exp gave an exact 0."""
     y = xp.asarray(y, xp.float64)
     finite = bool(xp.isfinite(y).all())
-    k, p = exp_parts(xp.clip(y if finite else xp.where(xp.isfinite(y), y, 0.0), -_CLAMP, _CLAMP))
+    # the clamp as maximum then minimum: clip's values (no NaN here), without its wrapper
+    k, p = exp_parts(xp.minimum(xp.maximum(y if finite else xp.where(xp.isfinite(y), y, 0.0),
+                                           -_CLAMP), _CLAMP))
     p += 1.0
     p *= pow2(k)
     if finite:
