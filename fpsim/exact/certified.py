@@ -139,14 +139,14 @@ def exponent_window_open(top: xp.ndarray, low: xp.ndarray, terms: int) -> xp.nda
     2**(e - 150) (subnormals: e = 1, multiples of 2**-149), and patterns order like
     magnitudes, so every nonzero term is a multiple of 2**q, q = e_low - 150, and
     S = sum |x| < 2**(B + e_top - 126) with 2**B >= ``terms``. Every partial sum, whatever
-    the order or blocking (a BLAS, threads, FMA with exact products 1 * x), is a multiple of
+    the order or blocking (pairwise, SIMD lanes, blocks added up, threads), is a multiple of
     2**q with magnitude <= S: a float64 (53 bits, q >= -150 > -1074) when
     B + e_top - 126 <= q + 53, i.e. e_top - e_low <= 29 - B. Then no addition rounds.
     The mask reads E for e and the one-low exponent for e_low: where E_top >= 1 that only
     widens the window; where E_top = 0 every term is subnormal (multiples of 2**-149 below
     2**-126), and their sum is exact for any K <= 2**29 (2**(B - 126) <= 2**(-149 + 53)),
-    which the mask (0 > E_low + limit never holds) says. A window of 22 binades at K = 128 holds
-    nearly every gradient column (a ReLU's exact zeros take no part).
+    which the mask (0 > E_low + limit never holds) says. A window of 22 binades at K = 128
+    holds nearly every gradient column (a ReLU's exact zeros take no part).
     """
     limit = 29 - max(terms - 1, 0).bit_length()
     if limit < 0:
