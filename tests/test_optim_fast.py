@@ -368,3 +368,21 @@ def test_fma_counted_zero_products_over_ties_and_signed_zeros(small_chunks, fmt)
         assert _bits(ops.fma(a, b, c)).tolist() == _bits(expected).tolist()
         mask = Update(expected, b, a, None).moved()
         assert (moved, kept) == (int(mask.sum()), int((mask & (expected == c)).sum()))
+
+
+def test_joined_overflow_check_is_per_element_only():
+    """Many small parameters are checked for overflow on their joined gradient only where
+    the test looks at each element ("nonfinite"); DeepSpeed's float32 sum stays per gradient:
+    two gradients of sum 2e38 each overflow nothing, though together they would."""
+    from fpsim.scaling import preset
+    for check, found in (("sum", False), ("nonfinite", False)):
+        params = [Tensor(np.float32([1.0, 2.0]), "fp32", requires_grad=True) for _ in range(3)]
+        for p in params:
+            p.grad = Tensor(np.float32([1e38, 1e38]), "fp32")
+        params[2].grad = Tensor(np.float32([0.0, 0.0]), "fp32")
+        optimizer = Optimizer(params, SGD(lr=0.01))
+        assert optimizer._together() is not None
+        state = preset("deepspeed", overflow_check=check).init()
+        assert optimizer.step(state).found_inf is found
+    params[0].grad = Tensor(np.float32([np.inf, 0.0]), "fp32")
+    assert optimizer.step(preset("deepspeed", overflow_check="nonfinite").init()).found_inf

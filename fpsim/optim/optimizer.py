@@ -107,6 +107,11 @@ class Optimizer:
     # --- the step ---------------------------------------------------------------------------
     def step(self, scaler_state=None) -> StepReport:
         grads = [_grad_array(p) for _, p in self.named]
+        together = self._together()
+        if together is not None:        # elementwise from here on: one flat gradient
+            flat = [_joined(grads)]
+            if _elementwise_check(scaler_state):    # "any inf or NaN": one pass over all
+                grads = flat
         if scaler_state is not None:
             found = check_overflow(grads, scaler_state)
             new_state = scaler_state.update(found)
@@ -116,9 +121,8 @@ class Optimizer:
         if skipped:
             return StepReport(self.step_count, found, True, scale, float("nan"), False, 0, 0,
                               new_state)
-        together = self._together()
-        if together is not None:        # elementwise from here on: one flat gradient
-            grads = [_joined(grads)]
+        if together is not None:
+            grads = flat
         if scaler_state is not None:
             grads = unscale(grads, scaler_state, copy=False)   # read only, never written
         norm = global_norm(grads)
@@ -301,6 +305,13 @@ def _counts(result: Update, new, stored) -> tuple[int, int]:
     kept = xp.equal(new.reshape(-1), xp.asarray(stored).reshape(-1))
     return (int(xp.count_nonzero(moved)),
             int(xp.count_nonzero(xp.logical_and(moved, kept, out=kept))))
+
+
+def _elementwise_check(scaler_state) -> bool:
+    """Whether the step's overflow test looks at each element alone (any inf or NaN, on the
+    gradients or on their unscaled copies), so that it gives the same answer on the joined
+    flat gradient; the "sum" test sums each gradient on its own."""
+    return scaler_state is None or scaler_state.scaler.overflow_check == "nonfinite"
 
 
 def _flat32(value) -> bool:
