@@ -192,12 +192,14 @@ def test_exponent_window_rows_with_inf_and_nan_follow_ieee():
     rows[9, 7] = np.inf
     rows[10] = np.float32(3e38)                         # NaNs among the largest exponents
     rows[10, [2, 9]] = SPECIALS[[12, 13]]
-    with np.errstate(invalid="ignore"):
-        got, _ = exact_rows_sum(rows, FP32)
-        want, _ = exact_rows_sum(rows, FP32, force_fallback=True)
-    assert got[5] == np.inf and np.isnan(got[6]) and np.isnan(got[7]) and got[8] == -np.inf
-    assert got[9] == np.inf and np.isnan(got[10])
-    assert same_bits(got, want)
+    rows[11] = np.float32(3e38)                         # a finite sum beyond fp32: inf
+    for acc in (FP32, FP16, BF16):
+        with np.errstate(invalid="ignore"):
+            got, _ = exact_rows_sum(rows, acc)
+            want, _ = exact_rows_sum(rows, acc, force_fallback=True)
+        assert got[5] == np.inf and np.isnan(got[6]) and np.isnan(got[7]) and got[8] == -np.inf
+        assert got[9] == np.inf and np.isnan(got[10]) and got[11] == np.inf
+        assert same_bits(got, want)
 
 
 # --- cross-entropy -------------------------------------------------------------------------
