@@ -285,6 +285,38 @@ def test_zero_sums_of_sparse_rows_take_the_ieee_sign(a_order, b_order, monkeypat
     assert taken
 
 
+@pytest.mark.parametrize("a_order", ["C", "F"])
+def test_zero_sums_of_sparse_rows_against_unsigned_b(a_order, monkeypatch):
+    """b without a sign bit (relu activations): the sign of a zero sum from a's row alone,
+    -0 exactly where every a_ik has its sign bit; rows of -0 and negative values, rows with
+    one +0, against the reference; the shortcut must be taken."""
+    monkeypatch.setattr(gathered, "_SPARSE_FROM", 0)
+    monkeypatch.setattr(gathered, "_FEW_TERMS", 0)
+    unsigned = []
+    original = gathered._has_sign_bits
+    monkeypatch.setattr(gathered, "_has_sign_bits",
+                        lambda x: original(x) or unsigned.append(1) or False)
+    rng = np.random.default_rng(13)
+    for m, k, n in ((9, 40, 12), (14, 129, 7)):
+        a, b, bias = _sparse_row_case(rng, m, k, n)
+        b = np.abs(b)                                   # no sign bit, zeros +0
+        a[2, 5] = -3.0                                  # row 2: every a_ik with its sign bit
+        a[5] = -0.0
+        a[5, [1, 7]] = np.float32([-2.0, -0.5])         # the same, two nonzeros
+        a[6] = np.where(np.signbit(a[5]), a[5], -a[5])
+        a[6, 3] = 0.0                                   # one +0 in row 6: +0 sums
+        b[[1, 7], : n // 2] = 0.0
+        a_in = np.asarray(a, order=a_order)
+        for out_fmt in (FP32, FP16):
+            for beta in (None, bias):
+                assert same_bits(fast_matmul.matmul_2d(a_in, b, out_fmt, beta),
+                                 slow_reference(a, b, out_fmt, beta)), (m, k, n, out_fmt)
+        out = fast_matmul.matmul_2d(a_in, b, FP32)
+        assert np.signbit(out[5, 0]) and out[5, 0] == 0 and np.signbit(out[2, 1])
+        assert not np.signbit(out[6, 0]) and out[6, 0] == 0
+    assert unsigned
+
+
 def test_exact_rows_gate_reads_first_lines_before_the_quanta(monkeypatch):
     """Narrow data (fp16 values) whose output outweighs the operands take the exact rows at
     the default gate, their quanta taken with the widening; fp32 data are turned away by

@@ -9,8 +9,10 @@ the IEEE sign of an exact zero (-0 exactly when every product is -0, IEEE 754-20
   batch, in a weight gradient g^T x) is settled from that support alone when b is zero on
   it: then every product is zero (a_ik = +-0 off the support, b_kj = +-0 on it), and the
   sign comes from ``exact_zero_signs`` (any sum known to be zero: -0 exactly when
-  signbit(a_ik) != signbit(b_kj) for every k). Tried where such elements hold at least
-  ``_SPARSE_FROM`` products: below, gathering them costs less than the test;
+  signbit(a_ik) != signbit(b_kj) for every k) or, where no element of b has its sign bit
+  set (relu activations), from a's row alone: -0 exactly when every a_ik has its sign bit.
+  Tried where such elements hold at least ``_SPARSE_FROM`` products: below, gathering them
+  costs less than the test;
 * the others gather their K products (exact in float64): every product zero gives the
   zero sum (``sums.zero_sum``), else the split certificate (``certificate.split_certify``),
   else the exact sum rounded to odd (``sums.round_to_odd_sum``), cast once to fp32;
@@ -41,7 +43,7 @@ __all__ = ["exact_elements", "exact_zero_signs", "gather_source"]
 
 _SUPPORT = 16    # nonzeros of a's row up to which a zero sum is settled from its support
 _PROBES = 8      # sign probes before a zero sum's whole lines are compared
-_SPARSE_FROM = 1 << 16   # products of zero sums from which the support test pays its cost
+_SPARSE_FROM = 1 << 12   # products of zero sums from which the support test pays its cost
 _FEW_TERMS = 2048      # products up to which the elements are summed one at a time
 _ULPS_PER_MANTISSA = 2.0 ** 53     # frexp's mantissa (in [0.5, 1)) in units of the last bit
 
@@ -119,8 +121,17 @@ def _zero_sums_of_sparse_rows(a, b, rows, cols):
     on_support = xp.arange(width) < counts[:, None]
     b_there = _values_of(b, support[which], cols[:, None])          # (E, width)
     settled = sparse[which] & ~((b_there != 0) & on_support[which]).any(axis=1)
-    value[settled] = exact_zero_signs(a, b, rows[settled], cols[settled])
+    if _has_sign_bits(b):
+        value[settled] = exact_zero_signs(a, b, rows[settled], cols[settled])
+    else:                       # -0 exactly where every a_ik has its sign bit (module docstring)
+        value[settled & xp.signbit(lines).all(axis=1)[which]] = -0.0
     return settled, value
+
+
+def _has_sign_bits(x) -> bool:
+    """Whether any element of the float32 or float64 ``x`` has its sign bit set (-0 too)."""
+    sign = 1 << (8 * x.itemsize - 1)
+    return int(x.view(xp.uint32 if x.itemsize == 4 else xp.uint64).max()) >= sign
 
 
 def exact_zero_signs(a, b, rows, cols) -> xp.ndarray:
