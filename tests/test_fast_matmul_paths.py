@@ -180,6 +180,39 @@ def test_fp32_open_ends_agree_with_the_certificate(monkeypatch):
         assert same_bits(high_open, high.reshape(-1)[opened])
 
 
+@pytest.mark.parametrize("recheck_share", [1, 16, 10 ** 9])
+@pytest.mark.parametrize("chunk", [1 << 17, 64])
+def test_fp32_open_ends_with_one_width_per_chunk(recheck_share, chunk, monkeypatch):
+    """The one-width-per-chunk pass (W = max row width * max column width), its elements
+    taken again with their own widths (gathered, or the whole chunk where many are left):
+    the same open elements, ends and high array as ``certify``; widths of very different
+    sizes, ties, zeros."""
+    monkeypatch.setattr(certificate, "_OPEN_CHUNK", chunk)
+    monkeypatch.setattr(certificate, "_EINSUM_FROM", 1)
+    monkeypatch.setattr(certificate, "_RECHECK_SHARE", recheck_share)
+    rng = np.random.default_rng(21)
+    m, n = 41, 33
+    approx = rng.standard_normal((m, n)) * 2.0 ** rng.integers(0, 4, (m, n))
+    rows = np.abs(rng.standard_normal(m)) * width_factor(300) * 2.0 ** rng.integers(0, 16, m)
+    cols = np.abs(rng.standard_normal(n)) * 2.0 ** rng.integers(-2, 2, n)
+    near = rng.random((m, n)) < 0.3           # 3 w beside an fp32 tie: w certifies, W not
+    ties = 1.0 + 2.0 ** -24 + 2.0 ** -23 * rng.integers(0, 100, (m, n))
+    approx[near] = (ties + 3 * rows[:, None] * cols)[near]
+    approx[::7, ::5] = np.float64(np.float32(1.0)) + 2.0 ** -24          # fp32 ties
+    approx[4] = 0.0
+    approx[9, 3] = -0.0
+    low, high, certified = certify(approx, rows[:, None], cols)
+    low, high, certified = low.copy(), high.copy(), certified.copy()
+    _, _, one_width = certify(approx, np.full((m, 1), rows.max() * cols.max()), np.ones(n))
+    assert 0 < (~certified).sum() < (~one_width).sum() - 100
+    out = np.empty((m, n), np.float32)
+    opened, low_open, high_open = certify_fp32_open(approx, rows, cols, out)
+    assert same_bits(out, high)
+    assert np.array_equal(opened, np.flatnonzero(~certified))
+    assert same_bits(low_open, low.reshape(-1)[opened])
+    assert same_bits(high_open, high.reshape(-1)[opened])
+
+
 def test_line_quanta_divide_every_element():
     rng = np.random.default_rng(4)
     cases = [

@@ -65,8 +65,10 @@ narrow (at most 16 significant bits); their quanta are then taken while a and b 
 (in cache), and the rows are used where at least half of them pass.
 Non-finite inputs (seen as non-finite norms), K = 0 and empty shapes are left to the general
 path (``matmul_2d`` returns None). The fp32 ends are computed chunk by chunk
-(``certificate.certify_fp32_open``): only the elements left open leave the loop, with their
-ends; every later step works on those gathered elements. Work arrays are reused per thread
+(``certificate.certify_fp32_open``; first with the chunk's largest w, which encloses s as
+well, then, where those ends differ, with each element's own w: the same open elements and
+ends): only the elements left open leave the loop, with their ends; every later step works
+on those gathered elements. Work arrays are reused per thread
 (``_scratch``); results are always fresh arrays.
 """
 from __future__ import annotations
