@@ -226,7 +226,7 @@ def _widen_with_norms(x: xp.ndarray, name: str, axis: int, quanta: bool = False)
     across = 1 if along_rows else 0
     if step >= lines:                                   # one chunk
         xp.copyto(wide, src)
-        squares = xp.einsum("pq,pq->p" if along_rows else "pq,pq->q", wide, wide)
+        squares = _row_squares(wide) if along_rows else xp.einsum("pq,pq->q", wide, wide)
         patterns = lowest_bit_patterns(src, across) if quanta else None
     else:
         squares = xp.empty(lines, xp.float64) if along_rows else xp.zeros(width, xp.float64)
@@ -235,7 +235,7 @@ def _widen_with_norms(x: xp.ndarray, name: str, axis: int, quanta: bool = False)
             part = wide[lo:lo + step]
             xp.copyto(part, src[lo:lo + step])
             if along_rows:
-                xp.einsum("pq,pq->p", part, part, out=squares[lo:lo + step])
+                _row_squares(part, squares[lo:lo + step])
             else:
                 squares += xp.einsum("pq,pq->q", part, part)
             if not quanta:
@@ -249,6 +249,15 @@ def _widen_with_norms(x: xp.ndarray, name: str, axis: int, quanta: bool = False)
                 xp.minimum(patterns, found, out=patterns)
     norms = xp.sqrt(squares, out=squares)
     return out, norms, None if patterns is None else quanta_from_patterns(patterns)
+
+
+def _row_squares(x: xp.ndarray, out: xp.ndarray | None = None) -> xp.ndarray:
+    """Each row's sum of squares of the C-ordered float64 x, as a stack of 1 x K by K x 1
+    matrix products (BLAS dot products: about twice as fast as einsum's loop here; any
+    summation order keeps the norms' bound)."""
+    lines = x.shape[0]
+    into = None if out is None else out.reshape(lines, 1, 1)
+    return xp.matmul(x[:, None, :], x[:, :, None], out=into).reshape(lines)
 
 
 def _settle_open(a, b, a64, b64, row_norm, col_norm, approx, opened, low32, pre, out, bias,
