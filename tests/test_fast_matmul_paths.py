@@ -139,10 +139,11 @@ def test_gathered_products_from_any_operand_layout(order, monkeypatch):
 
 @pytest.mark.parametrize("order", ["C", "F", "strided"])
 @pytest.mark.parametrize("axis", [0, 1])
-def test_widening_with_norms_and_quanta_in_chunks(order, axis, monkeypatch):
+@pytest.mark.parametrize("shape", [(23, 19), (40, 7)])     # rows of dot products or einsum
+def test_widening_with_norms_and_quanta_in_chunks(order, axis, shape, monkeypatch):
     monkeypatch.setattr(fast_matmul, "_WIDEN_CHUNK", 37)    # many chunks, lines crossing them
     rng = np.random.default_rng(axis)
-    x = (rng.standard_normal((23, 19)) * 2.0 ** rng.integers(-140, 120, (23, 19))).astype(
+    x = (rng.standard_normal(shape) * 2.0 ** rng.integers(-140, 120, shape)).astype(
         np.float32)
     x = np.asarray(x, order="C" if order == "strided" else order)
     if order == "strided":

@@ -92,6 +92,7 @@ _COL_FLOOR = 2.0 ** -400
 _EXACT_BELOW = 2.0 ** 53  # products' sum bound, in units of their common quantum
 _WIDEN_CHUNK = 1 << 17   # elements widened per chunk: the norms read them from cache
 _EXACT_MIN_SAVING = 0    # output elements beyond K (M + N) that pay for the exact-row passes
+_DOT_FROM = 16           # row length from which row norms are BLAS dot products
 _WIDE_BITS = xp.uint32(0xFF)   # float32 fraction bits below 15: set in nearly every fp32 value
 
 
@@ -253,9 +254,12 @@ def _widen_with_norms(x: xp.ndarray, name: str, axis: int, quanta: bool = False)
 
 def _row_squares(x: xp.ndarray, out: xp.ndarray | None = None) -> xp.ndarray:
     """Each row's sum of squares of the C-ordered float64 x, as a stack of 1 x K by K x 1
-    matrix products (BLAS dot products: about twice as fast as einsum's loop here; any
-    summation order keeps the norms' bound)."""
+    matrix products (BLAS dot products: about twice as fast as einsum's loop for long
+    rows, slower below ``_DOT_FROM`` elements; any summation order keeps the norms'
+    bound)."""
     lines = x.shape[0]
+    if x.shape[1] < _DOT_FROM:
+        return xp.einsum("pq,pq->p", x, x, out=out)
     into = None if out is None else out.reshape(lines, 1, 1)
     return xp.matmul(x[:, None, :], x[:, :, None], out=into).reshape(lines)
 
