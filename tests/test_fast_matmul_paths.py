@@ -214,6 +214,23 @@ def test_fp32_open_ends_with_one_width_per_chunk(recheck_share, chunk, monkeypat
     assert same_bits(high_open, high.reshape(-1)[opened])
 
 
+def test_f_level_certificate_keeps_the_zero_pattern_near_underflow(monkeypatch):
+    """Sums of -+1.25 * 2**-150 under a cancelling pair: rnd32 gives -+2**-149, the fp32 ends
+    are -+2**-149 and -+0 (both rounding to the same fp16 and bf16 zero), so only a test
+    of pre at both ends (nonzero, one sign) sends them to the exact step; the underflow
+    counter then sees the general path's nonzero accumulators."""
+    agree = _count_calls(monkeypatch, fast_matmul, "_f_agree")
+    x = 2.0 ** -51
+    a = np.float32([[x, -x, -2.0 ** -75, -2.0 ** -77], [x, -x, 2.0 ** -75, 2.0 ** -77]])
+    b = np.float32([[x], [x], [2.0 ** -75], [2.0 ** -75]])
+    for out_fmt in (FP16, BF16):
+        with count_gradient_underflow() as fast, in_backward():
+            out = fast_matmul.matmul_2d(a, b, out_fmt)
+        assert same_bits(out, slow_reference(a, b, out_fmt))
+        assert (fast.flushed, fast.nonzero, fast.values) == (2, 2, 2)
+    assert agree
+
+
 def test_line_quanta_divide_every_element():
     rng = np.random.default_rng(4)
     cases = [

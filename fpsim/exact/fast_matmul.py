@@ -293,9 +293,11 @@ def _settle_open(a, b, a64, b64, row_norm, col_norm, approx, opened, low32, pre,
 
 def _f_agree(pre_low, pre_high, out_high, out_fmt, fp32_out) -> xp.ndarray:
     """Where f gives one bit pattern at both ends and pre is nonzero of one sign at both
-    (1-D gathered: pre at the low end, pre and f = rnd_out(pre) at the high end)."""
-    same = (pre_low != 0) & (pre_high != 0)
-    same &= xp.signbit(pre_low) == xp.signbit(pre_high)
+    (1-D gathered: pre at the low end, pre and f = rnd_out(pre) at the high end). The ends
+    are ordered and pre is monotonic, so pre_low <= pre_high: both are nonzero of one sign
+    exactly where pre_low > 0 or pre_high < 0."""
+    same = xp.greater(pre_low, 0)
+    same |= xp.less(pre_high, 0)
     out_low = pre_low if fp32_out else round_to(pre_low, out_fmt)
     same &= out_low.view(xp.uint32) == out_high.view(xp.uint32)
     return same
