@@ -368,30 +368,6 @@ def test_zero_sums_of_sparse_rows_against_unsigned_b(a_order, monkeypatch):
     assert unsigned
 
 
-@pytest.mark.parametrize("order", ["C", "F"])
-@pytest.mark.parametrize("b_signs", ["mixed", "none"])
-def test_exact_zero_signs_follow_the_sign_bits(order, b_signs):
-    """exact_zero_signs: -0 exactly where signbit(a_ik) != signbit(b_kj) for every k, through
-    b with and without sign bits, for every element."""
-    rng = np.random.default_rng(31)
-    m, k, n = 12, 37, 9
-    a = rng.choice(np.float32([-0.0, 0.0, -1.5, 2.0]), (m, k), p=[0.4, 0.2, 0.2, 0.2])
-    a[:4] = -np.abs(a[:4])                          # rows of sign bits only
-    b = rng.choice(np.float32([-0.0, 0.0, 3.0, -0.25]), (k, n))
-    b[:, :3] = -np.abs(b[:, :3])
-    b[:, 3:5] = np.abs(b[:, 3:5])
-    if b_signs == "none":
-        b = np.abs(b)
-    a, b = np.asarray(a, order=order), np.asarray(b, order=order)
-    rows, cols = (x.reshape(-1) for x in np.meshgrid(np.arange(m), np.arange(n), indexing="ij"))
-    expected = np.all(np.signbit(a)[:, :, None] != np.signbit(b)[None], axis=1).reshape(-1)
-    assert expected.any() and not expected.all()
-    for source in (a, a.astype(np.float64)):
-        got = gathered.exact_zero_signs(source, b, rows, cols)
-        assert got.dtype == np.float32 and np.all(got == 0)
-        assert np.array_equal(np.signbit(got), expected)
-
-
 def test_exact_rows_gate_reads_first_lines_before_the_quanta(monkeypatch):
     """Narrow data (fp16 values) whose output outweighs the operands take the exact rows at
     the default gate, their quanta taken with the widening; fp32 data are turned away by

@@ -1,5 +1,6 @@
 """The split certificate (``certificate.split_certify``) against the integer-limb exact sum,
-and the fast matmul's exact routes with the certificate switched off, bit for bit."""
+the fast matmul's exact routes with the certificate switched off, bit for bit, the sums
+taken one at a time (rounded to odd) and the signs of exact zero sums."""
 from __future__ import annotations
 
 import numpy as np
@@ -152,3 +153,27 @@ def test_matmul_2d_one_at_a_time_route_matches_the_reference(kind, monkeypatch):
                     fast = fast_matmul.matmul_2d(a, b, out_fmt, beta)
                 assert same_bits(fast, slow_reference(a, b, out_fmt, beta)), (m, k, n)
     assert calls
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("b_signs", ["mixed", "none"])
+def test_exact_zero_signs_follow_the_sign_bits(order, b_signs):
+    """exact_zero_signs: -0 exactly where signbit(a_ik) != signbit(b_kj) for every k, through
+    b with and without sign bits, for every element."""
+    rng = np.random.default_rng(31)
+    m, k, n = 12, 37, 9
+    a = rng.choice(np.float32([-0.0, 0.0, -1.5, 2.0]), (m, k), p=[0.4, 0.2, 0.2, 0.2])
+    a[:4] = -np.abs(a[:4])                          # rows of sign bits only
+    b = rng.choice(np.float32([-0.0, 0.0, 3.0, -0.25]), (k, n))
+    b[:, :3] = -np.abs(b[:, :3])
+    b[:, 3:5] = np.abs(b[:, 3:5])
+    if b_signs == "none":
+        b = np.abs(b)
+    a, b = np.asarray(a, order=order), np.asarray(b, order=order)
+    rows, cols = (x.reshape(-1) for x in np.meshgrid(np.arange(m), np.arange(n), indexing="ij"))
+    expected = np.all(np.signbit(a)[:, :, None] != np.signbit(b)[None], axis=1).reshape(-1)
+    assert expected.any() and not expected.all()
+    for source in (a, a.astype(np.float64)):
+        got = gathered.exact_zero_signs(source, b, rows, cols)
+        assert got.dtype == np.float32 and np.all(got == 0)
+        assert np.array_equal(np.signbit(got), expected)
