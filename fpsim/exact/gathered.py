@@ -19,7 +19,9 @@ the IEEE sign of an exact zero (-0 exactly when every product is -0, IEEE 754-20
 * a few elements (at most ``_FEW_TERMS`` products in all: the vector steps' fixed cost
   would outweigh their work) are summed one at a time in Python floats (``_sum_to_odd``):
   ``math.fsum`` returns the exact sum of its float arguments rounded once to nearest
-  (Shewchuk's exact partials, as CPython documents it); its result s is zero exactly when
+  (Shewchuk's exact partials, as CPython documents it for IEEE double arithmetic without
+  extended-precision intermediates: every x86-64 and ARM64 build; only a faithful rounding,
+  one of the two doubles around the sum, is used below); its result s is zero exactly when
   the exact sum is (every product, hence every nonzero sum of them, is a multiple of
   2**-298, a normal float64), and then the IEEE zero takes its sign as ``zero_sum`` gives
   it; otherwise the exact remainder's sign, ``fsum`` of the products and -s, says on which
