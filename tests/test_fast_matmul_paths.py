@@ -120,6 +120,7 @@ def test_gathered_products_from_any_operand_layout(order, monkeypatch):
         return np.zeros(terms.shape[0], np.float32), np.zeros(terms.shape[0], bool)
 
     monkeypatch.setattr(gathered, "split_certify", certify_nothing)
+    monkeypatch.setattr(gathered, "_FEW_TERMS", 0)        # the vector gathers, not one by one
     rng = np.random.default_rng(5)
     a, b, bias = adversarial(rng, 13, 40, 11, "ints")
     if order == "strided":
@@ -138,10 +139,11 @@ def test_gathered_products_from_any_operand_layout(order, monkeypatch):
 
 @pytest.mark.parametrize("order", ["C", "F", "strided"])
 @pytest.mark.parametrize("axis", [0, 1])
-def test_widening_with_norms_and_quanta_in_chunks(order, axis, monkeypatch):
+@pytest.mark.parametrize("shape", [(23, 19), (40, 7)])     # rows of dot products or einsum
+def test_widening_with_norms_and_quanta_in_chunks(order, axis, shape, monkeypatch):
     monkeypatch.setattr(fast_matmul, "_WIDEN_CHUNK", 37)    # many chunks, lines crossing them
     rng = np.random.default_rng(axis)
-    x = (rng.standard_normal((23, 19)) * 2.0 ** rng.integers(-140, 120, (23, 19))).astype(
+    x = (rng.standard_normal(shape) * 2.0 ** rng.integers(-140, 120, shape)).astype(
         np.float32)
     x = np.asarray(x, order="C" if order == "strided" else order)
     if order == "strided":
@@ -177,6 +179,56 @@ def test_fp32_open_ends_agree_with_the_certificate(monkeypatch):
         assert np.array_equal(opened, np.flatnonzero(~certified))
         assert same_bits(low_open, low.reshape(-1)[opened])
         assert same_bits(high_open, high.reshape(-1)[opened])
+
+
+@pytest.mark.parametrize("recheck_share", [1, 16, 10 ** 9])
+@pytest.mark.parametrize("chunk", [1 << 17, 64])
+def test_fp32_open_ends_with_one_width_per_chunk(recheck_share, chunk, monkeypatch):
+    """The one-width-per-chunk pass (W = max row width * max column width), its elements
+    taken again with their own widths (gathered, or the whole chunk where many are left):
+    the same open elements, ends and high array as ``certify``; widths of very different
+    sizes, ties, zeros."""
+    monkeypatch.setattr(certificate, "_OPEN_CHUNK", chunk)
+    monkeypatch.setattr(certificate, "_EINSUM_FROM", 1)
+    monkeypatch.setattr(certificate, "_RECHECK_SHARE", recheck_share)
+    rng = np.random.default_rng(21)
+    m, n = 41, 33
+    approx = rng.standard_normal((m, n)) * 2.0 ** rng.integers(0, 4, (m, n))
+    rows = np.abs(rng.standard_normal(m)) * width_factor(300) * 2.0 ** rng.integers(0, 16, m)
+    cols = np.abs(rng.standard_normal(n)) * 2.0 ** rng.integers(-2, 2, n)
+    near = rng.random((m, n)) < 0.3           # 3 w beside an fp32 tie: w certifies, W not
+    ties = 1.0 + 2.0 ** -24 + 2.0 ** -23 * rng.integers(0, 100, (m, n))
+    approx[near] = (ties + 3 * rows[:, None] * cols)[near]
+    approx[::7, ::5] = np.float64(np.float32(1.0)) + 2.0 ** -24          # fp32 ties
+    approx[4] = 0.0
+    approx[9, 3] = -0.0
+    low, high, certified = certify(approx, rows[:, None], cols)
+    low, high, certified = low.copy(), high.copy(), certified.copy()
+    _, _, one_width = certify(approx, np.full((m, 1), rows.max() * cols.max()), np.ones(n))
+    assert 0 < (~certified).sum() < (~one_width).sum() - 100
+    out = np.empty((m, n), np.float32)
+    opened, low_open, high_open = certify_fp32_open(approx, rows, cols, out)
+    assert same_bits(out, high)
+    assert np.array_equal(opened, np.flatnonzero(~certified))
+    assert same_bits(low_open, low.reshape(-1)[opened])
+    assert same_bits(high_open, high.reshape(-1)[opened])
+
+
+def test_f_level_certificate_keeps_the_zero_pattern_near_underflow(monkeypatch):
+    """Sums of -+1.25 * 2**-150 under a cancelling pair: rnd32 gives -+2**-149, the fp32 ends
+    are -+2**-149 and -+0 (both rounding to the same fp16 and bf16 zero), so only a test
+    of pre at both ends (nonzero, one sign) sends them to the exact step; the underflow
+    counter then sees the general path's nonzero accumulators."""
+    agree = _count_calls(monkeypatch, fast_matmul, "_f_agree")
+    x = 2.0 ** -51
+    a = np.float32([[x, -x, -2.0 ** -75, -2.0 ** -77], [x, -x, 2.0 ** -75, 2.0 ** -77]])
+    b = np.float32([[x], [x], [2.0 ** -75], [2.0 ** -75]])
+    for out_fmt in (FP16, BF16):
+        with count_gradient_underflow() as fast, in_backward():
+            out = fast_matmul.matmul_2d(a, b, out_fmt)
+        assert same_bits(out, slow_reference(a, b, out_fmt))
+        assert (fast.flushed, fast.nonzero, fast.values) == (2, 2, 2)
+    assert agree
 
 
 def test_line_quanta_divide_every_element():
@@ -268,6 +320,7 @@ def test_zero_sums_of_sparse_rows_take_the_ieee_sign(a_order, b_order, monkeypat
     row's nonzeros; -0 exactly when every product is -0) against the reference, in every
     operand order, output format and with a bias; the test must be taken."""
     monkeypatch.setattr(gathered, "_SPARSE_FROM", 0)
+    monkeypatch.setattr(gathered, "_FEW_TERMS", 0)
     taken = _count_calls(monkeypatch, gathered, "_zero_sums_of_sparse_rows")
     rng = np.random.default_rng(11)
     for m, k, n in ((9, 40, 12), (14, 129, 7)):
@@ -281,6 +334,38 @@ def test_zero_sums_of_sparse_rows_take_the_ieee_sign(a_order, b_order, monkeypat
         assert np.signbit(out[1, 3]) and np.signbit(out[2, 0]) and out[2, 0] == 0
         assert not np.signbit(out[1, 1]) and out[1, 1] == 0
     assert taken
+
+
+@pytest.mark.parametrize("a_order", ["C", "F"])
+def test_zero_sums_of_sparse_rows_against_unsigned_b(a_order, monkeypatch):
+    """b without a sign bit (relu activations): the sign of a zero sum from a's row alone,
+    -0 exactly where every a_ik has its sign bit; rows of -0 and negative values, rows with
+    one +0, against the reference; the shortcut must be taken."""
+    monkeypatch.setattr(gathered, "_SPARSE_FROM", 0)
+    monkeypatch.setattr(gathered, "_FEW_TERMS", 0)
+    unsigned = []
+    original = gathered._has_sign_bits
+    monkeypatch.setattr(gathered, "_has_sign_bits",
+                        lambda x: original(x) or unsigned.append(1) or False)
+    rng = np.random.default_rng(13)
+    for m, k, n in ((9, 40, 12), (14, 129, 7)):
+        a, b, bias = _sparse_row_case(rng, m, k, n)
+        b = np.abs(b)                                   # no sign bit, zeros +0
+        a[2, 5] = -3.0                                  # row 2: every a_ik with its sign bit
+        a[5] = -0.0
+        a[5, [1, 7]] = np.float32([-2.0, -0.5])         # the same, two nonzeros
+        a[6] = np.where(np.signbit(a[5]), a[5], -a[5])
+        a[6, 3] = 0.0                                   # one +0 in row 6: +0 sums
+        b[[1, 7], : n // 2] = 0.0
+        a_in = np.asarray(a, order=a_order)
+        for out_fmt in (FP32, FP16):
+            for beta in (None, bias):
+                assert same_bits(fast_matmul.matmul_2d(a_in, b, out_fmt, beta),
+                                 slow_reference(a, b, out_fmt, beta)), (m, k, n, out_fmt)
+        out = fast_matmul.matmul_2d(a_in, b, FP32)
+        assert np.signbit(out[5, 0]) and out[5, 0] == 0 and np.signbit(out[2, 1])
+        assert not np.signbit(out[6, 0]) and out[6, 0] == 0
+    assert unsigned
 
 
 def test_exact_rows_gate_reads_first_lines_before_the_quanta(monkeypatch):

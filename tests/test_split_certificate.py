@@ -1,5 +1,6 @@
 """The split certificate (``certificate.split_certify``) against the integer-limb exact sum,
-and the fast matmul's exact routes with the certificate switched off, bit for bit."""
+the fast matmul's exact routes with the certificate switched off, bit for bit, the sums
+taken one at a time (rounded to odd) and the signs of exact zero sums."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,6 +10,7 @@ from fpsim.exact import fast_matmul, gathered
 from fpsim.exact.certificate import split_certify
 from fpsim.exact.sums import round_to_odd_sum
 from fpsim.formats import FP16, FP32
+from fpsim.rounding import round_to
 
 from test_fastpaths import adversarial, same_bits, slow_reference  # noqa: E402
 
@@ -66,6 +68,7 @@ def test_matmul_2d_exact_route_alone_matches_the_reference(kind, monkeypatch):
         return np.zeros(terms.shape[0], np.float32), np.zeros(terms.shape[0], bool)
 
     monkeypatch.setattr(gathered, "split_certify", certify_nothing)
+    monkeypatch.setattr(gathered, "_FEW_TERMS", 0)        # every element through the vectors
     rng = np.random.default_rng(len(kind))
     for m, k, n in ((5, 1, 4), (9, 2, 6), (12, 17, 8)):
         a, b, bias = adversarial(rng, m, k, n, kind)
@@ -86,3 +89,91 @@ def test_matmul_2d_both_gather_layouts_give_the_same_bits():
             results.append(fast_matmul.matmul_2d(a_layout, b_layout, FP16, bias))
     assert all(same_bits(r, results[0]) for r in results)
     assert same_bits(results[0], slow_reference(a, b, FP16, bias))
+
+
+def _one_by_one_cases(rng):
+    """(a, b) float32 with a[e] . b[:, e] built to tie, cancel, vanish and overflow: fp32
+    ties with a remainder far below float64's last bit on either side (nearest-even alone
+    would round them the wrong way), exact ties, sums with an odd last bit, zero sums of
+    every sign pattern, subnormal and huge products, then random rows of every scale."""
+    k = 6
+    special = [
+        ([1, 2.0 ** -24, 2.0 ** -40, 0, 0, 0], [1, 1, 2.0 ** -40, 0, 0, 0]),     # tie + 2**-80
+        ([1, 2.0 ** -24, 2.0 ** -40, 0, 0, 0], [1, 1, -2.0 ** -40, 0, 0, 0]),    # tie - 2**-80
+        ([-1, -2.0 ** -24, 2.0 ** -40, 0, 0, 0], [1, 1, 2.0 ** -40, 0, 0, 0]),   # -tie + rest
+        ([1, 2.0 ** -24, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0]),                      # an exact tie
+        ([1, 2.0 ** -26, 2.0 ** -26, 2.0 ** -40, 0, 0], [1, 2.0 ** -26, 2.0 ** -26, 2.0 ** -40,
+                                                         0, 0]),                 # odd last bit
+        ([-0.0] * k, [1.0] * k),                                                 # every -0
+        ([-0.0, 0.0, -0.0, -0.0, -0.0, -0.0], [1.0] * k),                        # one +0
+        ([3, -3, 0, 0, 0, 0], [2, 2, 0, 0, 0, 0]),                               # cancels: +0
+        ([2.0 ** -149, 2.0 ** -149, 0, 0, 0, 0], [2.0 ** -149, -2.0 ** -149, 0, 0, 0, 0]),
+        ([2.0 ** 127, 2.0 ** 127, 0, 0, 0, 0], [2.0 ** 100, 1, 0, 0, 0, 0]),     # beyond fp32
+    ]
+    a = [row for row, _ in special]
+    b = [col for _, col in special]
+    for scale in ((0, 1), (-60, 60), (-149, -120), (60, 120)):
+        for _ in range(6):
+            a.append(rng.standard_normal(k) * 2.0 ** rng.integers(*scale, k))
+            b.append(rng.standard_normal(k) * 2.0 ** rng.integers(-10, 10, k))
+    fp16 = round_to(rng.standard_normal((8, k)).astype(np.float32), "fp16")
+    with np.errstate(over="ignore", under="ignore"):
+        a = np.concatenate([np.float32(a), fp16])
+        b = np.concatenate([np.float32(b), fp16[::-1]]).T
+    return a, b
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_sums_one_at_a_time_are_rounded_to_odd(order):
+    """``_sum_to_odd`` (the exact step's route for a few elements) gives the bits of
+    ``round_to_odd_sum`` of the same products, zero signs included."""
+    a, b = _one_by_one_cases(np.random.default_rng(17))
+    a, b = np.asarray(a, order=order), np.asarray(b, order=order)
+    for e in range(a.shape[0]):
+        terms = a[e].astype(np.float64) * b[:, e].astype(np.float64)
+        expected = round_to_odd_sum(terms[None])[0]
+        got = np.float64(gathered._sum_to_odd(a, b, e, e))
+        assert got.view(np.uint64) == expected.view(np.uint64), (e, got, expected)
+
+
+@pytest.mark.parametrize("kind", ["fp16", "wide", "tiny", "huge", "ints"])
+def test_matmul_2d_one_at_a_time_route_matches_the_reference(kind, monkeypatch):
+    """Every element the certificates leave open summed one at a time: the same bits as
+    the reference, in every output format, with and without a bias."""
+    monkeypatch.setattr(gathered, "_FEW_TERMS", 1 << 40)
+    calls = []
+    original = gathered._sum_to_odd
+    monkeypatch.setattr(gathered, "_sum_to_odd", lambda *args: calls.append(1) or original(*args))
+    rng = np.random.default_rng(len(kind) + 70)
+    for m, k, n in ((5, 1, 4), (9, 2, 6), (12, 17, 8), (7, 40, 9)):
+        a, b, bias = adversarial(rng, m, k, n, kind)
+        for out_fmt in (FP32, FP16):
+            for beta in (None, bias):
+                with np.errstate(over="ignore", invalid="ignore"):
+                    fast = fast_matmul.matmul_2d(a, b, out_fmt, beta)
+                assert same_bits(fast, slow_reference(a, b, out_fmt, beta)), (m, k, n)
+    assert calls
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("b_signs", ["mixed", "none"])
+def test_exact_zero_signs_follow_the_sign_bits(order, b_signs):
+    """exact_zero_signs: -0 exactly where signbit(a_ik) != signbit(b_kj) for every k, through
+    b with and without sign bits, for every element."""
+    rng = np.random.default_rng(31)
+    m, k, n = 12, 37, 9
+    a = rng.choice(np.float32([-0.0, 0.0, -1.5, 2.0]), (m, k), p=[0.4, 0.2, 0.2, 0.2])
+    a[:4] = -np.abs(a[:4])                          # rows of sign bits only
+    b = rng.choice(np.float32([-0.0, 0.0, 3.0, -0.25]), (k, n))
+    b[:, :3] = -np.abs(b[:, :3])
+    b[:, 3:5] = np.abs(b[:, 3:5])
+    if b_signs == "none":
+        b = np.abs(b)
+    a, b = np.asarray(a, order=order), np.asarray(b, order=order)
+    rows, cols = (x.reshape(-1) for x in np.meshgrid(np.arange(m), np.arange(n), indexing="ij"))
+    expected = np.all(np.signbit(a)[:, :, None] != np.signbit(b)[None], axis=1).reshape(-1)
+    assert expected.any() and not expected.all()
+    for source in (a, a.astype(np.float64)):
+        got = gathered.exact_zero_signs(source, b, rows, cols)
+        assert got.dtype == np.float32 and np.all(got == 0)
+        assert np.array_equal(np.signbit(got), expected)

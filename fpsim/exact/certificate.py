@@ -77,8 +77,9 @@ __all__ = ["error_factor", "tight_error_factor", "width_factor", "certify", "cer
            "split_certify"]
 
 _CHUNK = 1 << 15    # elements per chunk of the float32 path: temporaries stay in cache
-_OPEN_CHUNK = 1 << 17   # certify_fp32_open: fewer, larger chunks (its per-chunk work is more)
+_OPEN_CHUNK = 1 << 19   # certify_fp32_open: few, large chunks (measured faster than 2**15-2**17)
 _EINSUM_FROM = 1 << 15  # chunk size from which the einsum outer product pays its call cost
+_RECHECK_SHARE = 16     # certify_fp32_open: open share of a chunk from which w is re-taken
 
 
 def error_factor(terms: int) -> float:
@@ -171,7 +172,15 @@ def certify_fp32_open(approx: xp.ndarray, width_rows: xp.ndarray, width_cols: xp
     w)) everywhere. Returns (open, low, high_open): the flat C-order indices where
     fl32(fl64(approx - w)) has other bits, and the two ends there. Certified elements round
     to ``high``. Chunks of rows: the work arrays stay in cache and only the open elements
-    leave the loop (no (M, N) low end or mask is written)."""
+    leave the loop (no (M, N) low end or mask is written).
+
+    Each chunk is first certified with one width W = fl(max width_rows * max width_cols)
+    (a scalar operand: no outer product, cheaper passes). W >= w everywhere (rounding is
+    monotonic), so where its ends agree they enclose s as well and fl32(fl64(approx +- W))
+    is the common value, the same as fl32(fl64(approx +- w)) between them; only the few
+    elements where they differ are taken again with their own w (gathered), and the result
+    is the same as with w throughout. Where W leaves more than 1/``_RECHECK_SHARE`` of a
+    chunk (widths of very different sizes), the chunk is taken again with w throughout."""
     lines, n = approx.shape
     step = max(1, _OPEN_CHUNK // max(1, n))
     rows = min(step, lines)
@@ -181,32 +190,63 @@ def certify_fp32_open(approx: xp.ndarray, width_rows: xp.ndarray, width_cols: xp
         # matrices). Large work arrays are reused (fresh pages cost more than the work);
         # small ones are cheaper to allocate than to look up.
         outer = _outer_einsum
-        w_buf = scratch("certify.width", xp.float64, rows * n).reshape(rows, n)
         low_buf = scratch("certify.open.low", xp.float32, rows * n).reshape(rows, n)
         open_buf = scratch("certify.open.mask", bool, rows * n).reshape(rows, n)
     else:
         outer = _outer_multiply
-        w_buf = xp.empty((rows, n), xp.float64)
         low_buf = xp.empty((rows, n), xp.float32)
         open_buf = xp.empty((rows, n), bool)
+    # one width per chunk only where chunks are large (below, the outer product is cheap)
+    widest_col = float(width_cols.max()) if outer is _outer_einsum else None
     found = []
     with xp.errstate(invalid="ignore", over="ignore"):
         for lo in range(0, lines, step):
             hi = min(lines, lo + step)
             x, top = approx[lo:hi], high[lo:hi]
-            w = outer(width_rows[lo:hi], width_cols, w_buf[:hi - lo])
-            low = xp.subtract(x, w, out=low_buf[:hi - lo])
-            xp.add(x, w, out=top)
+            if widest_col is None:
+                wide = outer(width_rows[lo:hi], width_cols, _w_buffer(False, hi - lo, n))
+            else:
+                wide = float(width_rows[lo:hi].max()) * widest_col     # W, rounded once
+            low = xp.subtract(x, wide, out=low_buf[:hi - lo])
+            xp.add(x, wide, out=top)
             differ = xp.not_equal(low.view(xp.uint32), top.view(xp.uint32),
                                   out=open_buf[:hi - lo])
-            if differ.any():
+            if not differ.any():
+                continue
+            where = xp.flatnonzero(differ)
+            if widest_col is None:
+                found.append((where + lo * n, low.reshape(-1)[where], top.reshape(-1)[where]))
+                continue
+            if where.size * _RECHECK_SHARE > differ.size:               # w over the chunk
+                w = outer(width_rows[lo:hi], width_cols,
+                          _w_buffer(outer is _outer_einsum, rows, n)[:hi - lo])
+                low = xp.subtract(x, w, out=low)
+                xp.add(x, w, out=top)
+                differ = xp.not_equal(low.view(xp.uint32), top.view(xp.uint32), out=differ)
                 where = xp.flatnonzero(differ)
                 found.append((where + lo * n, low.reshape(-1)[where], top.reshape(-1)[where]))
+                continue
+            line, col = xp.divmod(where, n)                             # w where W failed
+            w = width_rows[lo:hi][line] * width_cols[col]
+            value = x.reshape(-1)[where]
+            low = (value - w).astype(xp.float32)
+            up = (value + w).astype(xp.float32)
+            top.reshape(-1)[where] = up
+            keep = xp.flatnonzero(low.view(xp.uint32) != up.view(xp.uint32))
+            found.append((where[keep] + lo * n, low[keep], up[keep]))
+    found = [part for part in found if part[0].size]
     if not found:
         return xp.zeros(0, xp.intp), xp.zeros(0, xp.float32), xp.zeros(0, xp.float32)
     if len(found) == 1:
         return found[0]
     return tuple(xp.concatenate(part) for part in zip(*found))
+
+
+def _w_buffer(reused: bool, rows: int, n: int) -> xp.ndarray:
+    """The outer product's work array: reused where large, fresh where small."""
+    if reused:
+        return scratch("certify.width", xp.float64, rows * n).reshape(rows, n)
+    return xp.empty((rows, n), xp.float64)
 
 
 def _outer_einsum(rows, cols, out):

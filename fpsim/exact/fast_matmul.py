@@ -43,7 +43,9 @@ product is -0, ``sums.zero_sum``; found from the support of a sparse row of a wh
 +-0, else from the gathered products); else the split certificate
 (``certificate.split_certify``: one error-free split makes the float64 sum almost exact, so
 it takes all but exact ties and exact sums; where every low part is zero its exact high sum
-is s), else the exact sum rounded to odd (``round_to_odd_sum``) and cast once to fp32.
+is s), else the exact sum rounded to odd (``round_to_odd_sum``) and cast once to fp32. A
+few elements are summed one at a time instead (``math.fsum``'s nearest sum moved to odd by
+the exact remainder's sign: the same round-to-odd value, the same zero sign; ``gathered``).
 (5) Exact rows (the second certificate, ``certificate.sums_exactly``, a row at a time).
 Every a_ik is a multiple of 2**qa_i and every b_kj of 2**qb_j (``certificate.line_quanta``),
 so every product, and every partial sum in any order, blocking or FMA, is a multiple of
@@ -63,8 +65,10 @@ narrow (at most 16 significant bits); their quanta are then taken while a and b 
 (in cache), and the rows are used where at least half of them pass.
 Non-finite inputs (seen as non-finite norms), K = 0 and empty shapes are left to the general
 path (``matmul_2d`` returns None). The fp32 ends are computed chunk by chunk
-(``certificate.certify_fp32_open``): only the elements left open leave the loop, with their
-ends; every later step works on those gathered elements. Work arrays are reused per thread
+(``certificate.certify_fp32_open``; first with the chunk's largest w, which encloses s as
+well, then, where those ends differ, with each element's own w: the same open elements and
+ends): only the elements left open leave the loop, with their ends; every later step works
+on those gathered elements. Work arrays are reused per thread
 (``_scratch``); results are always fresh arrays.
 """
 from __future__ import annotations
@@ -86,8 +90,10 @@ __all__ = ["matmul_2d", "round_out"]
 _ROW_FLOOR = 2.0 ** -600  # width floors: w > 0 for all-zero lines, below any nonzero one's
 _COL_FLOOR = 2.0 ** -400
 _EXACT_BELOW = 2.0 ** 53  # products' sum bound, in units of their common quantum
-_WIDEN_CHUNK = 1 << 17   # elements widened per chunk: the norms read them from cache
+_WIDEN_CHUNK = 1 << 17   # elements widened per chunk with quanta: their passes read cache
+_PLAIN_FACTOR = 4        # times larger chunks without quanta (two passes: measured faster)
 _EXACT_MIN_SAVING = 0    # output elements beyond K (M + N) that pay for the exact-row passes
+_DOT_FROM = 16           # row length from which row norms are BLAS dot products
 _WIDE_BITS = xp.uint32(0xFF)   # float32 fraction bits below 15: set in nearly every fp32 value
 
 
@@ -206,7 +212,8 @@ def _widen_with_norms(x: xp.ndarray, name: str, axis: int, quanta: bool = False)
     """(x in float64, exact, in a reused buffer with x's memory order (BLAS reads either);
     the 2-norms in float64 over ``axis``; with ``quanta``, the lines' ``line_quanta`` over
     ``axis``, else None), chunk by chunk along x's memory order, so that the norms and the
-    quanta read the values while they are in cache. A norm's sum runs in some order (in
+    quanta read the values while they are in cache (without quanta, larger chunks: the
+    copy and the norms alone run faster so on large operands). A norm's sum runs in some order (in
     partial sums per chunk where a line crosses chunks); the (K/2 + 2) u bound on its error
     (``cauchy_schwarz_bound``) holds for every order; the quanta's minimum is one
     (``lowest_bit_patterns`` per chunk, combined)."""
@@ -218,11 +225,11 @@ def _widen_with_norms(x: xp.ndarray, name: str, axis: int, quanta: bool = False)
         src, along_rows = x, axis == 1
         wide = out = _scratch(name, x.shape, xp.float64)
     lines, width = src.shape
-    step = max(1, _WIDEN_CHUNK // max(1, width))
+    step = max(1, _WIDEN_CHUNK * (1 if quanta else _PLAIN_FACTOR) // max(1, width))
     across = 1 if along_rows else 0
     if step >= lines:                                   # one chunk
         xp.copyto(wide, src)
-        squares = xp.einsum("pq,pq->p" if along_rows else "pq,pq->q", wide, wide)
+        squares = _row_squares(wide) if along_rows else xp.einsum("pq,pq->q", wide, wide)
         patterns = lowest_bit_patterns(src, across) if quanta else None
     else:
         squares = xp.empty(lines, xp.float64) if along_rows else xp.zeros(width, xp.float64)
@@ -231,7 +238,7 @@ def _widen_with_norms(x: xp.ndarray, name: str, axis: int, quanta: bool = False)
             part = wide[lo:lo + step]
             xp.copyto(part, src[lo:lo + step])
             if along_rows:
-                xp.einsum("pq,pq->p", part, part, out=squares[lo:lo + step])
+                _row_squares(part, squares[lo:lo + step])
             else:
                 squares += xp.einsum("pq,pq->q", part, part)
             if not quanta:
@@ -245,6 +252,18 @@ def _widen_with_norms(x: xp.ndarray, name: str, axis: int, quanta: bool = False)
                 xp.minimum(patterns, found, out=patterns)
     norms = xp.sqrt(squares, out=squares)
     return out, norms, None if patterns is None else quanta_from_patterns(patterns)
+
+
+def _row_squares(x: xp.ndarray, out: xp.ndarray | None = None) -> xp.ndarray:
+    """Each row's sum of squares of the C-ordered float64 x, as a stack of 1 x K by K x 1
+    matrix products (BLAS dot products: about twice as fast as einsum's loop for long
+    rows, slower below ``_DOT_FROM`` elements; any summation order keeps the norms'
+    bound)."""
+    lines = x.shape[0]
+    if x.shape[1] < _DOT_FROM:
+        return xp.einsum("pq,pq->p", x, x, out=out)
+    into = None if out is None else out.reshape(lines, 1, 1)
+    return xp.matmul(x[:, None, :], x[:, :, None], out=into).reshape(lines)
 
 
 def _settle_open(a, b, a64, b64, row_norm, col_norm, approx, opened, low32, pre, out, bias,
@@ -276,9 +295,11 @@ def _settle_open(a, b, a64, b64, row_norm, col_norm, approx, opened, low32, pre,
 
 def _f_agree(pre_low, pre_high, out_high, out_fmt, fp32_out) -> xp.ndarray:
     """Where f gives one bit pattern at both ends and pre is nonzero of one sign at both
-    (1-D gathered: pre at the low end, pre and f = rnd_out(pre) at the high end)."""
-    same = (pre_low != 0) & (pre_high != 0)
-    same &= xp.signbit(pre_low) == xp.signbit(pre_high)
+    (1-D gathered: pre at the low end, pre and f = rnd_out(pre) at the high end). The ends
+    are ordered and pre is monotonic, so pre_low <= pre_high: both are nonzero of one sign
+    exactly where pre_low > 0 or pre_high < 0."""
+    same = xp.greater(pre_low, 0)
+    same |= xp.less(pre_high, 0)
     out_low = pre_low if fp32_out else round_to(pre_low, out_fmt)
     same &= out_low.view(xp.uint32) == out_high.view(xp.uint32)
     return same
