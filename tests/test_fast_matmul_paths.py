@@ -120,7 +120,6 @@ def test_gathered_products_from_any_operand_layout(order, monkeypatch):
         return np.zeros(terms.shape[0], np.float32), np.zeros(terms.shape[0], bool)
 
     monkeypatch.setattr(gathered, "split_certify", certify_nothing)
-    monkeypatch.setattr(gathered, "_FEW_TERMS", 0)        # the vector gathers, not one by one
     rng = np.random.default_rng(5)
     a, b, bias = adversarial(rng, 13, 40, 11, "ints")
     if order == "strided":
@@ -320,7 +319,6 @@ def test_zero_sums_of_sparse_rows_take_the_ieee_sign(a_order, b_order, monkeypat
     row's nonzeros; -0 exactly when every product is -0) against the reference, in every
     operand order, output format and with a bias; the test must be taken."""
     monkeypatch.setattr(gathered, "_SPARSE_FROM", 0)
-    monkeypatch.setattr(gathered, "_FEW_TERMS", 0)
     taken = _count_calls(monkeypatch, gathered, "_zero_sums_of_sparse_rows")
     rng = np.random.default_rng(11)
     for m, k, n in ((9, 40, 12), (14, 129, 7)):
@@ -342,7 +340,6 @@ def test_zero_sums_of_sparse_rows_against_unsigned_b(a_order, monkeypatch):
     -0 exactly where every a_ik has its sign bit; rows of -0 and negative values, rows with
     one +0, against the reference; the shortcut must be taken."""
     monkeypatch.setattr(gathered, "_SPARSE_FROM", 0)
-    monkeypatch.setattr(gathered, "_FEW_TERMS", 0)
     unsigned = []
     original = gathered._has_sign_bits
     monkeypatch.setattr(gathered, "_has_sign_bits",

@@ -1,6 +1,6 @@
 """The split certificate (``certificate.split_certify``) against the integer-limb exact sum,
-the fast matmul's exact routes with the certificate switched off, bit for bit, the sums
-taken one at a time (rounded to odd) and the signs of exact zero sums."""
+the fast matmul's exact routes with the certificate switched off, bit for bit, the exact
+step on ties and cancellations, and the signs of exact zero sums."""
 from __future__ import annotations
 
 import numpy as np
@@ -68,7 +68,6 @@ def test_matmul_2d_exact_route_alone_matches_the_reference(kind, monkeypatch):
         return np.zeros(terms.shape[0], np.float32), np.zeros(terms.shape[0], bool)
 
     monkeypatch.setattr(gathered, "split_certify", certify_nothing)
-    monkeypatch.setattr(gathered, "_FEW_TERMS", 0)        # every element through the vectors
     rng = np.random.default_rng(len(kind))
     for m, k, n in ((5, 1, 4), (9, 2, 6), (12, 17, 8)):
         a, b, bias = adversarial(rng, m, k, n, kind)
@@ -124,35 +123,20 @@ def _one_by_one_cases(rng):
 
 
 @pytest.mark.parametrize("order", ["C", "F"])
-def test_sums_one_at_a_time_are_rounded_to_odd(order):
-    """``_sum_to_odd`` (the exact step's route for a few elements) gives the bits of
-    ``round_to_odd_sum`` of the same products, zero signs included."""
+def test_exact_step_on_ties_cancellations_and_zero_signs(order):
+    """``exact_elements`` (the exact step for open elements) gives each element's exact sum
+    rounded once to fp32: the integer-limb sum rounded to odd, then cast, zero signs
+    included, on sums built to tie, cancel, vanish and overflow."""
     a, b = _one_by_one_cases(np.random.default_rng(17))
     a, b = np.asarray(a, order=order), np.asarray(b, order=order)
-    for e in range(a.shape[0]):
-        terms = a[e].astype(np.float64) * b[:, e].astype(np.float64)
-        expected = round_to_odd_sum(terms[None])[0]
-        got = np.float64(gathered._sum_to_odd(a, b, e, e))
-        assert got.view(np.uint64) == expected.view(np.uint64), (e, got, expected)
-
-
-@pytest.mark.parametrize("kind", ["fp16", "wide", "tiny", "huge", "ints"])
-def test_matmul_2d_one_at_a_time_route_matches_the_reference(kind, monkeypatch):
-    """Every element the certificates leave open summed one at a time: the same bits as
-    the reference, in every output format, with and without a bias."""
-    monkeypatch.setattr(gathered, "_FEW_TERMS", 1 << 40)
-    calls = []
-    original = gathered._sum_to_odd
-    monkeypatch.setattr(gathered, "_sum_to_odd", lambda *args: calls.append(1) or original(*args))
-    rng = np.random.default_rng(len(kind) + 70)
-    for m, k, n in ((5, 1, 4), (9, 2, 6), (12, 17, 8), (7, 40, 9)):
-        a, b, bias = adversarial(rng, m, k, n, kind)
-        for out_fmt in (FP32, FP16):
-            for beta in (None, bias):
-                with np.errstate(over="ignore", invalid="ignore"):
-                    fast = fast_matmul.matmul_2d(a, b, out_fmt, beta)
-                assert same_bits(fast, slow_reference(a, b, out_fmt, beta)), (m, k, n)
-    assert calls
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    every = np.arange(a.shape[0])
+    terms = a64 * b64.T
+    with np.errstate(over="ignore"):
+        got = gathered.exact_elements(a, b, np.sqrt((a64 * a64).sum(axis=1)),
+                                      np.sqrt((b64 * b64).sum(axis=0)), every, every,
+                                      terms.sum(axis=1))
+    assert same_bits(got, exact_fp32(terms))
 
 
 @pytest.mark.parametrize("order", ["C", "F"])

@@ -43,9 +43,7 @@ product is -0, ``sums.zero_sum``; found from the support of a sparse row of a wh
 +-0, else from the gathered products); else the split certificate
 (``certificate.split_certify``: one error-free split makes the float64 sum almost exact, so
 it takes all but exact ties and exact sums; where every low part is zero its exact high sum
-is s), else the exact sum rounded to odd (``round_to_odd_sum``) and cast once to fp32. A
-few elements are summed one at a time instead (``math.fsum``'s nearest sum moved to odd by
-the exact remainder's sign: the same round-to-odd value, the same zero sign; ``gathered``).
+is s), else the exact sum rounded to odd (``round_to_odd_sum``) and cast once to fp32.
 (5) Exact rows (the second certificate, ``certificate.sums_exactly``, a row at a time).
 Every a_ik is a multiple of 2**qa_i and every b_kj of 2**qb_j (``certificate.line_quanta``),
 so every product, and every partial sum in any order, blocking or FMA, is a multiple of

@@ -15,25 +15,11 @@ the IEEE sign of an exact zero (-0 exactly when every product is -0, IEEE 754-20
   costs less than the test;
 * the others gather their K products (exact in float64): every product zero gives the
   zero sum (``sums.zero_sum``), else the split certificate (``certificate.split_certify``),
-  else the exact sum rounded to odd (``sums.round_to_odd_sum``), cast once to fp32;
-* a few elements (at most ``_FEW_TERMS`` products in all: the vector steps' fixed cost
-  would outweigh their work) are summed one at a time in Python floats (``_sum_to_odd``):
-  ``math.fsum`` returns the exact sum of its float arguments rounded once to nearest
-  (Shewchuk's exact partials, as CPython documents it for IEEE double arithmetic without
-  extended-precision intermediates: every x86-64 and ARM64 build; only a faithful rounding,
-  one of the two doubles around the sum, is used below); its result s is zero exactly when
-  the exact sum is (every product, hence every nonzero sum of them, is a multiple of
-  2**-298, a normal float64), and then the IEEE zero takes its sign as ``zero_sum`` gives
-  it; otherwise the exact remainder's sign, ``fsum`` of the products and -s, says on which
-  side of s the exact sum lies, and s moved one step that way where its last bit is even
-  is the exact sum rounded to odd at 53 bits (s itself where the remainder is zero): the
-  value ``round_to_odd_sum`` gives, cast once to fp32 as there.
+  else the exact sum rounded to odd (``sums.round_to_odd_sum``), cast once to fp32.
 
 Operands are float32 C- or F-ordered arrays, or their float64 copies (``gather_source``).
 """
 from __future__ import annotations
-
-import math
 
 from ..backend import xp
 
@@ -46,16 +32,11 @@ __all__ = ["exact_elements", "exact_zero_signs", "gather_source"]
 _SUPPORT = 16    # nonzeros of a's row up to which a zero sum is settled from its support
 _PROBES = 8      # sign probes before a zero sum's whole lines are compared
 _SPARSE_FROM = 1 << 12   # products of zero sums from which the support test pays its cost
-_FEW_TERMS = 2048      # products up to which the elements are summed one at a time
-_ULPS_PER_MANTISSA = 2.0 ** 53     # frexp's mantissa (in [0.5, 1)) in units of the last bit
 
 
 def exact_elements(a, b, row_norm, col_norm, rows, cols, approx) -> xp.ndarray:
     """float32 exact sums of elements (rows, cols) of a @ b, rounded once to fp32 (module
     docstring); ``approx``: their float64 BLAS values (only where they are zero matters)."""
-    if rows.size * a.shape[1] <= _FEW_TERMS:
-        return xp.array([_sum_to_odd(a, b, i, j) for i, j in zip(rows.tolist(), cols.tolist())],
-                        xp.float32)
     out = xp.empty(rows.size, xp.float32)
     todo = xp.arange(rows.size)
     zero = xp.flatnonzero(approx == 0)
@@ -83,24 +64,6 @@ def exact_elements(a, b, row_norm, col_norm, rows, cols, approx) -> xp.ndarray:
             acc[rest] = round_to_odd_sum(products[rest])   # round-to-odd, one fp32 cast
         out[part] = acc
     return out
-
-
-def _sum_to_odd(a, b, i, j) -> float:
-    """The exact dot product of row i of a and column j of b rounded to odd at 53 bits, a
-    zero sum with its IEEE sign (module docstring): products exact in float64, one
-    ``math.fsum`` for the nearest sum and, where its last bit is even, one for the
-    remainder's sign."""
-    terms = xp.multiply(a[i], b[:, j], dtype=xp.float64)
-    values = terms.tolist()
-    nearest = math.fsum(values)
-    if nearest == 0:
-        return -0.0 if values and bool(xp.signbit(terms).all()) else 0.0
-    if int(math.frexp(nearest)[0] * _ULPS_PER_MANTISSA) % 2 == 0:
-        values.append(-nearest)
-        remainder = math.fsum(values)
-        if remainder:
-            nearest = math.nextafter(nearest, math.copysign(math.inf, remainder))
-    return nearest
 
 
 def _zero_sums_of_sparse_rows(a, b, rows, cols):

@@ -6,8 +6,7 @@ a format of at most 51 bits gives the correctly rounded exact value: no double r
 rounding to odd", IEEE Transactions on Computers 57(4), 2008). Round to odd keeps an exact
 value and otherwise takes, of the two float64 neighbours of x, the one with an odd last bit.
 
-Users: the integer-limb sums (``sums``: the truncated 53 bits and a sticky flag), their
-``math.fsum`` shortcut (``fast_matmul``: the nearest sum and its residual), the
+Users: the integer-limb sums (``sums``: the truncated 53 bits and a sticky flag), the
 ``sequential`` model's additions and the optimizers' fused multiply-add (``add_round_to_odd``).
 
 >>> import numpy as np
