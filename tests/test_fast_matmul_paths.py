@@ -172,12 +172,17 @@ def test_fp32_open_ends_agree_with_the_certificate(monkeypatch):
     for chunk, einsum_from in ((1 << 17, 1 << 15), (64, 1), (64, 1 << 30)):
         monkeypatch.setattr(certificate, "_OPEN_CHUNK", chunk)
         monkeypatch.setattr(certificate, "_EINSUM_FROM", einsum_from)
-        out = np.empty((m, n), np.float32)
-        opened, low_open, high_open = certify_fp32_open(approx, rows, cols, out)
-        assert same_bits(out, high)
-        assert np.array_equal(opened, np.flatnonzero(~certified))
-        assert same_bits(low_open, low.reshape(-1)[opened])
-        assert same_bits(high_open, high.reshape(-1)[opened])
+        _assert_open_ends_match(approx, rows, cols, low, high, certified)
+
+
+def _assert_open_ends_match(approx, rows, cols, low, high, certified):
+    """certify_fp32_open gives certify's high array, and its open elements with their ends."""
+    out = np.empty(approx.shape, np.float32)
+    opened, low_open, high_open = certify_fp32_open(approx, rows, cols, out)
+    assert same_bits(out, high)
+    assert np.array_equal(opened, np.flatnonzero(~certified))
+    assert same_bits(low_open, low.reshape(-1)[opened])
+    assert same_bits(high_open, high.reshape(-1)[opened])
 
 
 @pytest.mark.parametrize("recheck_share", [1, 16, 10 ** 9])
@@ -205,12 +210,7 @@ def test_fp32_open_ends_with_one_width_per_chunk(recheck_share, chunk, monkeypat
     low, high, certified = low.copy(), high.copy(), certified.copy()
     _, _, one_width = certify(approx, np.full((m, 1), rows.max() * cols.max()), np.ones(n))
     assert 0 < (~certified).sum() < (~one_width).sum() - 100
-    out = np.empty((m, n), np.float32)
-    opened, low_open, high_open = certify_fp32_open(approx, rows, cols, out)
-    assert same_bits(out, high)
-    assert np.array_equal(opened, np.flatnonzero(~certified))
-    assert same_bits(low_open, low.reshape(-1)[opened])
-    assert same_bits(high_open, high.reshape(-1)[opened])
+    _assert_open_ends_match(approx, rows, cols, low, high, certified)
 
 
 def test_f_level_certificate_keeps_the_zero_pattern_near_underflow(monkeypatch):
