@@ -53,7 +53,7 @@ from .sums import round_to_odd_sum
 from .norm import exact_global_norm, global_norm
 from .underflow import UnderflowCount, count_gradient_underflow
 from .correctly_rounded import (FALLBACK_COUNT, certified, cr_exp, cr_gelu, cr_log, cr_sigmoid,
-                                cr_tanh, settle)
+                                cr_tanh, forced_fallback, settle)
 from .softmax import (cr_cross_entropy, cr_log_softmax, cr_softmax, log_softmax64, row_terms,
                       settle_rows, softmax64)
 
@@ -64,5 +64,5 @@ __all__ = ["accumulation", "underflow", "Accumulation", "exact", "sequential", "
            "scatter_sum",
            "UnderflowCount", "count_gradient_underflow", "global_norm", "exact_global_norm",
            "FALLBACK_COUNT", "certified", "cr_cross_entropy", "cr_exp", "cr_gelu", "cr_log",
-           "cr_log_softmax", "cr_sigmoid", "cr_softmax", "cr_tanh", "log_softmax64", "row_terms",
-           "settle", "settle_rows", "softmax64"]
+           "cr_log_softmax", "cr_sigmoid", "cr_softmax", "cr_tanh", "forced_fallback",
+           "log_softmax64", "row_terms", "settle", "settle_rows", "softmax64"]

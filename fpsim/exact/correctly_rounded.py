@@ -11,24 +11,43 @@ of v -+ e; b = 0 marks a proxy that rounds like the exact value, and e = 0). Rou
 monotonic, so when both ends round to the same value the exact one does too, and v is
 returned. The rest (measured: 0 to 2 of 10**7 random inputs per function for fp32 output,
 fewer for narrower formats) goes to ``settle``: a Ziv loop on ``fpsim.exact.decimal_ref``
-at 30, 60, 120, ... digits, until the Decimal enclosure decides the rounding (see ``settle``).
+at 30, 60, 120, ... digits, until both ends of the Decimal enclosure, taken exactly, round
+alike; its proxy is the exact value rounded to odd into float64 (see ``settle``).
 """
 from __future__ import annotations
 
-from decimal import Decimal, localcontext
+from contextlib import contextmanager
+from fractions import Fraction
 
-from ..backend import xp
-
+from ..backend import round_to, xp
 from ..formats import FP32
-from ..backend import round_to
 from . import decimal_ref as ref
 from .certificate import certify
 from . import elementary as el
+from .odd import round_to_odd
 
-__all__ = ["certified", "settle", "cr_exp", "cr_log", "cr_tanh", "cr_sigmoid", "cr_gelu",
-           "FALLBACK_COUNT"]
+__all__ = ["certified", "settle", "forced_fallback", "cr_exp", "cr_log", "cr_tanh",
+           "cr_sigmoid", "cr_gelu", "FALLBACK_COUNT"]
 
 FALLBACK_COUNT = {"elements": 0}   # how many elements ``settle`` decided (tests read it)
+_FORCED = {"on": False}            # the test switch of ``forced_fallback``
+_FAR = 2.0 ** 160                  # beyond 2**+-160 every format over- or underflows by far
+
+
+@contextmanager
+def forced_fallback():
+    """Test switch: inside ``with forced_fallback():`` the float64 certificate decides only
+    what ``settle`` must not or cannot take, and every other element goes to ``settle``:
+    NaN, +-inf and zero values (their bits are the evaluation's own), proxies with bound 0
+    (exact by argument: ``cr_gelu``'s tails), and values beyond 2**+-160, which round to
+    zero or overflow in every format, where the Decimal evaluation of the clamped arguments
+    would overflow its exponent range."""
+    before = _FORCED["on"]
+    _FORCED["on"] = True
+    try:
+        yield
+    finally:
+        _FORCED["on"] = before
 _DIGITS = (30, 60, 120, 240, 480)
 
 
@@ -48,40 +67,54 @@ def certified(v, bound, fmt):
     # both NaN: both ends overflow a format without inf; v = -0 has e = 0 but -0 + 0 = +0,
     # so a zero (exact: a zero input, or far below every format) is decided as it stands
     v1 = xp.atleast_1d(v)
+    if _FORCED["on"]:
+        far = (xp.abs(v1) > _FAR) | (xp.abs(v1) < 1 / _FAR)
+        decided = ~xp.isfinite(v1) | (v1 == 0) | (xp.atleast_1d(bound) == 0) | far
+        return decided.reshape(xp.shape(v))
     decided = same | (xp.isnan(lo) & xp.isnan(hi)) | ~xp.isfinite(v1) | (v1 == 0)
     return decided.reshape(xp.shape(v))
 
 
-def _rounds(y: float, fmt) -> float:
-    return float(round_to(xp.float64(y), fmt))
+def _odd(q: Fraction) -> float:
+    """The exact rational q rounded to odd into float64 (``odd.round_to_odd``): q itself when
+    it is a float64, else whichever of the two float64 around it has an odd last bit; +-inf
+    beyond float64's range (every format overflows there alike)."""
+    try:
+        near = float(q)            # the nearest float64: CPython divides integers correctly rounded
+    except OverflowError:
+        return float("inf") if q > 0 else float("-inf")
+    return float(round_to_odd(xp.float64(near), xp.float64((q > near) - (q < near))))
+
+
+def _rounds_alike(a: float, b: float, fmt) -> bool:
+    ends = round_to(xp.asarray([a, b], xp.float64), fmt)
+    return bool(ends[0] == ends[1]) or bool(xp.isnan(ends).all())
 
 
 def settle(value, fmt):
-    """A float64 proxy for the exact value enclosed by ``value(digits) -> (r, eta)``.
+    """A float64 proxy for the exact value x enclosed by ``value(digits) -> (r, eta)``
+    (|r - x| <= eta |r|): x rounded to odd into float64.
 
-    y = float(r) is r's nearest float64. Every midpoint between neighbours of ``fmt`` is a
-    float64, so none lies strictly between y and the exact value once eta |r| is below half
-    of y's float64 spacing; then y works unless y is itself a midpoint (its two float64
-    neighbours round apart). In that case the exact value is on one side of y, decided once
-    |r - y| > eta |r|, and y's float64 neighbour on that side is returned. Otherwise the
-    precision is raised."""
+    Why round to odd: round-to-nearest into ``fmt`` changes its result only at the format's
+    midpoints and its overflow threshold, numbers of at most 25 significant bits; a float64
+    with an odd last bit has 53 and is never one of them. So the odd float64 next to x (or x
+    itself, when x is a float64) lies between the same two of them as x and rounds to fmt as x
+    does (the double-rounding theorem of ``odd``); it is also zero, negative, finite exactly
+    where x is. No decision is taken on a float64 proxy of x: the enclosure's two ends are
+    rational (``Fraction``, exact), each is rounded to odd and then to ``fmt``; once both give
+    the same value every point between them does (both roundings are monotonic), x among
+    them, and r rounded to odd is returned. Otherwise the precision is raised (Ziv). An x that
+    is itself a midpoint is never decided (it raises): no transcendental value at a float
+    input other than a trivial one is (those the float64 certificate decides)."""
     FALLBACK_COUNT["elements"] += 1
     for digits in _DIGITS:
         r, eta = value(digits)
-        y = float(r)
-        if not xp.isfinite(y):
-            return y
-        with localcontext() as ctx:
-            ctx.prec = 2 * digits + 40          # exact enough for the comparisons below
-            err = abs(r) * eta
-            gap = r - Decimal(y)
-        if err * 4 >= Decimal(float(xp.spacing(abs(y)))):
-            continue
-        below, above = xp.nextafter(y, -xp.inf), xp.nextafter(y, xp.inf)
-        if _rounds(below, fmt) == _rounds(above, fmt):
-            return y
-        if abs(gap) > err:
-            return float(above if gap > 0 else below)
+        if not r.is_finite() or r.is_zero():
+            return float(r)
+        q = Fraction(r)
+        width = abs(q) * Fraction(eta)
+        if _rounds_alike(_odd(q - width), _odd(q + width), fmt):
+            return _odd(q)
     raise ArithmeticError("settle: no decision at 480 digits")
 
 

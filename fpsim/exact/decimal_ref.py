@@ -6,19 +6,35 @@ with ``|r - exact| <= eta * |r|``. ``Decimal.exp`` and ``Decimal.ln`` are correc
 the context precision; the composite ones work with 10 guard digits more than the cancellation
 they meet (1 - e**(-2a) for small a; 1/2 - Phi0(a) for the normal tail) and claim ``eta`` =
 10**(5 - digits), far above the few-ulp error of their few hundred roundings.
+
+Every operation runs in a context of its own (``context``): ties-to-even, the widest exponent
+range, the default traps, nothing read from the caller's ``decimal`` context, so no global
+setting (precision, rounding mode, traps, exponent limits) changes a result. The inputs enter
+exactly: ``Decimal(float)``, ``copy_abs`` and ``copy_negate`` are exact and read no context
+(unary minus and ``abs()`` would round to one).
 """
 from __future__ import annotations
 
-from decimal import Decimal, localcontext
+from decimal import (MAX_EMAX, MIN_EMIN, ROUND_HALF_EVEN, Context, Decimal, DivisionByZero,
+                     InvalidOperation, Overflow, localcontext)
+from fractions import Fraction
 
-__all__ = ["dexp", "dln", "dtanh", "dsigmoid", "dgelu", "dnormal_tail", "dpi",
+__all__ = ["context", "eta", "dexp", "dln", "dtanh", "dsigmoid", "dgelu", "dnormal_tail", "dpi",
            "mills_taylor"]
+
+
+def context(digits: int):
+    """``with context(digits) as ctx:`` a local ``decimal`` context built afresh, never copied
+    from the caller's: ``digits`` significant digits, round half even, the widest exponent
+    range, traps on invalid operations, division by zero and overflow (the defaults)."""
+    return localcontext(Context(prec=digits, rounding=ROUND_HALF_EVEN, Emin=MIN_EMIN,
+                                Emax=MAX_EMAX, clamp=0, flags=[],
+                                traps=[InvalidOperation, DivisionByZero, Overflow]))
 
 
 def dpi(digits: int) -> Decimal:
     """pi to ``digits`` digits (the series recipe of the ``decimal`` documentation)."""
-    with localcontext() as ctx:
-        ctx.prec = digits + 5
+    with context(digits + 5):
         lasts, t, s, n, na, d, da = 0, Decimal(3), 3, 1, 0, 0, 24
         while s != lasts:
             lasts = s
@@ -26,25 +42,24 @@ def dpi(digits: int) -> Decimal:
             d, da = d + da, da + 32
             t = (t * n) / d
             s += t
-    with localcontext() as ctx:
-        ctx.prec = digits
+    with context(digits):
         return +s
 
 
-def _eta(digits: int) -> Decimal:
-    return Decimal(10) ** (5 - digits)
+def eta(digits: int) -> Decimal:
+    """10**(5 - digits), the relative error every ``d*`` value claims at ``digits`` digits
+    (built by the constructor: exact, no context)."""
+    return Decimal(f"1e{5 - digits}")
 
 
 def dexp(x: float, digits: int):
-    with localcontext() as ctx:
-        ctx.prec = digits
-        return Decimal(x).exp(), _eta(digits)
+    with context(digits):
+        return Decimal(x).exp(), eta(digits)
 
 
 def dln(x: float, digits: int):
-    with localcontext() as ctx:
-        ctx.prec = digits
-        return Decimal(x).ln(), _eta(digits)
+    with context(digits):
+        return Decimal(x).ln(), eta(digits)
 
 
 def _small_extra(a: Decimal) -> int:
@@ -53,18 +68,16 @@ def _small_extra(a: Decimal) -> int:
 
 
 def dtanh(x: float, digits: int):
-    a = abs(Decimal(x))
-    with localcontext() as ctx:
-        ctx.prec = digits + 10 + _small_extra(a)
+    a = Decimal(x).copy_abs()                # exact (abs() would round to a context)
+    with context(digits + 10 + _small_extra(a)):
         e = (-2 * a).exp()
         t = (1 - e) / (1 + e)
-    return (t if x >= 0 else t.copy_negate()), _eta(digits)
+    return (t if x >= 0 else t.copy_negate()), eta(digits)
 
 
 def dsigmoid(x: float, digits: int):
-    with localcontext() as ctx:
-        ctx.prec = digits + 10
-        return 1 / (1 + (-Decimal(x)).exp()), _eta(digits)
+    with context(digits + 10):
+        return 1 / (1 + Decimal(x).copy_negate().exp()), eta(digits)
 
 
 def dnormal_tail(a, digits: int) -> Decimal:
@@ -73,8 +86,8 @@ def dnormal_tail(a, digits: int) -> Decimal:
     a = Decimal(a)
     if not a:
         return Decimal("0.5")
-    with localcontext() as ctx:
-        ctx.prec = digits + 10 + int(a * a / Decimal("4.6")) + _small_extra(a)
+    guard = int(Fraction(a) ** 2 * 10 / 46)   # exact: no context involved
+    with context(digits + 10 + guard + _small_extra(a)) as ctx:
         a2 = a * a
         term, total, n = a, a, 0
         while True:
@@ -90,10 +103,9 @@ def dnormal_tail(a, digits: int) -> Decimal:
 def dgelu(x: float, digits: int):
     """x Phi(x); meant for |x| <= 40 (the float64 path settles the rest)."""
     q = dnormal_tail(abs(x), digits)
-    with localcontext() as ctx:
-        ctx.prec = digits + 10
+    with context(digits + 10):
         value = Decimal(x) * q if x < 0 else Decimal(x) * (1 - q)
-    return value, _eta(digits)
+    return value, eta(digits)
 
 
 def mills_taylor(c: float, terms: int, radius: float, digits: int = 120):
@@ -102,8 +114,7 @@ def mills_taylor(c: float, terms: int, radius: float, digits: int = 120):
 
     The recurrence amplifies m_0's error by up to e^(c*c/2)-ish factors, hence 120 digits. Raises
     if the first omitted term, times ``radius``**terms, exceeds 2**-58 of m_0."""
-    with localcontext() as ctx:
-        ctx.prec = digits
+    with context(digits):
         cd = Decimal(c)
         kappa = 1 / (2 * dpi(digits)).sqrt()
         m = [dnormal_tail(cd, digits) * (cd * cd / 2).exp()]

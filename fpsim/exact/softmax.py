@@ -24,12 +24,13 @@ entries) with no fallback.
 """
 from __future__ import annotations
 
-from decimal import Decimal, localcontext
+from decimal import Decimal, Inexact
 
 from ..backend import xp
 
 from . import elementary as el
 from .correctly_rounded import certified, settle
+from .decimal_ref import context, eta
 
 __all__ = ["row_terms", "settle_rows", "softmax64", "log_softmax64", "cr_softmax", "cr_log_softmax",
            "cr_cross_entropy"]
@@ -90,16 +91,21 @@ def _log_sum(t, top):
     return el.log1p(t) + (top - 1.0)
 
 
+# x_i - m of two float64 values is a multiple of 2**-1074 below 2**1025 in magnitude: at most
+# 309 integer and 1074 fraction digits, so the subtraction below is exact at 1400
+_EXACT_DIGITS = 1400
+
+
 def _drow(xs, digits):
     """Decimal (x_i - m list, log sum_j e^(x_j - m)) of one row, ``digits`` + 10 good digits:
     the sum is 1 + t (t over the non-first-maximal terms) and its log is taken with as many
     more digits as t is small, so the dominant class's -log(1 + t) keeps them all."""
     m = max(xs)
     top = xs.index(m)
-    with localcontext() as ctx:
-        ctx.prec = digits + 60          # x_i - m exactly enough: 50 digits below the row's
+    with context(_EXACT_DIGITS) as ctx:
+        ctx.traps[Inexact] = True       # x_i - m of two float64 values: exact (it must be)
         d = [Decimal(v) - Decimal(m) for v in xs]
-        ctx.prec = digits + 10
+    with context(digits + 10) as ctx:
         t = sum(di.exp() for j, di in enumerate(d) if j != top)
         ctx.prec = digits + 10 + (max(0, -t.adjusted()) if t else 0)
         return d, (1 + t).ln()
@@ -108,18 +114,16 @@ def _drow(xs, digits):
 def _dsoftmax(xs, i):
     def value(digits):
         d, lse = _drow(xs, digits)
-        with localcontext() as ctx:
-            ctx.prec = digits + 10
-            return (d[i] - lse).exp(), Decimal(10) ** (5 - digits)
+        with context(digits + 10):
+            return (d[i] - lse).exp(), eta(digits)
     return value
 
 
 def _dlog_softmax(xs, i):
     def value(digits):
         d, lse = _drow(xs, digits)
-        with localcontext() as ctx:
-            ctx.prec = digits + 10
-            return d[i] - lse, Decimal(10) ** (5 - digits)
+        with context(digits + 10):
+            return d[i] - lse, eta(digits)
     return value
 
 
@@ -171,11 +175,9 @@ def _dcross_entropy(rows, labels, reduction):
         for xs, label in zip(rows, labels):
             y, _ = _dlog_softmax(xs, label)(digits)
             losses.append(-y)
-        with localcontext() as ctx:
-            ctx.prec = digits + 10
+        with context(digits + 10):
             total = sum(losses)
-            return (total / len(losses) if reduction == "mean" else total,
-                    Decimal(10) ** (5 - digits))
+            return total / len(losses) if reduction == "mean" else total, eta(digits)
     return value
 
 
