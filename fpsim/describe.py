@@ -86,6 +86,6 @@ def describe(value: float, fmt: "Format | str", mode: str = "nearest_even") -> D
         exponent = exponent_field - fmt.bias
     elif kind == "subnormal":
         exponent = fmt.emin - fmt.man_bits + mantissa.bit_length() - 1
-    exact = f"{Decimal(stored):f}" if kind in ("normal", "subnormal", "zero") else repr(stored)
+    exact = f"{Decimal.from_float(float(stored)):f}" if kind in ("normal", "subnormal", "zero") else repr(stored)
     return Description(fmt, given, stored, bits, sign, format(exponent_field, f"0{fmt.exp_bits}b"),
                        format(mantissa, f"0{fmt.man_bits}b"), kind, exponent, exact)

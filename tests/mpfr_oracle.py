@@ -37,7 +37,9 @@ import numpy as np
 from fpsim.formats import Format, get
 from fpsim.rounding import round_to
 
-__all__ = ["mpfr_round", "stochastic_outcomes", "native_ieee_round", "DETERMINISTIC_MODES"]
+__all__ = ["mpfr_round", "stochastic_outcomes", "native_ieee_round", "DETERMINISTIC_MODES",
+           "mpfr_rounded", "FUNCTIONS", "function_values", "row_terms", "softmax_values",
+           "log_softmax_values"]
 
 DETERMINISTIC_MODES = ("nearest_even", "nearest_away", "toward_zero", "up", "down")
 _MPFR_DIRECTIONS = {"nearest_even": gmpy2.RoundToNearest, "toward_zero": gmpy2.RoundToZero,
@@ -166,3 +168,62 @@ def mpfr_rounded(exact, fmt):
     with ctx:
         grid = np.array([float(gmpy2.mpfr(v)) for v in exact], np.float64)
     return round_to(grid, fmt).astype(np.float32)
+
+
+def _sigmoid(x):
+    return 1 / (1 + gmpy2.exp(-x))
+
+
+def _gelu(x):
+    if 0 < abs(x) < 2 ** -30:
+        # x Phi(x) = x/2 + x^2/sqrt(2 pi) - x^4/(6 sqrt(2 pi)) + O(x^6): for an odd subnormal
+        # x, x/2 is a tie that only the x^2 term (2**-150 relative) decides, so 400 bits
+        with gmpy2.context(precision=400):
+            k = 1 / gmpy2.sqrt(2 * gmpy2.const_pi())
+            return x / 2 + x * x * k - x ** 4 * k / 6
+    if x > 0 and gmpy2.is_finite(x):
+        # x Phi(x) = x - x Q(x), the small term on its own: x Q(x) < x 2**-400 from x = 24 on
+        # (and it underflows MPFR from x = 46341 on), so x - x Q(x) comes out as x itself, a
+        # tie wherever x is a midpoint of the format; the value lies strictly between x and
+        # the number below it, which then stands for it (it has far more bits than a format)
+        tail = x * gmpy2.erfc(x / gmpy2.sqrt(2)) / 2
+        value = x - tail
+        return gmpy2.next_below(x) if value == x else value
+    return x * gmpy2.erfc(-x / gmpy2.sqrt(2)) / 2
+
+
+# The exact functions, evaluated by MPFR at the precision of the enclosing gmpy2 context
+FUNCTIONS = {"exp": gmpy2.exp, "log": gmpy2.log, "tanh": gmpy2.tanh, "sigmoid": _sigmoid,
+             "gelu": _gelu}
+
+
+def function_values(name, x, precision=200):
+    """``FUNCTIONS[name]`` of each element of x (exact floats) as mpfr at ``precision`` bits."""
+    fn = FUNCTIONS[name]
+    with gmpy2.context(precision=precision):
+        return [fn(gmpy2.mpfr(v)) for v in np.asarray(x).ravel().tolist()]
+
+
+def row_terms(x, precision=400):
+    """Per row of a 2-D float array: (list of x_i - m, log sum_j exp(x_j - m)) as mpfr, m the
+    row's max. At 400 bits x_i - m of float32 values is exact (at most 277 bits) and the sum
+    of exponentials carries ~350 good bits."""
+    out = []
+    with gmpy2.context(precision=precision):
+        for row in np.asarray(x).tolist():
+            m = gmpy2.mpfr(max(row))
+            d = [gmpy2.mpfr(v) - m for v in row]
+            out.append((d, gmpy2.log(gmpy2.fsum([gmpy2.exp(di) for di in d]))))
+    return out
+
+
+def softmax_values(x, precision=400):
+    """Softmax of each row of x, exact to ~350 bits, as a flat list of mpfr (C order)."""
+    with gmpy2.context(precision=precision):
+        return [gmpy2.exp(di - lse) for d, lse in row_terms(x, precision) for di in d]
+
+
+def log_softmax_values(x, precision=400):
+    """Log-softmax of each row of x as a flat list of mpfr (C order)."""
+    with gmpy2.context(precision=precision):
+        return [di - lse for d, lse in row_terms(x, precision) for di in d]

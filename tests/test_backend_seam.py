@@ -21,8 +21,8 @@ BACKEND_RANK = RANK["backend"]
 HOST_ADAPTERS = {"experiments", "plots", "conformance", "cli", "__main__", "sweep"}
 HOST_MODULES = {"fpsim.train.checkpoint", "fpsim.train.trace", "fpsim.train.data",
                 "fpsim.train.cli"}
-# What ``fpsim.rounding`` offers that is not an array kernel.
-ROUNDING_CONSTANTS = {"MODES"}
+# What ``fpsim.rounding`` offers that is not an array kernel: constants and host scalars.
+ROUNDING_CONSTANTS = {"MODES", "float64_round_to_odd"}
 
 MODULES = read_modules(PACKAGE)
 

@@ -11,24 +11,14 @@ import pytest
 gmpy2 = pytest.importorskip("gmpy2")
 
 import fpsim.exact as fx  # noqa: E402
-from mpfr_oracle import mpfr_rounded  # noqa: E402
+from mpfr_oracle import (log_softmax_values, mpfr_rounded, row_terms,  # noqa: E402
+                         softmax_values)
 from fpsim.autograd import Tensor, cross_entropy, use_policy  # noqa: E402
 from fpsim.formats import get  # noqa: E402
 from fpsim.rounding import round_to  # noqa: E402
 
 FORMATS = ("fp32", "fp16", "bf16")
 _CTX = gmpy2.context(precision=400)
-
-
-def _exact_rows(x):
-    """Per row: (list of x_i - m, log sum exp) as 400-bit mpfr."""
-    out = []
-    with _CTX:
-        for row in x.tolist():
-            m = gmpy2.mpfr(max(row))
-            d = [gmpy2.mpfr(v) - m for v in row]
-            out.append((d, gmpy2.log(gmpy2.fsum([gmpy2.exp(di) for di in d]))))
-    return out
 
 
 def rows(seed: int, n: int, classes: int) -> np.ndarray:
@@ -51,10 +41,7 @@ def _same(got, want, what):
 @pytest.mark.parametrize("classes", [1, 2, 10, 100])
 def test_softmax_and_log_softmax(classes):
     x = rows(0, 4000 // classes + 20, classes)
-    exact = _exact_rows(x)
-    with _CTX:
-        soft = [gmpy2.exp(di - lse) for d, lse in exact for di in d]
-        logs = [di - lse for d, lse in exact for di in d]
+    soft, logs = softmax_values(x), log_softmax_values(x)
     for fmt in FORMATS:
         f = get(fmt)
         _same(round_to(fx.cr_softmax(x, 1, f), f), mpfr_rounded(soft, fmt).reshape(x.shape),
@@ -75,7 +62,7 @@ def test_cross_entropy(reduction):
     for trial in range(40):
         x = rows(100 + trial, int(rng.integers(1, 40)), int(rng.integers(2, 30)))
         labels = rng.integers(0, x.shape[1], x.shape[0])
-        exact = _exact_rows(x)
+        exact = row_terms(x)
         with _CTX:
             losses = [lse - d[k] for (d, lse), k in zip(exact, labels.tolist())]
             total = gmpy2.fsum(losses)
@@ -103,9 +90,7 @@ def test_ops_round_the_correctly_rounded_values():
 def test_the_fallback_row_path():
     """The Decimal path forced on every element (``ok`` all False), against MPFR."""
     x = rows(4, 12, 5)
-    exact = _exact_rows(x)
-    with _CTX:
-        soft = [gmpy2.exp(di - lse) for d, lse in exact for di in d]
+    soft = softmax_values(x)
     f = get("fp32")
     before = fx.FALLBACK_COUNT["elements"]
     ok = np.zeros(x.shape, bool)

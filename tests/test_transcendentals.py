@@ -19,7 +19,7 @@ import pytest
 gmpy2 = pytest.importorskip("gmpy2")
 
 import fpsim.exact as fx  # noqa: E402
-from mpfr_oracle import mpfr_rounded  # noqa: E402
+from mpfr_oracle import FUNCTIONS, function_values, mpfr_rounded  # noqa: E402
 from fpsim.autograd import Tensor, use_policy  # noqa: E402
 from fpsim.exact import elementary as el  # noqa: E402
 from fpsim.exact.decimal_ref import dexp, dgelu, dln, dsigmoid, dtanh  # noqa: E402
@@ -29,22 +29,7 @@ from fpsim.rounding import round_to  # noqa: E402
 FORMATS = ("fp32", "fp16", "bf16", "e4m3fn")
 
 
-def _sigmoid(x):
-    return 1 / (1 + gmpy2.exp(-x))
-
-
-def _gelu(x):
-    if 0 < abs(x) < 2 ** -30:
-        # x Phi(x) = x/2 + x^2/sqrt(2 pi) - x^4/(6 sqrt(2 pi)) + O(x^6): for an odd subnormal
-        # x, x/2 is a tie that only the x^2 term (2**-150 relative) decides, so 400 bits
-        with gmpy2.context(precision=400):
-            k = 1 / gmpy2.sqrt(2 * gmpy2.const_pi())
-            return x / 2 + x * x * k - x ** 4 * k / 6
-    return x * gmpy2.erfc(-x / gmpy2.sqrt(2)) / 2
-
-
-EXACT = {"exp": gmpy2.exp, "log": gmpy2.log, "tanh": gmpy2.tanh, "sigmoid": _sigmoid,
-         "gelu": _gelu}
+EXACT = FUNCTIONS
 CR = {"exp": fx.cr_exp, "log": fx.cr_log, "tanh": fx.cr_tanh, "sigmoid": fx.cr_sigmoid,
       "gelu": fx.cr_gelu}
 F64 = {"exp": (el.exp, el.EXP_BOUND), "log": (el.log, el.LOG_BOUND),
@@ -92,10 +77,7 @@ def draw(name: str, n: int, seed: int) -> np.ndarray:
 
 
 def exact_values(name, x, precision=200):
-    ctx = gmpy2.context(precision=precision)
-    fn = EXACT[name]
-    with ctx:
-        return [fn(gmpy2.mpfr(v)) for v in x.tolist()]
+    return function_values(name, x, precision)
 
 
 def ours(name, x, fmt) -> np.ndarray:

@@ -21,13 +21,13 @@ from fractions import Fraction
 
 from ..backend import round_to, xp
 from ..formats import FP32
+from ..rounding import float64_round_to_odd
 from . import decimal_ref as ref
 from .certificate import certify
 from . import elementary as el
-from .odd import round_to_odd
 
 __all__ = ["certified", "settle", "forced_fallback", "cr_exp", "cr_log", "cr_tanh",
-           "cr_sigmoid", "cr_gelu", "FALLBACK_COUNT"]
+           "cr_sigmoid", "cr_gelu", "gelu_bound", "FALLBACK_COUNT"]
 
 FALLBACK_COUNT = {"elements": 0}   # how many elements ``settle`` decided (tests read it)
 _FORCED = {"on": False}            # the test switch of ``forced_fallback``
@@ -75,17 +75,6 @@ def certified(v, bound, fmt):
     return decided.reshape(xp.shape(v))
 
 
-def _odd(q: Fraction) -> float:
-    """The exact rational q rounded to odd into float64 (``odd.round_to_odd``): q itself when
-    it is a float64, else whichever of the two float64 around it has an odd last bit; +-inf
-    beyond float64's range (every format overflows there alike)."""
-    try:
-        near = float(q)            # the nearest float64: CPython divides integers correctly rounded
-    except OverflowError:
-        return float("inf") if q > 0 else float("-inf")
-    return float(round_to_odd(xp.float64(near), xp.float64((q > near) - (q < near))))
-
-
 def _rounds_alike(a: float, b: float, fmt) -> bool:
     ends = round_to(xp.asarray([a, b], xp.float64), fmt)
     return bool(ends[0] == ends[1]) or bool(xp.isnan(ends).all())
@@ -99,8 +88,8 @@ def settle(value, fmt):
     midpoints and its overflow threshold, numbers of at most 25 significant bits; a float64
     with an odd last bit has 53 and is never one of them. So the odd float64 next to x (or x
     itself, when x is a float64) lies between the same two of them as x and rounds to fmt as x
-    does (the double-rounding theorem of ``odd``); it is also zero, negative, finite exactly
-    where x is. No decision is taken on a float64 proxy of x: the enclosure's two ends are
+    does (the double-rounding theorem: ``fpsim.rounding.rational``); it is zero or negative
+    exactly where x is. No decision is taken on a float64 proxy of x: the enclosure's two ends are
     rational (``Fraction``, exact), each is rounded to odd and then to ``fmt``; once both give
     the same value every point between them does (both roundings are monotonic), x among
     them, and r rounded to odd is returned. Otherwise the precision is raised (Ziv). An x that
@@ -113,8 +102,8 @@ def settle(value, fmt):
             return float(r)
         q = Fraction(r)
         width = abs(q) * Fraction(eta)
-        if _rounds_alike(_odd(q - width), _odd(q + width), fmt):
-            return _odd(q)
+        if _rounds_alike(float64_round_to_odd(q - width), float64_round_to_odd(q + width), fmt):
+            return float64_round_to_odd(q)
     raise ArithmeticError("settle: no decision at 480 digits")
 
 
@@ -158,11 +147,15 @@ def cr_sigmoid(x, fmt):
     return _finish(x, el.sigmoid, el.SIGMOID_BOUND, fmt, ref.dsigmoid)
 
 
+def gelu_bound(x):
+    """The relative bound of ``elementary.gelu`` at each float64 x: 0 where it returns a proxy
+    that rounds like the exact value (x >= 10, x <= -20, 0 < |x| < 2**-60: ``elementary``'s
+    doc), ``GELU_BOUND`` elsewhere."""
+    a = xp.abs(x)
+    return xp.where((x >= 10.0) | (x <= -20.0) | ((a < 2.0 ** -60) & (a > 0)), 0.0,
+                    el.GELU_BOUND)
+
+
 def cr_gelu(x, fmt):
     x = xp.asarray(x, xp.float64)
-    # x >= 10, x <= -20 and tiny |x| give proxies that round like the exact value
-    # (``elementary``'s doc)
-    a = xp.abs(x)
-    bound = xp.where((x >= 10.0) | (x <= -20.0) | ((a < 2.0 ** -60) & (a > 0)), 0.0,
-                     el.GELU_BOUND)
-    return _finish(x, el.gelu, bound, fmt, ref.dgelu)
+    return _finish(x, el.gelu, gelu_bound(x), fmt, ref.dgelu)

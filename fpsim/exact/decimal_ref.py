@@ -1,6 +1,6 @@
 """High-precision reference values in Python's ``decimal``: the fallback of ``correctly_rounded``.
 
-Each ``d*`` function takes a float (converted exactly: ``Decimal(float)`` is exact) and a
+Each ``d*`` function takes a float (converted exactly: ``Decimal.from_float``) and a
 precision of ``digits`` significant decimal digits and returns ``(r, eta)``: a Decimal ``r``
 with ``|r - exact| <= eta * |r|``. ``Decimal.exp`` and ``Decimal.ln`` are correctly rounded at
 the context precision; the composite ones work with 10 guard digits more than the cancellation
@@ -10,8 +10,9 @@ they meet (1 - e**(-2a) for small a; 1/2 - Phi0(a) for the normal tail) and clai
 Every operation runs in a context of its own (``context``): ties-to-even, the widest exponent
 range, the default traps, nothing read from the caller's ``decimal`` context, so no global
 setting (precision, rounding mode, traps, exponent limits) changes a result. The inputs enter
-exactly: ``Decimal(float)``, ``copy_abs`` and ``copy_negate`` are exact and read no context
-(unary minus and ``abs()`` would round to one).
+exactly: ``Decimal.from_float``, ``copy_abs`` and ``copy_negate`` are exact and read no
+context (unary minus and ``abs()`` round to one, and the constructor ``Decimal(float)``
+signals ``FloatOperation`` to the caller's, which may trap it).
 """
 from __future__ import annotations
 
@@ -54,12 +55,12 @@ def eta(digits: int) -> Decimal:
 
 def dexp(x: float, digits: int):
     with context(digits):
-        return Decimal(x).exp(), eta(digits)
+        return Decimal.from_float(x).exp(), eta(digits)
 
 
 def dln(x: float, digits: int):
     with context(digits):
-        return Decimal(x).ln(), eta(digits)
+        return Decimal.from_float(x).ln(), eta(digits)
 
 
 def _small_extra(a: Decimal) -> int:
@@ -68,7 +69,7 @@ def _small_extra(a: Decimal) -> int:
 
 
 def dtanh(x: float, digits: int):
-    a = Decimal(x).copy_abs()                # exact (abs() would round to a context)
+    a = Decimal.from_float(x).copy_abs()     # exact (abs() would round to a context)
     with context(digits + 10 + _small_extra(a)):
         e = (-2 * a).exp()
         t = (1 - e) / (1 + e)
@@ -77,13 +78,13 @@ def dtanh(x: float, digits: int):
 
 def dsigmoid(x: float, digits: int):
     with context(digits + 10):
-        return 1 / (1 + Decimal(x).copy_negate().exp()), eta(digits)
+        return 1 / (1 + Decimal.from_float(x).copy_negate().exp()), eta(digits)
 
 
 def dnormal_tail(a, digits: int) -> Decimal:
     """Q(a) = P(N(0,1) > a) for Decimal or float a >= 0: 1/2 - phi(a) sum a^(2n+1)/(2n+1)!!,
     positive terms, with the ~a*a/4.6 digits that the subtraction cancels added as guard."""
-    a = Decimal(a)
+    a = a if isinstance(a, Decimal) else Decimal.from_float(a)
     if not a:
         return Decimal("0.5")
     guard = int(Fraction(a) ** 2 * 10 / 46)   # exact: no context involved
@@ -104,7 +105,7 @@ def dgelu(x: float, digits: int):
     """x Phi(x); meant for |x| <= 40 (the float64 path settles the rest)."""
     q = dnormal_tail(abs(x), digits)
     with context(digits + 10):
-        value = Decimal(x) * q if x < 0 else Decimal(x) * (1 - q)
+        value = Decimal.from_float(x) * (q if x < 0 else 1 - q)
     return value, eta(digits)
 
 
@@ -115,7 +116,7 @@ def mills_taylor(c: float, terms: int, radius: float, digits: int = 120):
     The recurrence amplifies m_0's error by up to e^(c*c/2)-ish factors, hence 120 digits. Raises
     if the first omitted term, times ``radius``**terms, exceeds 2**-58 of m_0."""
     with context(digits):
-        cd = Decimal(c)
+        cd = Decimal.from_float(c)
         kappa = 1 / (2 * dpi(digits)).sqrt()
         m = [dnormal_tail(cd, digits) * (cd * cd / 2).exp()]
         prev = Decimal(0)
@@ -123,6 +124,7 @@ def mills_taylor(c: float, terms: int, radius: float, digits: int = 120):
             nxt = (cd * m[n] + prev - (kappa if n == 0 else 0)) / (n + 1)
             prev = m[n]
             m.append(nxt)
-        if abs(m[terms]) * Decimal(radius) ** terms > abs(m[0]) * Decimal(2) ** -58:
+        tail = abs(m[terms]) * Decimal.from_float(radius) ** terms
+        if tail > abs(m[0]) * Decimal(2) ** -58:
             raise ArithmeticError(f"Taylor series of M at {c} needs more than {terms} terms")
         return m[:terms]

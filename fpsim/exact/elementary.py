@@ -28,11 +28,11 @@ u = 2**-53 (one float64 rounding):
   c = j/4 (|h| <= 1/8, h = a - c exact), coefficients computed once in Decimal
   (``fpsim.exact.decimal_ref``) and rounded to float64: M within 3u, Q within 7u; x < 0:
   x Q within 8u; x >= 0: x (1 - Q) within 10u. x >= 10: the value is x (1 - Q) with
-  Q < 2**-76, returned as the float64 just below x, which rounds like it in every format of
-  at most 24 bits (nothing a format can round to lies strictly between them); x <= -20:
+  Q < 2**-76, returned rounded to odd (of x and the float64 just below it, the odd one),
+  which rounds like it into every format of at most 51 bits (``odd``); x <= -20:
   |gelu| < 2**-280, returned as -2**-1000 (both round to -0). 0 < |x| < 2**-60: the value
-  x/2 + x*x/sqrt(2 pi) - ... lies strictly between x/2 (a tie when x is an odd subnormal
-  multiple) and the next float64 above it, which is returned (it rounds like the value).
+  x/2 + x*x/sqrt(2 pi) - ... lies just above x/2 (a tie when x is an odd subnormal
+  multiple), closer than a float64 spacing; it is returned rounded to odd (``_tiny_gelu``).
 
 The stated bounds below are these with a margin of 2 to 8 (the MPFR tests check them).
 """
@@ -41,6 +41,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ..backend import xp
+from .odd import round_to_odd
 
 __all__ = ["pow2", "exp_parts", "exp", "expm1_neg", "log", "log1p", "tanh", "sigmoid", "gelu",
            "gelu_tail_q", "normal_cdf", "normal_pdf", "EXP_BOUND", "LOG_BOUND", "LOG1P_BOUND", "TANH_BOUND",
@@ -220,12 +221,24 @@ def gelu(x):
     a = xp.abs(x)
     q = gelu_tail_q(xp.minimum(xp.where(xp.isnan(a), 0.0, a), 20.0))
     mid = xp.where(x < 0, x * q, x * (1.0 - q))
-    out = xp.where(x >= 10.0, xp.nextafter(x, 0.0), mid)
+    # x >= 10: the value lies just below x, strictly between x's lower float64 neighbour and
+    # x; rounded to odd, it is whichever of the two is odd (never a format midpoint)
+    out = xp.where(x >= 10.0, round_to_odd(x, xp.where(x >= 10.0, -1.0, 0.0)), mid)
     out = xp.where(x <= -20.0, -(2.0 ** -1000), out)
-    tiny = (a < 2.0 ** -60) & (x != 0)
-    out = xp.where(tiny, xp.nextafter(x * 0.5, xp.inf), out)
+    out = xp.where((a < 2.0 ** -60) & (x != 0), _tiny_gelu(x), out)
     out = xp.where(x == xp.inf, xp.inf, xp.where(x == -xp.inf, DEFAULT_NAN, out))
     return xp.where(xp.isnan(x), x, out)
+
+
+def _tiny_gelu(x):
+    """gelu(x) for 0 < |x| < 2**-60, rounded to odd: the value x/2 + x*x/sqrt(2 pi) - ... lies
+    just above x/2, closer to it than any float64 spacing there (x*x/sqrt(2 pi) < 2**-61 |x|),
+    so its rounding to odd is that of x/2 nudged up: h = fl(x/2) with the residual x - 2h
+    (exact; nonzero only for an odd subnormal x, whose half is a float64 tie) or +1."""
+    h = x * 0.5
+    with xp.errstate(invalid="ignore"):      # inf - inf where x is infinite (not used there)
+        r = x - 2.0 * h
+    return round_to_odd(h, xp.where(r == 0, 1.0, r))
 
 
 def normal_cdf(x):

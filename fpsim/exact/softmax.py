@@ -104,7 +104,7 @@ def _drow(xs, digits):
     top = xs.index(m)
     with context(_EXACT_DIGITS) as ctx:
         ctx.traps[Inexact] = True       # x_i - m of two float64 values: exact (it must be)
-        d = [Decimal(v) - Decimal(m) for v in xs]
+        d = [Decimal.from_float(v) - Decimal.from_float(m) for v in xs]
     with context(digits + 10) as ctx:
         t = sum(di.exp() for j, di in enumerate(d) if j != top)
         ctx.prec = digits + 10 + (max(0, -t.adjusted()) if t else 0)
@@ -174,7 +174,7 @@ def _dcross_entropy(rows, labels, reduction):
         losses = []
         for xs, label in zip(rows, labels):
             y, _ = _dlog_softmax(xs, label)(digits)
-            losses.append(-y)
+            losses.append(y.copy_negate())   # exact (unary minus rounds)
         with context(digits + 10):
             total = sum(losses)
             return total / len(losses) if reduction == "mean" else total, eta(digits)

@@ -4,6 +4,8 @@ Where the rounding happens, and how:
 
 - Input is a float32 or float64 container (array or scalar). Its values are rounded once,
   directly to the target format; a float64 input is never rounded through float32 first.
+  A Python int or ``Fraction`` is exact too: rounded to odd into float64 first
+  (``float64_round_to_odd``), it still rounds once, however many bits it has.
 - Output has the input's container dtype and holds values exactly representable in the
   format (or inf/NaN), so ``round_to(round_to(x, f), f)`` is ``round_to(x, f)``.
 - Round to nearest, ties to even, on float32 input is the hot path of every simulation; it runs
@@ -25,7 +27,7 @@ from __future__ import annotations
 import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
-from numbers import Real
+from numbers import Rational, Real
 
 import numpy as np
 
@@ -33,8 +35,9 @@ from ..formats import BF16, FP16, Format, get
 from ._kernels import (Rules, magic_applies, round_any_mode, round_nearest_even_magic,
                        thread_scratch)
 from ._philox import check_seed, philox4x32, philox_uniforms
+from .rational import float64_round_to_odd
 
-__all__ = ["round_to", "MODES", "philox_uniforms", "philox4x32"]
+__all__ = ["round_to", "MODES", "philox_uniforms", "philox4x32", "float64_round_to_odd"]
 
 MODES = ("nearest_even", "nearest_away", "toward_zero", "up", "down", "stochastic")
 
@@ -56,7 +59,9 @@ def round_to(x, fmt: "Format | str", mode: str = "nearest_even", *, seed=None, o
     Parameters
     ----------
     x : float32 or float64 ndarray (either byte order; the result is in the machine's),
-        NumPy float32/float64 scalar, or Python float/int
+        NumPy float32/float64 scalar, or a Python float, int or ``Fraction``: exact
+        rationals are rounded once, whatever their size (``stochastic`` takes those that
+        float64 holds)
     fmt : a ``Format`` or a name (``"fp16"``, ``"bf16"``, ``"e4m3"``, ``"e5m10"``, ...)
     mode : one of ``MODES``:
         ``"nearest_even"`` (IEEE default), ``"nearest_away"`` (ties away from zero),
@@ -114,7 +119,7 @@ def round_to(x, fmt: "Format | str", mode: str = "nearest_even", *, seed=None, o
         if flag is not None and not isinstance(flag, (bool, np.bool_)):
             raise TypeError(f"{label} must be True, False or None (the format's own rule), got "
                             f"{flag!r}")
-    array, wrap = _as_container(x)
+    array, wrap = _as_container(x, mode)
     rules, kernel = _plan(fmt, fmt.subnormals if subnormals is None else bool(subnormals),
                           fmt.saturate if saturate is None else bool(saturate), bool(daz),
                           array.dtype, mode)
@@ -206,7 +211,7 @@ def _stochastic_key(seed, offset, rng) -> tuple[int, int]:
     return check_seed("seed", seed), check_seed("offset", 0 if offset is None else offset)
 
 
-def _as_container(x):
+def _as_container(x, mode):
     """Turn the input into a float32/float64 ndarray and a function giving the output back in
     the input's own kind (Python float, NumPy scalar or array)."""
     if isinstance(x, np.ndarray):
@@ -219,6 +224,14 @@ def _as_container(x):
         return np.asarray(x), lambda out: out[()]
     if isinstance(x, np.generic):
         raise TypeError(_dtype_message(x.dtype))
+    if isinstance(x, Rational) and not isinstance(x, bool):
+        # int, Fraction: float64 may not hold them; rounded to odd, they still round once
+        # (``rational``), in every deterministic mode
+        proxy = float64_round_to_odd(x)
+        if mode == "stochastic" and proxy != x:
+            raise ValueError(f"stochastic rounding takes values that float64 holds exactly; "
+                             f"{x!r} is not one (its probabilities would be a proxy's)")
+        return np.asarray(proxy, np.float64), lambda out: float(out[()])
     if isinstance(x, Real) and not isinstance(x, bool):
         return np.asarray(float(x), np.float64), lambda out: float(out[()])
     raise TypeError(f"round_to takes float32/float64 arrays or real scalars, "
