@@ -182,12 +182,13 @@ def _gelu(x):
             k = 1 / gmpy2.sqrt(2 * gmpy2.const_pi())
             return x / 2 + x * x * k - x ** 4 * k / 6
     if x > 0 and gmpy2.is_finite(x):
-        # x Phi(x) = x - x Q(x), the small term on its own: x Q(x) < x 2**-400 from x = 24 on
-        # (and it underflows MPFR from x = 46341 on), so x - x Q(x) comes out as x itself, a
-        # tie wherever x is a midpoint of the format; the value lies strictly between x and
-        # the number below it, which then stands for it (it has far more bits than a format)
-        tail = x * gmpy2.erfc(x / gmpy2.sqrt(2)) / 2
-        value = x - tail
+        # x Phi(x) = x - x Q(x), the small term on its own: Q(x) <= e**(-x*x/2) / 2 (Chernoff),
+        # below 2**-450 from x = 25 on, so x - x Q(x) would come out as x itself, a tie wherever
+        # x is a midpoint of the format; the value lies strictly between x and the number just
+        # below it, which then stands for it (it has far more bits than any format)
+        if x >= 25:
+            return gmpy2.next_below(x)
+        value = x - x * gmpy2.erfc(x / gmpy2.sqrt(2)) / 2
         return gmpy2.next_below(x) if value == x else value
     return x * gmpy2.erfc(-x / gmpy2.sqrt(2)) / 2
 
@@ -206,14 +207,18 @@ def function_values(name, x, precision=200):
 
 def row_terms(x, precision=400):
     """Per row of a 2-D float array: (list of x_i - m, log sum_j exp(x_j - m)) as mpfr, m the
-    row's max. At 400 bits x_i - m of float32 values is exact (at most 277 bits) and the sum
-    of exponentials carries ~350 good bits."""
+    row's max. At 400 bits x_i - m of float32 values is exact (at most 277 bits). The sum is
+    1 + t, t over all but the first maximum, and its log is taken as log1p(t), with ~350 good
+    bits however small t is (log of the rounded 1 + t would be 0 for t below 2**-400, and
+    the dominant class's log-softmax -log1p(t) is negative, never 0)."""
     out = []
     with gmpy2.context(precision=precision):
         for row in np.asarray(x).tolist():
-            m = gmpy2.mpfr(max(row))
+            top = row.index(max(row))
+            m = gmpy2.mpfr(row[top])
             d = [gmpy2.mpfr(v) - m for v in row]
-            out.append((d, gmpy2.log(gmpy2.fsum([gmpy2.exp(di) for di in d]))))
+            t = gmpy2.fsum([gmpy2.exp(di) for j, di in enumerate(d) if j != top])
+            out.append((d, gmpy2.log1p(t)))
     return out
 
 
@@ -224,6 +229,14 @@ def softmax_values(x, precision=400):
 
 
 def log_softmax_values(x, precision=400):
-    """Log-softmax of each row of x as a flat list of mpfr (C order)."""
+    """Log-softmax of each row of x as a flat list of mpfr (C order). Where log sum exp is
+    below the precision's reach beside x_i - m (a row spread over hundreds: it is e**-446 in
+    [-446.125, 0]), x_i - m - log sum exp lies strictly between x_i - m, which may be a
+    midpoint of the format, and the number just below it, which then stands for it."""
+    out = []
     with gmpy2.context(precision=precision):
-        return [di - lse for d, lse in row_terms(x, precision) for di in d]
+        for d, lse in row_terms(x, precision):
+            for di in d:
+                value = di - lse
+                out.append(gmpy2.next_below(di) if value == di and lse > 0 else value)
+    return out

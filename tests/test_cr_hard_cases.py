@@ -160,7 +160,7 @@ def test_settle_never_returns_a_midpoint():
     exact = Decimal(0.5) + 3 * Decimal(2) ** -25 - Decimal("0.6") * Decimal(2) ** -53
 
     def value(digits):
-        return exact, Decimal(f"1e{-digits}")
+        return fx.enclosure(exact, Decimal(f"1e{-digits}"))
 
     assert float(round_to(np.float64(fx.settle(value, get("fp32"))), "fp32")) == \
         0.5000000596046448

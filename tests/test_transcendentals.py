@@ -120,7 +120,8 @@ def test_decimal_fallback_alone(name):
     exact = exact_values(name, x)
     for fmt in FORMATS:
         f = get(fmt)
-        got = np.array([fx.settle(lambda d, v=float(v): DECIMAL[name](v, d), f)
+        got = np.array([fx.settle(lambda d, v=float(v): fx.enclosure(*DECIMAL[name](v, d)),
+                                  f)
                         for v in x.tolist()])
         _assert_same(name, fmt, x, round_to(got, f).astype(np.float32),
                      mpfr_rounded(exact, fmt))

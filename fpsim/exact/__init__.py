@@ -28,7 +28,8 @@ its thread count.
 - ``correctly_rounded.py``: those values certified into the output format (``cr_exp``,
   ``cr_log``, ``cr_tanh``, ``cr_sigmoid``, ``cr_gelu``), with a Decimal fallback
   (``decimal_ref.py``, ``settle``) for the rare elements the bound cannot decide.
-- ``softmax.py``: correctly rounded softmax, log-softmax and cross-entropy rows.
+- ``softmax.py``: correctly rounded softmax, log-softmax and cross-entropy rows; their
+  fallback's exact enclosures in ``softmax_ref.py``.
 - ``norm.py``: the global gradient norm, certified in float64, exact sum when undecided
   (``global_norm``).
 - ``underflow.py``: the gradient-underflow counter (``count_gradient_underflow``) that the
@@ -53,7 +54,7 @@ from .sums import round_to_odd_sum
 from .norm import exact_global_norm, global_norm
 from .underflow import UnderflowCount, count_gradient_underflow
 from .correctly_rounded import (FALLBACK_COUNT, certified, cr_exp, cr_gelu, cr_log, cr_sigmoid,
-                                cr_tanh, forced_fallback, settle)
+                                cr_tanh, enclosure, forced_fallback, settle)
 from .softmax import (cr_cross_entropy, cr_log_softmax, cr_softmax, log_softmax64, row_terms,
                       settle_rows, softmax64)
 
@@ -64,5 +65,5 @@ __all__ = ["accumulation", "underflow", "Accumulation", "exact", "sequential", "
            "scatter_sum",
            "UnderflowCount", "count_gradient_underflow", "global_norm", "exact_global_norm",
            "FALLBACK_COUNT", "certified", "cr_cross_entropy", "cr_exp", "cr_gelu", "cr_log",
-           "cr_log_softmax", "cr_sigmoid", "cr_softmax", "cr_tanh", "forced_fallback",
+           "cr_log_softmax", "cr_sigmoid", "cr_softmax", "cr_tanh", "enclosure", "forced_fallback",
            "log_softmax64", "row_terms", "settle", "settle_rows", "softmax64"]

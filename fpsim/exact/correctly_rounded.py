@@ -26,7 +26,7 @@ from . import decimal_ref as ref
 from .certificate import certify
 from . import elementary as el
 
-__all__ = ["certified", "settle", "forced_fallback", "cr_exp", "cr_log", "cr_tanh",
+__all__ = ["certified", "settle", "enclosure", "forced_fallback", "cr_exp", "cr_log", "cr_tanh",
            "cr_sigmoid", "cr_gelu", "gelu_bound", "FALLBACK_COUNT"]
 
 FALLBACK_COUNT = {"elements": 0}   # how many elements ``settle`` decided (tests read it)
@@ -80,30 +80,40 @@ def _rounds_alike(a: float, b: float, fmt) -> bool:
     return bool(ends[0] == ends[1]) or bool(xp.isnan(ends).all())
 
 
+def enclosure(r, eta):
+    """The open interval (r - eta |r|, r + eta |r|) as exact ``Fraction`` ends, for the
+    ``decimal_ref`` values (r, eta): they claim eta 10**5 times their error, so the exact
+    value lies strictly inside; r = 0 (an exact zero) gives the point (0, 0)."""
+    q = Fraction(r)
+    width = abs(q) * Fraction(eta)
+    return q - width, q + width
+
+
 def settle(value, fmt):
-    """A float64 proxy for the exact value x enclosed by ``value(digits) -> (r, eta)``
-    (|r - x| <= eta |r|): x rounded to odd into float64.
+    """A float64 proxy for the exact value x enclosed by ``value(digits) -> (low, high)``:
+    exact rationals with low < x < high, or low = high = x. The proxy is x rounded to odd into
+    float64, or another odd float64 that rounds to ``fmt`` as x does.
 
     Why round to odd: round-to-nearest into ``fmt`` changes its result only at the format's
     midpoints and its overflow threshold, numbers of at most 25 significant bits; a float64
     with an odd last bit has 53 and is never one of them. So the odd float64 next to x (or x
     itself, when x is a float64) lies between the same two of them as x and rounds to fmt as x
-    does (the double-rounding theorem: ``fpsim.rounding.rational``); it is zero or negative
-    exactly where x is. No decision is taken on a float64 proxy of x: the enclosure's two ends are
-    rational (``Fraction``, exact), each is rounded to odd and then to ``fmt``; once both give
-    the same value every point between them does (both roundings are monotonic), x among
-    them, and r rounded to odd is returned. Otherwise the precision is raised (Ziv). An x that
-    is itself a midpoint is never decided (it raises): no transcendental value at a float
-    input other than a trivial one is (those the float64 certificate decides)."""
+    does (``fpsim.rounding.rational``); it is zero or negative exactly where x is. No decision
+    is taken on a float64 proxy of x: the interval's ends are exact; the numbers just inside
+    each end are rounded to odd (``float64_round_to_odd`` with a side) and then to ``fmt``;
+    once both give the same value every point between them does (both roundings are
+    monotonic), x among them, and the one just inside the upper end is returned (it is x
+    rounded to odd once the two agree as float64 too). Otherwise the precision is raised
+    (Ziv). An x that is itself a midpoint is never decided (it raises): no value the callers
+    ask for is one, except at inputs the float64 certificate decides."""
     FALLBACK_COUNT["elements"] += 1
     for digits in _DIGITS:
-        r, eta = value(digits)
-        if not r.is_finite() or r.is_zero():
-            return float(r)
-        q = Fraction(r)
-        width = abs(q) * Fraction(eta)
-        if _rounds_alike(float64_round_to_odd(q - width), float64_round_to_odd(q + width), fmt):
-            return float64_round_to_odd(q)
+        low, high = value(digits)
+        if low == high:
+            return float64_round_to_odd(low)
+        below_high = float64_round_to_odd(high, side=-1)
+        if _rounds_alike(float64_round_to_odd(low, side=1), below_high, fmt):
+            return below_high
     raise ArithmeticError("settle: no decision at 480 digits")
 
 
@@ -122,7 +132,7 @@ def _finish(x, evaluate, bound, fmt, dref):
         ok = certified(v[part], bounds[part], fmt)
         for j in xp.flatnonzero(~ok) + i:
             xj = float(flat_x[j])
-            v[j] = settle(lambda d, xj=xj: dref(xj, d), fmt)
+            v[j] = settle(lambda d, xj=xj: enclosure(*dref(xj, d)), fmt)
     return v.reshape(x.shape)
 
 

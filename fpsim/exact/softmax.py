@@ -18,19 +18,17 @@ Per row x (float32 values, read exactly as float64), with m = max x and j* its f
 Terms with x_i - m < -400 enter as e**-400 (``elementary``'s clamp): they change t by less
 than 2**-570 and only matter in rows where every result rounds to zero or to s_i anyway.
 Each result is certified against its bound (``correctly_rounded.certified``); uncertified
-elements (rows, for a reduced cross-entropy) are recomputed in Decimal by
-``correctly_rounded.settle``. Non-finite rows give NaN (or -inf for log-softmax of -inf
+elements (rows, for a reduced cross-entropy) are settled (``correctly_rounded.settle``) from
+exact enclosures (``softmax_ref``). Non-finite rows give NaN (or -inf for log-softmax of -inf
 entries) with no fallback.
 """
 from __future__ import annotations
 
-from decimal import Decimal, Inexact
-
 from ..backend import xp
 
 from . import elementary as el
+from . import softmax_ref as ref
 from .correctly_rounded import certified, settle
-from .decimal_ref import context, eta
 
 __all__ = ["row_terms", "settle_rows", "softmax64", "log_softmax64", "cr_softmax", "cr_log_softmax",
            "cr_cross_entropy"]
@@ -91,42 +89,6 @@ def _log_sum(t, top):
     return el.log1p(t) + (top - 1.0)
 
 
-# x_i - m of two float64 values is a multiple of 2**-1074 below 2**1025 in magnitude: at most
-# 309 integer and 1074 fraction digits, so the subtraction below is exact at 1400
-_EXACT_DIGITS = 1400
-
-
-def _drow(xs, digits):
-    """Decimal (x_i - m list, log sum_j e^(x_j - m)) of one row, ``digits`` + 10 good digits:
-    the sum is 1 + t (t over the non-first-maximal terms) and its log is taken with as many
-    more digits as t is small, so the dominant class's -log(1 + t) keeps them all."""
-    m = max(xs)
-    top = xs.index(m)
-    with context(_EXACT_DIGITS) as ctx:
-        ctx.traps[Inexact] = True       # x_i - m of two float64 values: exact (it must be)
-        d = [Decimal.from_float(v) - Decimal.from_float(m) for v in xs]
-    with context(digits + 10) as ctx:
-        t = sum(di.exp() for j, di in enumerate(d) if j != top)
-        ctx.prec = digits + 10 + (max(0, -t.adjusted()) if t else 0)
-        return d, (1 + t).ln()
-
-
-def _dsoftmax(xs, i):
-    def value(digits):
-        d, lse = _drow(xs, digits)
-        with context(digits + 10):
-            return (d[i] - lse).exp(), eta(digits)
-    return value
-
-
-def _dlog_softmax(xs, i):
-    def value(digits):
-        d, lse = _drow(xs, digits)
-        with context(digits + 10):
-            return d[i] - lse, eta(digits)
-    return value
-
-
 def _rows_of(x, axis):
     moved = xp.moveaxis(xp.asarray(x, xp.float64), axis, -1)
     return moved.reshape(-1, moved.shape[-1]), moved.shape
@@ -141,7 +103,7 @@ def settle_rows(x_rows, v, ok, fmt, kind):
     ``kind`` ("softmax" or "log_softmax") of its row of ``x_rows``."""
     if ok.all():
         return v
-    dvalue = {"softmax": _dsoftmax, "log_softmax": _dlog_softmax}[kind]
+    dvalue = {"softmax": ref.softmax_enclosure, "log_softmax": ref.log_softmax_enclosure}[kind]
     v = v.copy()
     for r, i in zip(*xp.nonzero(~ok)):
         v[r, i] = settle(dvalue(x_rows[r].tolist(), int(i)), fmt)
@@ -169,18 +131,6 @@ def cr_log_softmax(x, axis, fmt):
     return _back(settle_rows(rows, v, ok, fmt, "log_softmax"), shape, axis)
 
 
-def _dcross_entropy(rows, labels, reduction):
-    def value(digits):
-        losses = []
-        for xs, label in zip(rows, labels):
-            y, _ = _dlog_softmax(xs, label)(digits)
-            losses.append(y.copy_negate())   # exact (unary minus rounds)
-        with context(digits + 10):
-            total = sum(losses)
-            return total / len(losses) if reduction == "mean" else total, eta(digits)
-    return value
-
-
 def cr_cross_entropy(logits, labels, reduction, fmt, *, with_log_softmax: bool = False):
     """Cross-entropy of (N, C) ``logits`` against integer ``labels`` (``reduction`` "mean",
     "sum" or "none"), correctly rounded to ``fmt``: a float64 proxy (shape () or (N,)).
@@ -204,21 +154,15 @@ def cr_cross_entropy(logits, labels, reduction, fmt, *, with_log_softmax: bool =
             total, bound = total / n, bound + _U
         total = xp.asarray(total)
         if not (certified(total, bound, fmt) | ~xp.isfinite(total)):
-            dvalue = _dcross_entropy([r.tolist() for r in logits], [int(v) for v in labels],
-                                     reduction)
+            dvalue = ref.cross_entropy_enclosure([r.tolist() for r in logits],
+                                                 [int(v) for v in labels], reduction)
             total = xp.asarray(settle(dvalue, fmt))
     return (total, logp) if with_log_softmax else total
-
-
-def _neg(value):
-    def negated(digits):
-        r, eta = value(digits)
-        return r.copy_negate(), eta
-    return negated
 
 
 def _settle_each(logits, labels, loss, ok, fmt):
     loss = loss.copy()
     for r in xp.flatnonzero(~ok):
-        loss[r] = settle(_neg(_dlog_softmax(logits[r].tolist(), int(labels[r]))), fmt)
+        loss[r] = settle(ref.cross_entropy_enclosure([logits[r].tolist()], [int(labels[r])],
+                                                     "sum"), fmt)
     return loss

@@ -12,6 +12,8 @@ float64 sums the same way). Rounding to nearest float64 first instead would roun
 True
 >>> float64_round_to_odd(Fraction(3, 4)), float64_round_to_odd(-10**400)
 (0.75, -1.7976931348623157e+308)
+>>> float64_round_to_odd(0, side=-1), float64_round_to_odd(0.75, side=1) == 0.75 + 2**-53
+(-5e-324, True)
 """
 from __future__ import annotations
 
@@ -24,17 +26,20 @@ from numbers import Rational
 __all__ = ["float64_round_to_odd"]
 
 
-def float64_round_to_odd(value: Rational) -> float:
+def float64_round_to_odd(value: Rational, side: int = 0) -> float:
     """``value`` itself when float64 holds it, else whichever of the two float64 around it
     has an odd last bit; beyond the largest float64, the largest (its last bit is odd) of
-    the value's sign."""
+    the value's sign. ``side`` +1 or -1: the same for the numbers just above or just below
+    ``value`` (what an open interval ending there rounds to, near that end)."""
     q = Fraction(value)
     try:
         near = float(q)          # the nearest float64 (CPython divides integers correctly)
     except OverflowError:        # past the largest float64 by more than half its spacing
         return sys.float_info.max if q > 0 else -sys.float_info.max
     if q == near:
-        return near
+        if side == 0 or _odd(near) or math.isinf(math.nextafter(near, side * math.inf)):
+            return near
+        return math.nextafter(near, side * math.inf)
     other = math.nextafter(near, math.inf if q > near else -math.inf)
     if math.isinf(other):        # between the largest float64 and the overflow threshold
         return near

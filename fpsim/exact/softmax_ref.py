@@ -1,0 +1,115 @@
+"""Exact enclosures of softmax, log-softmax and cross-entropy of float rows: the fallback of
+``softmax``, for ``correctly_rounded.settle``.
+
+Each ``*_enclosure`` returns ``value(digits) -> (low, high)``: exact ``Fraction`` ends with
+low < x < high, or low = high = x where x is exact (a row of one element). Per row x, with
+m = max x and j* its first index:
+
+- d_j = x_j - m, exact (``Fraction`` of floats is exact).
+- t = sum over j != j* of e**d_j, each term enclosed by a ``Decimal`` exp at digits + 15
+  digits (``exp_enclosure``), or, where d_j < -2000, by (0, 10**-868) (e**-2000 < 10**-868):
+  no Decimal underflow, and no precision that grows with the row's spread.
+- L = log(1 + t) (so log sum_j e**d_j = L), enclosed from t's ends (log1p is increasing)
+  with as many more digits as t is small (``_log1p``), or, where t < 10**-(digits + 5), by
+  t - t*t/2 < L < t.
+- log-softmax_i = d_i - L in (d_i - L_hi, d_i - L_lo); softmax_i = e**(d_i - L) between
+  the exps of those ends; cross-entropy: the ends of L_r - d_(r, label) added exactly (and
+  divided by N for "mean").
+
+Why enclosures, not a value and a relative error: where t is tiny against d_i (logits far
+apart), d_i - L sits closer to d_i than any relative error can tell (d_i may be a format
+midpoint, and L as small as e**-60000), and for the dominant class x = -L is negative however
+small. The ends are strict: each claimed relative error (10**-(digits + 5)) is 10**5 times
+the error of the Decimal operations it covers, and t > 0 (so L > 0) in every row of two or
+more finite values. Every Decimal operation runs in ``decimal_ref.context`` (no global state).
+"""
+from __future__ import annotations
+
+from decimal import Decimal
+from fractions import Fraction
+
+from .decimal_ref import context
+
+__all__ = ["exp_enclosure", "row_logs", "softmax_enclosure", "log_softmax_enclosure",
+           "cross_entropy_enclosure"]
+
+FAR = 2000                          # e**d for d < -FAR enters as the bound (0, FAR_BOUND)
+FAR_BOUND = Fraction(1, 10 ** 868)  # e**-2000 = 10**-868.6...
+
+
+def _claim(digits: int) -> Fraction:
+    return Fraction(1, 10 ** (digits + 5))
+
+
+def _decimal(q: Fraction) -> Decimal:
+    """q to the current context's precision (one rounding: relative error 10**(1 - prec))."""
+    return Decimal(q.numerator) / Decimal(q.denominator)
+
+
+def exp_enclosure(a: Fraction, digits: int) -> tuple[Fraction, Fraction]:
+    """(lo, hi) with lo < e**a < hi, relative width 2 10**-(digits + 5), for a <= 2000.
+    |a| <= 2000: a to digits + 15 digits is within 2 10**-(digits + 11) absolute, e**a then
+    within 2.1 10**-(digits + 11) relative, and the exp rounds once more (10**-(digits + 14))."""
+    if a < -FAR:
+        return Fraction(0), FAR_BOUND
+    with context(digits + 15):
+        q = Fraction(_decimal(Fraction(a)).exp())
+    width = q * _claim(digits)
+    return q - width, q + width
+
+
+def _log1p(t: Fraction, digits: int) -> Fraction:
+    """log(1 + t) for t >= 0 within 10**-(digits + 10) relative: 1 + t keeps t's first
+    digits + 15 digits (the precision grows by about -log10 t), and ln rounds once."""
+    if t == 0:
+        return Fraction(0)
+    tiny = max(0, len(str(t.denominator)) - len(str(t.numerator)) + 1)   # ~ -log10 t
+    with context(digits + 15 + tiny):
+        return Fraction((1 + _decimal(t)).ln())
+
+
+def row_logs(xs: list[float], digits: int):
+    """(d, L_lo, L_hi): d_j = x_j - m exact, and L = log sum_j e**d_j with L_lo < L < L_hi
+    (L_lo = L_hi = 0 for a row of one value, where L = 0 exactly)."""
+    m = max(xs)
+    top = xs.index(m)
+    d = [Fraction(v) - Fraction(m) for v in xs]
+    t_lo = t_hi = Fraction(0)
+    for j, dj in enumerate(d):
+        if j != top:
+            lo, hi = exp_enclosure(dj, digits)
+            t_lo, t_hi = t_lo + lo, t_hi + hi
+    claim = _claim(digits)
+    if t_hi < claim:            # t - t*t/2 < log(1 + t) < t for t > 0: no Decimal log needed
+        return d, t_lo - t_lo * t_lo / 2, t_hi
+    return d, _log1p(t_lo, digits) * (1 - claim), _log1p(t_hi, digits) * (1 + claim)
+
+
+def log_softmax_enclosure(xs: list[float], i: int):
+    def value(digits):
+        d, low, high = row_logs(xs, digits)
+        return d[i] - high, d[i] - low
+    return value
+
+
+def softmax_enclosure(xs: list[float], i: int):
+    def value(digits):
+        d, low, high = row_logs(xs, digits)
+        if low == high:                              # L = 0: one value, softmax 1
+            return Fraction(1), Fraction(1)
+        return exp_enclosure(d[i] - high, digits)[0], exp_enclosure(d[i] - low, digits)[1]
+    return value
+
+
+def cross_entropy_enclosure(rows: list[list[float]], labels: list[int], reduction: str):
+    """Loss -log-softmax_(r, label_r) of each row, added ("sum"), averaged ("mean") or of the
+    one row given ("none")."""
+    def value(digits):
+        low = high = Fraction(0)
+        for xs, label in zip(rows, labels):
+            d, l_lo, l_hi = row_logs(xs, digits)
+            low, high = low + l_lo - d[label], high + l_hi - d[label]
+        if reduction == "mean":
+            low, high = low / len(rows), high / len(rows)
+        return low, high
+    return value
