@@ -399,6 +399,22 @@ def test_blocked_specials():
     assert big[0, 0] == np.float32(FP32.max_finite)       # toward zero: largest finite
 
 
+@pytest.mark.parametrize("bits", [40, 38])
+def test_blocked_large_block_with_many_alignment_bits_is_exact(bits):
+    # 8192 ones then 2**-11 + 2**-17 (1 + 2**-23) - 2**-17: the aligned sum 8192 + 2**-11 +
+    # 2**-40 needs 54 bits; float64 would drop 2**-40 and tie to 8192, the exact sum rounds
+    # up to 8192 + 2**-10. k * 2**(F + 2) >= 2**53: the terms are summed in exact groups.
+    x = f32([1.0] * 8192 + [2.0 ** -11, 2.0 ** -17 * (1 + 2.0 ** -23), -(2.0 ** -17)])
+    model = blocked(x.size, "fp32", alignment_bits=bits)
+    want = blocked_reference(x, np.ones_like(x), model.k, model.fmt, bits, model.rounding,
+                             FP32.emin)
+    assert want == (8192 + 2.0 ** -10 if bits == 40 else 8192.0)
+    assert float(reduce_sum(x, out_fmt="fp32", model=model)) == want
+    assert float(model.block_fma(f32(0), x, f32(1))) == want
+    rows = np.stack([x, -x, np.zeros_like(x)])
+    assert reduce_sum(rows, axis=-1, out_fmt="fp32", model=model).tolist() == [want, -want, 0]
+
+
 # --- reductions ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("model", [exact(), exact("bf16"), sequential("fp16"), blocked(4, "bf16"),

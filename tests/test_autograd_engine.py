@@ -133,6 +133,56 @@ def test_transcendentals_are_rounded_once_from_float64():
                                                 FP16).astype(np.float32))
 
 
+def _round_fraction(value, fmt):
+    """A Fraction rounded once to nearest-even fp32 or fp16 by MPFR (subnormals, overflow)."""
+    gmpy2 = pytest.importorskip("gmpy2")
+    precision, emin, emax = (24, -148, 128) if fmt == "fp32" else (11, -23, 16)
+    ctx = gmpy2.context(precision=precision, emin=emin, emax=emax, subnormalize=True)
+    with gmpy2.context(ctx):
+        return np.float32(float(gmpy2.mpfr(gmpy2.mpq(value.numerator, value.denominator))))
+
+
+def _exact_mse(pred, target, reduction, fmt):
+    from fractions import Fraction
+    squares = [(Fraction(float(p)) - Fraction(float(t))) ** 2
+               for p, t in zip(np.ravel(pred), np.ravel(target))]
+    if reduction == "none":
+        return np.array([_round_fraction(v, fmt) for v in squares], np.float32)
+    total = sum(squares, Fraction(0))
+    return _round_fraction(total / len(squares) if reduction == "mean" else total, fmt)
+
+
+@pytest.mark.parametrize("pred, target, reduction, fmt", [
+    # the audit's case: S = 1 + 2**-24 + 2**-80; float64 drops 2**-80 and ties to 1.0
+    ([1.0, 2.0 ** -12, 2.0 ** -40], [0.0, 0.0, 0.0], "sum", "fp32"),
+    # p - t inexact in float64: (1 + 2**-12 + 2**-60)**2 is just past the fp32 midpoint
+    # (1 + 2**-12)**2 = 1 + 2**-11 + 2**-24 that float64 gives
+    ([1.0 + 2.0 ** -12, 0.0], [-(2.0 ** -60), 0.0], "sum", "fp32"),
+    ([1.0 + 2.0 ** -12], [-(2.0 ** -60)], "none", "fp32"),
+    # mean: S = 5 (1 + 2**-24) + 2**-80; float64 drops 2**-80, and S / 5 ties to 1.0
+    ([2.0, 1.0, 2.0 ** -11, 2.0 ** -12, 2.0 ** -40], [0.0] * 5, "mean", "fp32"),
+    # fp16 values: S = 2**15 + 2**4 (an fp16 midpoint) + 2**-48, beyond float64's 53 bits
+    ([128.0, 128.0, 4.0, 2.0 ** -24], [0.0] * 4, "sum", "fp16"),
+])
+def test_mse_loss_is_the_exact_value_rounded_once(pred, target, reduction, fmt):
+    pred, target = np.float32(pred), np.float32(target)
+    with use_policy(Policy(loss=fmt)):
+        got = ag.mse_loss(Tensor(pred), Tensor(target), reduction).data
+    np.testing.assert_array_equal(got, _exact_mse(pred, target, reduction, fmt))
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_mse_loss_matches_the_exact_oracle_on_random_data(seed, reduction):
+    rng = np.random.default_rng(seed)
+    n = [7, 12, 16, 30, 1, 5][seed]
+    pred = (rng.standard_normal(n) * 2.0 ** rng.integers(-40, 20, n)).astype(np.float32)
+    target = np.where(rng.random(n) < 0.5, pred, rng.standard_normal(n)).astype(np.float32)
+    target[::3] = pred[::3] * (1 + 2.0 ** -23)       # near cancellation
+    got = ag.mse_loss(Tensor(pred), Tensor(target), reduction).data
+    np.testing.assert_array_equal(got, _exact_mse(pred, target, reduction, "fp32"))
+
+
 def test_cast_rounds_forward_and_widens_backward():
     w = Tensor([1.0 + 2.0 ** -12, 3.0], "fp32", requires_grad=True)
     h = w.cast("fp16")

@@ -70,11 +70,46 @@ def test_fallback_near_a_midpoint(monkeypatch):
     assert len(calls) == 2
     for g in (tie, above):
         assert _same(global_norm([g, zeros]), exact_global_norm([g, zeros]))
-    # the reference rounds to odd at 53 bits, then rounds twice: bits below float64 that put
-    # sqrt(S) a hair above the midpoint can still give the tie's result; the fast path keeps
-    # those bits of the reference
+    # bits below float64's 53 that put sqrt(S) a hair above the midpoint round it up
     below53 = np.append(tie, np.float32(2.0 ** -60))
     assert _same(global_norm([below53]), exact_global_norm([below53]))
+    assert _same(global_norm([below53]), np.float32(1 + 2.0 ** -23))
+
+
+def _correctly_rounded_norm(grads):
+    """fp32(sqrt(S)) from the exact S (Fraction), for a normal fp32 result: the nearest of
+    the candidates around the float64 estimate, ties to even, decided on squares."""
+    from fractions import Fraction
+    total = sum(Fraction(float(v)) ** 2 for g in grads for v in np.ravel(g))
+    guess = np.float32(np.sqrt(float(total)))
+    candidates = [np.nextafter(guess, np.float32(-np.inf)), guess,
+                  np.nextafter(guess, np.float32(np.inf))]
+    for low, high in zip(candidates, candidates[1:]):
+        mid = (Fraction(float(low)) + Fraction(float(high))) / 2
+        if total < mid * mid or (total == mid * mid and int(low.view(np.int32)) % 2 == 0):
+            return low
+    return candidates[-1]
+
+
+@pytest.mark.parametrize("values", [
+    # S = 1 + 2**-23 + 2**-48 + 2**-52: the float64 root is the midpoint 1 + 2**-24 (it
+    # rounds to 1.0), sqrt(S) is above it: 1 + 2**-23
+    [1.0, 2.0 ** -12, 2.0 ** -12, 2.0 ** -24, 2.0 ** -26],
+    [1.0, 2.0 ** -12, 2.0 ** -12, 2.0 ** -24],                     # the exact tie: 1.0
+    # S = (1.5 + 2**-24)**2 + 2**-51: the float64 root is one float64 step above the
+    # midpoint, its float64 square above S: 1.5 + 2**-23, not the tie's 1.5
+    [1.5, 2.0 ** -12, 2.0 ** -12, 2.0 ** -12, 2.0 ** -24, 2.0 ** -26, 2.0 ** -26],
+    [1.5, 2.0 ** -12, 2.0 ** -13, 2.0 ** -30, 2.0 ** -40],
+])
+def test_no_double_rounding_at_an_fp32_midpoint(values):
+    grads = [np.array(values, np.float32)]
+    expected = _correctly_rounded_norm(grads)
+    assert _same(exact_global_norm(grads), expected)
+    assert _same(global_norm(grads), expected)
+    if len(values) == 5 and values[0] == 1.0:
+        assert _same(expected, np.float32(1 + 2.0 ** -23))
+    if len(values) == 7:
+        assert _same(expected, np.float32(1.5 + 2.0 ** -23))
 
 
 def test_fast_path_certifies_ordinary_input(monkeypatch):

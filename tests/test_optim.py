@@ -111,6 +111,26 @@ def test_arith_rounds_once_per_operation():
     assert ops.scalar(0.1) == np.float32(0.0999755859375)
 
 
+@pytest.mark.parametrize("fmt, a, b, expected", [
+    # fp32 operands (gradients) under a narrower format: the float64 sum drops the tiny
+    # operand, so rounding it again would meet a tie that the exact sum is not on
+    ("bf16", 1 + 2.0 ** -8, 2.0 ** -60, 1 + 2.0 ** -7),
+    ("bf16", 1 + 3 * 2.0 ** -8, -(2.0 ** -100), 1 + 2.0 ** -7),
+    ("fp16", 1 + 2.0 ** -11, 2.0 ** -60, 1 + 2.0 ** -10),
+    ("fp16", -(1 + 2.0 ** -11), -(2.0 ** -60), -(1 + 2.0 ** -10)),
+    ("fp16", 1 + 2.0 ** -11, -(2.0 ** -60), 1.0),
+])
+def test_arith_add_and_sub_of_fp32_operands_round_once(fmt, a, b, expected):
+    ops = Arith(fmt)
+    a32, b32 = np.float32([a]), np.float32([b])
+    assert ops.add(a32, b32)[0] == np.float32(expected)
+    assert ops.sub(a32, -b32)[0] == np.float32(expected)
+    assert ops.sub(np.float32(a), np.float32(-b)) == np.float32(expected)     # 0-d
+    # NaN keeps the sign IEEE float64 subtraction gives it
+    nan = ops.sub(np.float32([1.0]), np.float32([np.nan]))[0]
+    assert np.isnan(nan) and not np.signbit(nan)
+
+
 @pytest.mark.parametrize("make,message", [
     (lambda: SGD(lr=0.0), "lr must be a number in \\(0"),
     (lambda: SGD(lr=-1.0), "lr must be"),

@@ -3,10 +3,12 @@
 Both are in the policy's ``loss`` category (autocast's float32 list has ``cross_entropy`` and
 ``mse_loss``): inputs are cast to the loss format, and each loss is one fused op rounded once
 from the exact input values. cross_entropy is correctly rounded: the exact real value of the
-whole reduction (``fpsim.exact.cr_cross_entropy``, libm-free, certified, Decimal fallback);
-mse_loss is computed in float64 (``reduction="mean"`` divides in float64) before its one
-rounding. Backward, in float64 (exp libm-free), rounded once to each input's gradient
-format (not certified)::
+whole reduction (``fpsim.exact.cr_cross_entropy``, libm-free, certified, Decimal fallback).
+mse_loss is correctly rounded too (``_squared_error``: a certified float64 sum, else exact
+sums rounded to odd, then rounded once); an inf or NaN input gives the float64 IEEE value of
+the formula, and in the float64 reference mode (``FP64``) it is plain float64 arithmetic.
+Backward, in float64 (exp libm-free), rounded once to each input's gradient format (not
+certified)::
 
     cross_entropy:  d logits = (softmax(logits) - onehot(labels)) * g / N     (mean)
     mse_loss:       d pred   = 2 * (pred - target) * g / N,   d target = -d pred
@@ -20,10 +22,12 @@ array([-0.05960146,  0.05960146], dtype=float32)
 """
 from __future__ import annotations
 
-from ..backend import xp
+from fractions import Fraction
 
-from ..exact import cr_cross_entropy
+from ..backend import round_to, xp
+from ..exact import certify, cr_cross_entropy, round_to_odd_sum, width_factor
 from ..exact import elementary as f64
+from ..rounding import float64_round_to_odd
 from .numerics import FP64, round_array
 from .ops_reduce import log_softmax_along
 from .ops_shape import operands
@@ -63,6 +67,41 @@ def _labels(labels, n, classes):
         raise ValueError(f"cross_entropy: labels must lie in [0, {classes}), got values from "
                          f"{labels.min()} to {labels.max()}")
     return labels.astype(xp.intp)
+
+
+def _squared_error(pred, target, finite, reduction, fmt) -> xp.ndarray:
+    """A float64 value that rounds to ``fmt`` (nearest even) as the exact mse of the float32
+    values where ``finite`` does (to any format, when it is the exact value rounded to odd).
+
+    p - t may be inexact in float64, but (p - t)**2 = p*p - 2*p*t + t*t and each product of
+    two float32 values is exact in float64: ``round_to_odd_sum`` adds them exactly, rounded
+    to odd (see ``fpsim.exact.odd``). "sum", and "mean" over a power of two (an exact
+    scaling), first try their float64 sum in any order: where the certificate's ends
+    (``fpsim.exact.certificate``) round alike, the exact sum and the float64 sum between
+    them round to the same value. "mean" over other n divides S, the exact sum: S's 53 bits
+    are not enough (a quotient rounded twice). With R = S - rodd(S) (a second exact sum,
+    rounded to odd), rodd(S) + rodd(R) lies on the same side as S of every m * n, m a
+    midpoint of the format (m * n has at most 78 bits, and within 2 ulps of rodd(S) its
+    distance from rodd(S) has at most 28: rounding R to odd keeps its side), so their
+    Fraction quotient by n rounds like S / n; ``float64_round_to_odd`` rounds it to odd.
+    """
+    p = xp.where(finite, pred, 0.0).astype(xp.float64).reshape(-1)
+    t = xp.where(finite, target, 0.0).astype(xp.float64).reshape(-1)
+    terms = xp.stack([p * p, -2.0 * p * t, t * t], axis=-1)      # (n, 3), every one exact
+    if reduction == "none":
+        return round_to_odd_sum(terms).reshape(pred.shape)
+    n = max(p.size, 1)
+    if reduction == "sum" or n & (n - 1) == 0:
+        scale = 1.0 / n if reduction == "mean" else 1.0      # a power of two: exact
+        approx = xp.asarray([terms.sum() * scale])
+        width = xp.asarray([xp.abs(terms).sum() * scale * width_factor(terms.size)])
+        if certify(approx, width, round_end=lambda x: round_to(x, fmt))[2][0]:
+            return approx[0]
+        return xp.asarray(round_to_odd_sum(terms.reshape(1, -1))[0] * scale)
+    terms = terms.reshape(1, -1)
+    total = round_to_odd_sum(terms)[0]
+    rest = round_to_odd_sum(xp.concatenate([terms, xp.full((1, 1), -total)], axis=1))[0]
+    return xp.asarray(float64_round_to_odd((Fraction(total) + Fraction(rest)) / n))
 
 
 def cross_entropy(logits, labels, reduction: str = "mean") -> Tensor:
@@ -105,8 +144,16 @@ def mse_loss(pred, target, reduction: str = "mean") -> Tensor:
         raise ValueError(f"mse_loss: prediction shape {pred.shape} != target shape "
                          f"{target.shape} (broadcasting is refused here on purpose)")
     diff = pred.data.astype(xp.float64) - target.data.astype(xp.float64)
-    with xp.errstate(over="ignore", under="ignore"):
-        out = round_array(_reduce(diff * diff, reduction), fmt)
+    with xp.errstate(over="ignore", under="ignore", invalid="ignore"):
+        value = _reduce(diff * diff, reduction)     # IEEE float64: FP64, inf and NaN
+        if fmt is not FP64 and diff.size:
+            finite = xp.isfinite(diff)                # float32 values: both are finite
+            exact = _squared_error(pred.data, target.data, finite, reduction, fmt)
+            if reduction == "none":
+                value = xp.where(finite, exact, value)
+            elif finite.all():
+                value = exact
+        out = round_array(value, fmt)
     n = max(diff.size, 1)
 
     def backward(g, g_fmt):

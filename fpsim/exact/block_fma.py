@@ -68,12 +68,36 @@ def block_step(acc: xp.ndarray, terms: list, term_exps: list, model) -> xp.ndarr
             largest = xp.maximum(largest, e)
         largest = xp.where(largest == _NO_EXPONENT, 0.0, largest)  # an all-zero block
         quantum = xp.ldexp(1.0, (largest - model.alignment_bits).astype(xp.int64))
-        total = xp.trunc(acc_f / quantum) * quantum
-        for t in finite_terms:
-            total = total + xp.trunc(t / quantum) * quantum        # exact: integers < 2**53
+        total = _aligned_sum([acc_f] + finite_terms, quantum, model.alignment_bits)
         with xp.errstate(over="ignore", invalid="ignore"):
             rounded = round_to(total, fmt, model.rounding)
     return xp.where(xp.isfinite(special), rounded, special)
+
+
+def _aligned_sum(cells: list, quantum: xp.ndarray, bits: int) -> xp.ndarray:
+    """The sum of the cells truncated to multiples of ``quantum``, exact, or rounded to odd
+    at 53 bits where float64 cannot hold it (rounding once more to the block's format then
+    gives the rounding of the exact sum).
+
+    Each truncated cell is an integer multiple of quantum below 2**(bits + 2) of them (a
+    product's significand is below 4, the accumulator's below 2), so float64 adds
+    ``2**(51 - bits)`` of them exactly (every partial sum is an integer below 2**53): one
+    group for ``k + 1 <= 2**(51 - bits)``, e.g. every preset. More cells (a large k with
+    many alignment bits) are added in such groups, and the groups by ``round_to_odd_sum``.
+    Zeros: IEEE addition within a group; -0 only if every cell is -0 either way.
+    """
+    group = 1 << (51 - bits)
+    parts = []
+    for i, cell in enumerate(cells):
+        cut = xp.trunc(cell / quantum) * quantum
+        if i % group:
+            parts[-1] = parts[-1] + cut
+        else:
+            parts.append(cut)
+    if len(parts) == 1:
+        return parts[0]
+    stacked = xp.stack(xp.broadcast_arrays(*parts), axis=-1)
+    return round_to_odd_sum(stacked.reshape(-1, len(parts))).reshape(stacked.shape[:-1])
 
 
 def _exact_block(acc: xp.ndarray, terms: list, fmt, mode: str) -> xp.ndarray:

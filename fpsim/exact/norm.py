@@ -1,9 +1,17 @@
 """The exact global L2 norm in fp32, with a certified float64 fast path.
 
-The reference value is ``fp32(sqrt(rodd53(S)))``, ``S`` the exact sum of the squares (a
-float32 value squared is exact in float64: 48 significant bits, exponent within range),
-rounded to odd at 53 bits, its float64 square root, rounded to fp32 (``round_to``'s
-rounding; for a number that is not NaN, NumPy's IEEE float64 -> float32 cast is it).
+The value is ``fp32(sqrt(S))`` correctly rounded, ``S`` the exact sum of the squares (a
+float32 value squared is exact in float64: 48 significant bits, exponent within range), with
+``round_to``'s fp32 rounding (ties to even, subnormals, overflow to inf).
+
+How, exactly: ``s = rodd53(S)`` (the exact sum rounded to odd at 53 bits) decides it. The
+fp32 result changes only at a midpoint m (25 bits) between fp32 values; m*m has at most 50
+significant bits, so it is a float64 whose 53-bit last bit is even, and round to odd never
+moves S onto or across such a value: sqrt(s) and sqrt(S) lie on the same side of every m.
+``_fp32_sqrt(s)`` is then fp32(sqrt(s)) correctly rounded: r = sqrt(s) rounded to float64
+(one rounding, monotonic, every midpoint is a float64) rounds to fp32 like sqrt(s) unless r
+is itself a midpoint; then r*r is exact in float64 and its comparison with s settles it
+(rounding r to fp32 directly would round twice).
 
 Fast path: ``s`` = the float64 sum of the squares in any order: ``CHUNK`` elements at a time
 are widened into a reused float64 array and dotted with themselves (``matmul``, BLAS on the
@@ -13,10 +21,10 @@ partial sums are added. All terms are non-negative, so whatever the order,
 Numerical Algorithms, 2nd ed., eq. 4.4); additions that land in the subnormal range are
 exact, so underflow adds nothing. ``[lo, hi] = s (1 -+ 2 n u)``,
 widened by one float64 step each way, therefore encloses S for n u < 1/4. The map
-S -> fp32(sqrt(rodd53(S))) is non-decreasing, and for a float64 value v, rodd53(v) = v; so
-when lo and hi give the same fp32 value, S gives it too, and that is returned. Otherwise
-(S lies within about n u of a point where the fp32 result changes) the exact round-to-odd
-sum decides, so the result is the reference's bits in every case, on every machine.
+S -> fp32(sqrt(S)) is non-decreasing, so when lo and hi give the same fp32 value, S gives it
+too, and that is returned. Otherwise (S lies within about n u of a point where the fp32
+result changes) the exact round-to-odd sum decides, so the result is the reference's bits in
+every case, on every machine.
 """
 from __future__ import annotations
 
@@ -35,10 +43,19 @@ _U = 2.0 ** -53
 
 
 def _fp32_sqrt(value: float) -> xp.float32:
-    """fp32(sqrt(value)) for a finite value >= 0: the IEEE cast of a float64 that is not NaN
-    is ``round_to``'s fp32 rounding (ties to even, subnormals, overflow to inf)."""
+    """fp32(sqrt(value)) correctly rounded, for a finite float64 value >= 0 (the IEEE cast
+    of a float64 that is not NaN is ``round_to``'s fp32 rounding)."""
+    root = math.sqrt(value)                      # math.sqrt: IEEE, correctly rounded
+    # fp32 midpoints (and the overflow threshold) are the odd multiples of half an fp32 ulp
+    half_ulp = 2.0 ** max(math.frexp(root)[1] - 25, -150)
     with xp.errstate(over="ignore"):
-        return xp.float32(math.sqrt(value))      # math.sqrt: IEEE, correctly rounded
+        if (root / half_ulp) % 2 != 1:           # no midpoint: root rounds as sqrt(value)
+            return xp.float32(root)
+        # root is a midpoint (25 bits: root * root is exact); casting it would round twice
+        square = root * root
+        if value == square:                      # a tie: to even
+            return xp.float32(root)
+        return xp.float32(root + half_ulp if value > square else root - half_ulp)
 
 
 def _squares(grads) -> list[xp.ndarray]:

@@ -6,10 +6,17 @@ Fused multiply-add, ``fma(a, b, c) = round(a * b + c)``, rounds once: that is wh
 CPU kernels do (``Vectorized::fmadd`` in ``add(x, alpha=a)``, ``lerp``, ``addcmul``; checked
 bit for bit on an AVX-512 machine) and what CUDA compilers emit for ``a * b + c``.
 
-How the float64 intermediate stays exact:
-- ``add``/``mul``/``div``/``sqrt``: the float64 result rounded again to a format of at most 24
-  bits is the correctly rounded result (double rounding is innocuous when 53 >= 2p + 2;
-  Figueroa 1995). For fp32 the native float32 NumPy operation is used directly.
+How the float64 intermediate stays exact (operands are float32 values, e.g. fp32 gradients
+under a bf16 or fp16 ``Arith``: not always values of the format itself). For fp32 the native
+float32 NumPy operation is used directly; otherwise:
+- ``mul``: the float64 product of two float32 values is exact, then rounded once.
+- ``add``/``sub``: the float64 sum of two float32 values may be inexact (exponents far
+  apart) and rounding it again could round twice; as in ``fma``, where it is a midpoint of
+  the format's grid it is replaced by the sum rounded to odd (``add_round_to_odd``).
+- ``div``/``sqrt``: a quotient or root of float32 values that is not itself a midpoint of a
+  format of at most 24 bits lies farther than 2**-51 (relative) from every midpoint, beyond
+  float64's half ulp 2**-53, so the float64 result lies on the same side of every midpoint
+  and rounds to the format like the exact one.
 - ``fma``: a*b is exact in float64 (two <= 24-bit significands); the sum is formed with
   TwoSum and rounded to odd (Boldo & Melquiond 2008), and rounding to odd at 53 bits then to
   p <= 51 bits is the correctly rounded result. ``fma`` reaches those bits faster (its
@@ -95,11 +102,30 @@ class Arith:
                 return op(xp.asarray(a, xp.float32), xp.asarray(b, xp.float32))
             return self.round(op(xp.asarray(a, xp.float64), xp.asarray(b, xp.float64)))
 
+    def _sum(self, op, a, b) -> xp.ndarray:
+        """round(a + b) or round(a - b), one rounding. The float64 sum of two float32 values
+        can be inexact, and rounding it again then rounds twice where it lands on a midpoint
+        of the format's grid: there it is replaced by the sum rounded to odd, as in ``fma``
+        (a * 1 + b, or b * -1 + a: the product is exact; the IEEE result elsewhere, NaN
+        signs included)."""
+        if self.native:
+            return self._binary(op, a, b)
+        a64, b64 = xp.broadcast_arrays(xp.asarray(a, xp.float64), xp.asarray(b, xp.float64))
+        shape, a64, b64 = a64.shape, a64.reshape(-1), b64.reshape(-1)
+        with xp.errstate(over="ignore", invalid="ignore"):
+            total = op(a64, b64)
+            low = total.view(xp.uint64) & self._low_bits
+            if xp.count_nonzero(low) < low.size:
+                first, factor, second = (a64, 1.0, b64) if op is xp.add else (b64, -1.0, a64)
+                self._settle_ties(first, xp.asarray(factor), second, total,
+                                  xp.flatnonzero(low == 0))
+        return self.round(total.reshape(shape))
+
     def add(self, a, b):
-        return self._binary(xp.add, a, b)
+        return self._sum(xp.add, a, b)
 
     def sub(self, a, b):
-        return self._binary(xp.subtract, a, b)
+        return self._sum(xp.subtract, a, b)
 
     def mul(self, a, b):
         return self._binary(xp.multiply, a, b)

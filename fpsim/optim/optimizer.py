@@ -8,7 +8,7 @@ One ``step(scaler_state)``, in order (each rounding named)::
     state  = scaler_state.update(found)          # skip? grow? back off?
     grads  = float32(grads) * inv_scale          # exact widening; one fp32 rounding
     if state skipped: stop here, weights untouched
-    norm   = fp32(sqrt(exact sum of squares))    # global L2 norm (rounded to odd, then fp32)
+    norm   = fp32(sqrt(exact sum of squares))    # global L2 norm, correctly rounded
     if clip_norm and norm > clip_norm: grads *= fp32(clip_norm / (norm + 1e-6))   (torch)
     master = rule(master, grads) in the master format (fp32 by default)
     param  = round(master, param format)         # the working copy the model computes with
