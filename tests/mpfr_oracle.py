@@ -37,7 +37,7 @@ import numpy as np
 from fpsim.formats import Format, get
 from fpsim.rounding import round_to
 
-__all__ = ["mpfr_round", "stochastic_outcomes", "native_ieee_round", "DETERMINISTIC_MODES",
+__all__ = ["mpfr_round", "mpfr_round_rational", "stochastic_outcomes", "native_ieee_round", "DETERMINISTIC_MODES",
            "mpfr_rounded", "FUNCTIONS", "function_values", "row_terms", "softmax_values",
            "log_softmax_values"]
 
@@ -121,6 +121,17 @@ def mpfr_round(value: float, fmt: "Format | str", mode: str, saturate: bool | No
         raise ValueError(f"mpfr_round takes one of {DETERMINISTIC_MODES}, got {mode!r}")
     fmt, saturate, subnormals = _resolve(fmt, saturate, subnormals)
     value = _read_input(value, fmt, daz)
+    return _finish(_unbounded_rounding(value, fmt, mode), value, fmt, mode, saturate,
+                   subnormals)
+
+
+def mpfr_round_rational(value: Fraction, fmt: "Format | str", mode: str) -> float:
+    """``mpfr_round`` of an exact rational (an int or ``Fraction``, |value| < 2**1000): MPFR
+    rounds it once, never through float64; the format's own saturation and subnormals."""
+    if mode not in DETERMINISTIC_MODES:
+        raise ValueError(f"mpfr_round_rational takes one of {DETERMINISTIC_MODES}, got {mode!r}")
+    fmt, saturate, subnormals = _resolve(fmt, None, None)
+    value = Fraction(value)
     return _finish(_unbounded_rounding(value, fmt, mode), value, fmt, mode, saturate,
                    subnormals)
 
@@ -223,9 +234,17 @@ def row_terms(x, precision=400):
 
 
 def softmax_values(x, precision=400):
-    """Softmax of each row of x, exact to ~350 bits, as a flat list of mpfr (C order)."""
+    """Softmax of each row of x, exact to ~350 bits, as a flat list of mpfr (C order):
+    e**(x_i - m) / sum_j e**(x_j - m), exact where the row's terms are (n equal values: 1/n,
+    a tie in some formats, where exp(-log n) would miss the tie by 2**-400)."""
+    out = []
     with gmpy2.context(precision=precision):
-        return [gmpy2.exp(di - lse) for d, lse in row_terms(x, precision) for di in d]
+        for row in np.asarray(x).tolist():
+            m = gmpy2.mpfr(max(row))
+            e = [gmpy2.exp(gmpy2.mpfr(v) - m) for v in row]
+            total = gmpy2.fsum(e)
+            out += [ei / total for ei in e]
+    return out
 
 
 def log_softmax_values(x, precision=400):

@@ -222,3 +222,17 @@ def test_gelu_proxies_round_like_the_value_for_float64_inputs():
         want = mpfr_rounded(exact, fmt).astype(np.float64)
         assert np.array_equal(np.signbit(got), np.signbit(want)), fmt
         assert np.array_equal(got, want), (fmt, got, want)
+
+
+def test_softmax_of_equal_values_is_exact_even_at_a_midpoint():
+    """n equal logits give 1/n exactly; 1/1024 is e4m3fn's tie between 0 and 2**-9 (to 0,
+    even) and 1/4096 fp16's... not a tie (a number); the fallback must see an exact point,
+    not loop on an interval around the tie. Rows with ties and one larger value too."""
+    for n, fmt in ((1024, "e4m3fn"), (4096, "fp16"), (16, "e4m3fn"), (3, "bf16")):
+        x = np.zeros((3, n), np.float32)
+        x[1, 0] = 0.5                         # no ties with the maximum: not exact
+        x[2, :2] = 7.0                        # two tied maxima, n - 2 far below
+        want = mpfr_rounded(softmax_values(x), fmt).reshape(x.shape)
+        got = _rounded(fx.cr_softmax(x, 1, get(fmt)), fmt)
+        _same(got, want, f"softmax of {n} {fmt}")
+        assert got[0, 0] == round_to(1.0 / n, get(fmt))

@@ -105,8 +105,11 @@ def settle_rows(x_rows, v, ok, fmt, kind):
         return v
     dvalue = {"softmax": ref.softmax_enclosure, "log_softmax": ref.log_softmax_enclosure}[kind]
     v = v.copy()
+    rows = {}                                   # one ``Row`` per row: its sums once
     for r, i in zip(*xp.nonzero(~ok)):
-        v[r, i] = settle(dvalue(x_rows[r].tolist(), int(i)), fmt)
+        if r not in rows:
+            rows[r] = ref.Row(x_rows[r].tolist())
+        v[r, i] = settle(dvalue(rows[r], int(i)), fmt)
     return v
 
 
@@ -154,7 +157,7 @@ def cr_cross_entropy(logits, labels, reduction, fmt, *, with_log_softmax: bool =
             total, bound = total / n, bound + _U
         total = xp.asarray(total)
         if not (certified(total, bound, fmt) | ~xp.isfinite(total)):
-            dvalue = ref.cross_entropy_enclosure([r.tolist() for r in logits],
+            dvalue = ref.cross_entropy_enclosure([ref.Row(r.tolist()) for r in logits],
                                                  [int(v) for v in labels], reduction)
             total = xp.asarray(settle(dvalue, fmt))
     return (total, logp) if with_log_softmax else total
@@ -163,6 +166,6 @@ def cr_cross_entropy(logits, labels, reduction, fmt, *, with_log_softmax: bool =
 def _settle_each(logits, labels, loss, ok, fmt):
     loss = loss.copy()
     for r in xp.flatnonzero(~ok):
-        loss[r] = settle(ref.cross_entropy_enclosure([logits[r].tolist()], [int(labels[r])],
-                                                     "sum"), fmt)
+        loss[r] = settle(ref.cross_entropy_enclosure([ref.Row(logits[r].tolist())],
+                                                     [int(labels[r])], "sum"), fmt)
     return loss

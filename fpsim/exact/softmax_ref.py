@@ -12,9 +12,10 @@ m = max x and j* its first index:
 - L = log(1 + t) (so log sum_j e**d_j = L), enclosed from t's ends (log1p is increasing)
   with as many more digits as t is small (``_log1p``), or, where t < 10**-(digits + 5), by
   t - t*t/2 < L < t.
-- log-softmax_i = d_i - L in (d_i - L_hi, d_i - L_lo); softmax_i = e**(d_i - L) between
-  the exps of those ends; cross-entropy: the ends of L_r - d_(r, label) added exactly (and
-  divided by N for "mean").
+- log-softmax_i = d_i - L in (d_i - L_hi, d_i - L_lo); softmax_i = e**d_i / (1 + t) from
+  the ends of both (exact where every term is: e**0 = 1, so a row of n equal values gives
+  1/n, which can be a format midpoint); cross-entropy: the ends of L_r - d_(r, label) added
+  exactly (and divided by N for "mean").
 
 Why enclosures, not a value and a relative error: where t is tiny against d_i (logits far
 apart), d_i - L sits closer to d_i than any relative error can tell (d_i may be a format
@@ -30,7 +31,7 @@ from fractions import Fraction
 
 from .decimal_ref import context
 
-__all__ = ["exp_enclosure", "row_logs", "softmax_enclosure", "log_softmax_enclosure",
+__all__ = ["exp_enclosure", "Row", "softmax_enclosure", "log_softmax_enclosure",
            "cross_entropy_enclosure"]
 
 FAR = 2000                          # e**d for d < -FAR enters as the bound (0, FAR_BOUND)
@@ -50,6 +51,8 @@ def exp_enclosure(a: Fraction, digits: int) -> tuple[Fraction, Fraction]:
     """(lo, hi) with lo < e**a < hi, relative width 2 10**-(digits + 5), for a <= 2000.
     |a| <= 2000: a to digits + 15 digits is within 2 10**-(digits + 11) absolute, e**a then
     within 2.1 10**-(digits + 11) relative, and the exp rounds once more (10**-(digits + 14))."""
+    if a == 0:
+        return Fraction(1), Fraction(1)           # exact: a tie with the row's maximum
     if a < -FAR:
         return Fraction(0), FAR_BOUND
     with context(digits + 15):
@@ -68,46 +71,71 @@ def _log1p(t: Fraction, digits: int) -> Fraction:
         return Fraction((1 + _decimal(t)).ln())
 
 
-def row_logs(xs: list[float], digits: int):
-    """(d, L_lo, L_hi): d_j = x_j - m exact, and L = log sum_j e**d_j with L_lo < L < L_hi
-    (L_lo = L_hi = 0 for a row of one value, where L = 0 exactly)."""
-    m = max(xs)
-    top = xs.index(m)
-    d = [Fraction(v) - Fraction(m) for v in xs]
-    t_lo = t_hi = Fraction(0)
-    for j, dj in enumerate(d):
-        if j != top:
-            lo, hi = exp_enclosure(dj, digits)
-            t_lo, t_hi = t_lo + lo, t_hi + hi
-    claim = _claim(digits)
-    if t_hi < claim:            # t - t*t/2 < log(1 + t) < t for t > 0: no Decimal log needed
-        return d, t_lo - t_lo * t_lo / 2, t_hi
-    return d, _log1p(t_lo, digits) * (1 - claim), _log1p(t_hi, digits) * (1 + claim)
+class Row:
+    """One row's exact pieces, computed once per precision and shared by its elements (a row
+    of n undecided elements costs n terms per precision, not n * n)."""
+
+    def __init__(self, xs: list[float]):
+        self.xs = xs
+        self._sums: dict[int, tuple] = {}
+        self._logs: dict[int, tuple] = {}
+
+    def sums(self, digits: int):
+        """(d, t_lo, t_hi): d_j = x_j - m exact, and t = sum over j != j* of e**d_j with
+        t_lo < t < t_hi, or t_lo = t = t_hi where every term is exact (d_j = 0: ties with
+        the maximum; none: a row of one value)."""
+        if digits not in self._sums:
+            m = max(self.xs)
+            top = self.xs.index(m)
+            d = [Fraction(v) - Fraction(m) for v in self.xs]
+            t_lo = t_hi = Fraction(0)
+            for j, dj in enumerate(d):
+                if j != top:
+                    lo, hi = exp_enclosure(dj, digits)
+                    t_lo, t_hi = t_lo + lo, t_hi + hi
+            self._sums[digits] = d, t_lo, t_hi
+        return self._sums[digits]
+
+    def logs(self, digits: int):
+        """(d, L_lo, L_hi): L = log sum_j e**d_j with L_lo < L < L_hi (L_lo = L_hi = 0 for a
+        row of one value, where L = 0 exactly)."""
+        if digits not in self._logs:
+            d, t_lo, t_hi = self.sums(digits)
+            claim = _claim(digits)
+            if t_hi == 0:
+                ends = Fraction(0), Fraction(0)
+            elif t_hi < claim:      # t - t*t/2 < log(1 + t) < t for t > 0: no Decimal log
+                ends = t_lo - t_lo * t_lo / 2, t_hi
+            else:
+                ends = _log1p(t_lo, digits) * (1 - claim), _log1p(t_hi, digits) * (1 + claim)
+            self._logs[digits] = (d, *ends)
+        return self._logs[digits]
 
 
-def log_softmax_enclosure(xs: list[float], i: int):
+def log_softmax_enclosure(row: Row, i: int):
     def value(digits):
-        d, low, high = row_logs(xs, digits)
+        d, low, high = row.logs(digits)
         return d[i] - high, d[i] - low
     return value
 
 
-def softmax_enclosure(xs: list[float], i: int):
+def softmax_enclosure(row: Row, i: int):
+    """e**d_i / (1 + t), from the ends of both: exact (a point) where every term is, as in a
+    row of equal values (1/n, which can be a format midpoint: 2**-10 for e4m3fn)."""
     def value(digits):
-        d, low, high = row_logs(xs, digits)
-        if low == high:                              # L = 0: one value, softmax 1
-            return Fraction(1), Fraction(1)
-        return exp_enclosure(d[i] - high, digits)[0], exp_enclosure(d[i] - low, digits)[1]
+        d, t_lo, t_hi = row.sums(digits)
+        e_lo, e_hi = exp_enclosure(d[i], digits)
+        return e_lo / (1 + t_hi), e_hi / (1 + t_lo)
     return value
 
 
-def cross_entropy_enclosure(rows: list[list[float]], labels: list[int], reduction: str):
-    """Loss -log-softmax_(r, label_r) of each row, added ("sum"), averaged ("mean") or of the
-    one row given ("none")."""
+def cross_entropy_enclosure(rows: list[Row], labels: list[int], reduction: str):
+    """Loss -log-softmax_(r, label_r) of each row, added ("sum", or "none" for one row) or
+    averaged ("mean")."""
     def value(digits):
         low = high = Fraction(0)
-        for xs, label in zip(rows, labels):
-            d, l_lo, l_hi = row_logs(xs, digits)
+        for row, label in zip(rows, labels):
+            d, l_lo, l_hi = row.logs(digits)
             low, high = low + l_lo - d[label], high + l_hi - d[label]
         if reduction == "mean":
             low, high = low / len(rows), high / len(rows)
