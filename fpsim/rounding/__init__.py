@@ -18,7 +18,8 @@ Overflow follows IEEE 754: nearest modes go to infinity, directed modes go to in
 their own direction and to the largest finite value otherwise; stochastic rounding overflows
 like the nearest modes when it picks the neighbour above the largest finite value. Formats
 without infinity (``fn``, ``fnuz``) give NaN where IEEE would give infinity, as ml_dtypes'
-casts do (PyTorch 2.13's float8 casts saturate instead: ``saturate=True``).
+casts do (of PyTorch 2.13's float8 casts, ``float8_e4m3fn`` saturates instead, infinities
+included: ``saturate=True``; ``float8_e5m2`` gives inf and the ``fnuz`` casts NaN, as here).
 Saturation (the format's, or the ``saturate`` argument) clamps every overflow, infinite
 inputs included, to the largest finite value; NaN stays NaN.
 """
