@@ -22,6 +22,10 @@ casts do (of PyTorch 2.13's float8 casts, ``float8_e4m3fn`` saturates instead, i
 included: ``saturate=True``; ``float8_e5m2`` gives inf and the ``fnuz`` casts NaN, as here).
 Saturation (the format's, or the ``saturate`` argument) clamps every overflow, infinite
 inputs included, to the largest finite value; NaN stays NaN.
+
+Every call first checks that the thread's floating-point environment is IEEE's default
+(``environment``): another rounding mode, flush-to-zero or denormals-are-zero would change
+these bits silently, so they raise ``FloatingPointError`` instead.
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ from ..formats import BF16, FP16, Format, get
 from ._kernels import (Rules, magic_applies, round_any_mode, round_nearest_even_magic,
                        thread_scratch)
 from ._philox import check_seed, philox4x32, philox_uniforms
+from .environment import check_environment
 from .rational import float64_round_to_odd
 
 __all__ = ["round_to", "MODES", "philox_uniforms", "philox4x32", "float64_round_to_odd"]
@@ -98,6 +103,7 @@ def round_to(x, fmt: "Format | str", mode: str = "nearest_even", *, seed=None, o
     >>> round_to(70000.0, "fp16"), round_to(70000.0, "fp16", "toward_zero")
     (inf, 65504.0)
     """
+    check_environment()
     if (type(x) is np.ndarray and isinstance(fmt, (Format, str)) and mode == "nearest_even"
             and subnormals is None
             and saturate is None and daz is False and seed is None and offset is None
