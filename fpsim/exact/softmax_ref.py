@@ -48,9 +48,10 @@ def _decimal(q: Fraction) -> Decimal:
 
 
 def exp_enclosure(a: Fraction, digits: int) -> tuple[Fraction, Fraction]:
-    """(lo, hi) with lo < e**a < hi, relative width 2 10**-(digits + 5), for a <= 2000.
-    |a| <= 2000: a to digits + 15 digits is within 2 10**-(digits + 11) absolute, e**a then
-    within 2.1 10**-(digits + 11) relative, and the exp rounds once more (10**-(digits + 14))."""
+    """(lo, hi) with lo < e**a < hi for a <= 0 (the row's x_j - m): (1, 1) at a = 0, exactly;
+    (0, 10**-868) below -2000; else relative width 2 10**-(digits + 5): a to digits + 15
+    digits is within 2 10**-(digits + 11) absolute, e**a then within 2.1 10**-(digits + 11)
+    relative, and the exp rounds once more (10**-(digits + 14))."""
     if a == 0:
         return Fraction(1), Fraction(1)           # exact: a tie with the row's maximum
     if a < -FAR:
