@@ -85,8 +85,8 @@ def _squared_error(pred, target, finite, reduction, fmt) -> xp.ndarray:
     distance from rodd(S) has at most 28: rounding R to odd keeps its side), so their
     Fraction quotient by n rounds like S / n; ``float64_round_to_odd`` rounds it to odd.
     """
-    p = xp.where(finite, pred, 0.0).astype(xp.float64).reshape(-1)
-    t = xp.where(finite, target, 0.0).astype(xp.float64).reshape(-1)
+    p = xp.asarray(xp.where(finite, pred, 0.0), xp.float64).reshape(-1)
+    t = xp.asarray(xp.where(finite, target, 0.0), xp.float64).reshape(-1)
     terms = xp.stack([p * p, -2.0 * p * t, t * t], axis=-1)      # (n, 3), every one exact
     if reduction == "none":
         return round_to_odd_sum(terms).reshape(pred.shape)

@@ -48,14 +48,13 @@ def _fp32_sqrt(value: float) -> xp.float32:
     root = math.sqrt(value)                      # math.sqrt: IEEE, correctly rounded
     # fp32 midpoints (and the overflow threshold) are the odd multiples of half an fp32 ulp
     half_ulp = 2.0 ** max(math.frexp(root)[1] - 25, -150)
+    if (root / half_ulp) % 2 == 1 and value != root * root:
+        # root is a midpoint (25 bits: root * root is exact) that sqrt(value) is not: casting
+        # it would round twice; the fp32 neighbour on sqrt(value)'s side is the answer (at an
+        # exact tie, root itself is cast: ties to even)
+        root = root + half_ulp if value > root * root else root - half_ulp
     with xp.errstate(over="ignore"):
-        if (root / half_ulp) % 2 != 1:           # no midpoint: root rounds as sqrt(value)
-            return xp.float32(root)
-        # root is a midpoint (25 bits: root * root is exact); casting it would round twice
-        square = root * root
-        if value == square:                      # a tie: to even
-            return xp.float32(root)
-        return xp.float32(root + half_ulp if value > square else root - half_ulp)
+        return xp.float32(root)
 
 
 def _squares(grads) -> list[xp.ndarray]:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from ..backend import round_to, scratch, xp
+from ..backend import bits, round_to, scratch, xp
 from ..exact.odd import add_round_to_odd
 from ..formats import FP32, Format, get
 
@@ -114,7 +114,7 @@ class Arith:
         shape, a64, b64 = a64.shape, a64.reshape(-1), b64.reshape(-1)
         with xp.errstate(over="ignore", invalid="ignore"):
             total = op(a64, b64)
-            low = total.view(xp.uint64) & self._low_bits
+            low = bits(total) & self._low_bits
             if xp.count_nonzero(low) < low.size:
                 first, factor, second = (a64, 1.0, b64) if op is xp.add else (b64, -1.0, a64)
                 self._settle_ties(first, xp.asarray(factor), second, total,
