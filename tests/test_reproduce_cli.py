@@ -57,3 +57,12 @@ def test_readme_states_the_measured_run_times():
         assert stated, (f"README must state the {mode} run time: '`{command}` takes about N s "
                         f"of CPU time'")
         assert int(stated.group(1)) == round(sum(MEASURED_SECONDS[mode].values()))
+
+
+@pytest.mark.parametrize("only", ["", ",,", " , "])
+def test_an_only_that_names_nothing_is_refused_before_anything_runs(only, tmp_path, capsys):
+    out = tmp_path / "figs"
+    assert main(["reproduce", "--quick", "--only", only, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fpsim: error: --only") and "underflow" in err[0]
+    assert not out.exists()

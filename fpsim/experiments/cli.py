@@ -55,7 +55,13 @@ def run(args: argparse.Namespace) -> int:
         for name in names(include_broken=True):
             print(f"{name:16} {REGISTRY[name].title if name in REGISTRY else BROKEN[name]}")
         return 0
-    only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
+    only = None
+    if args.only is not None:           # given, even empty: it must name an experiment
+        only = [n.strip() for n in args.only.split(",") if n.strip()]
+        if not only:
+            raise ValueError(f"--only {args.only!r} names no experiment; give comma-separated "
+                             f"names from {', '.join(names(include_broken=True))}, or leave "
+                             f"--only out to run them all")
     chosen = only or names(include_broken=True)
     measured = MEASURED_SECONDS["quick" if args.quick else "full"]
     bars = None
