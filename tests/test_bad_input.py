@@ -168,3 +168,15 @@ def test_the_console_command_never_prints_a_traceback(tmp_path):
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--lr", "1e-60"], "lr=1e-60 is 0.0 in float32"),
+    (["--lr", "1e39"], "lr=1e+39 is inf in float32"),
+    (["--clip-norm", "1e-60"], "clip_norm=1e-60 is 0.0 in float32"),
+])
+def test_values_float32_turns_into_refused_ones_are_refused(tmp_path, capsys, flags, words):
+    out = tmp_path / "run"
+    assert main(["train", "--steps", "2", "--out", str(out)] + flags) == 2
+    assert words in one_error_line(capsys)
+    assert not out.exists()

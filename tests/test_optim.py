@@ -141,9 +141,25 @@ def test_arith_add_and_sub_of_fp32_operands_round_once(fmt, a, b, expected):
     (lambda: Adam(lr=float("nan")), "lr"),
     (lambda: Optimizer([], SGD(lr=0.1)), "no parameters"),
     (lambda: Optimizer([weights([1.0])], SGD(lr=0.1), clip_norm=0.0), "clip_norm"),
+    # allowed values that float32, the widest update arithmetic, turns into refused ones
+    (lambda: SGD(lr=1e-50), "lr=1e-50 is 0.0 in float32"),
+    (lambda: SGD(lr=1e39), "lr=1e\\+39 is inf in float32"),
+    (lambda: Adam(lr=1e-3, eps=1e-50), "eps=1e-50 is 0.0 in float32"),
+    (lambda: Adam(lr=1e-3, beta2=1 - 1e-10), "beta2=.* is 1.0 in float32"),
+    (lambda: Optimizer([weights([1.0])], SGD(lr=0.1), clip_norm=1e-60), "is 0.0 in float32"),
+    (lambda: Optimizer([weights([1.0])], SGD(lr=0.1), clip_norm=True), "clip_norm must be"),
+    (lambda: SGD(lr=0.1, momentum=True), "momentum must be"),
+    (lambda: SGD(lr=0.1, momentum=0.9, nesterov="yes"), "nesterov must be True or False"),
+    (lambda: Adam(lr=1e-3, decoupled=1), "decoupled must be True or False"),
     (lambda: Optimizer([weights([0.1], "fp32")], SGD(lr=0.1), master="fp16"), "does not fit"),
     (lambda: Optimizer([np.ones(3)], SGD(lr=0.1)), "not a Tensor"),
 ])
 def test_bad_input_is_refused_clearly(make, message):
     with pytest.raises((ValueError, TypeError), match=message):
         make()
+
+
+def test_numpy_scalars_and_float32_subnormals_are_accepted():
+    assert SGD(lr=np.float32(0.1)).lr == np.float32(0.1)
+    assert Adam(lr=1e-3, eps=2.0 ** -149).eps == 2.0 ** -149     # float32's smallest: kept
+    Optimizer([weights([1.0])], SGD(lr=0.1), clip_norm=np.float64(2.0))

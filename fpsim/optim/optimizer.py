@@ -44,7 +44,7 @@ from ..formats import FP32, Format, get
 from ..backend import round_to
 from ..scaling import check_overflow, found_inf, unscale
 from .arith import Arith
-from .rules import SGD, Adam, Update
+from .rules import SGD, Adam, Update, check_number
 
 __all__ = ["Optimizer", "StepReport"]
 
@@ -84,8 +84,8 @@ class Optimizer:
         self.named = _named(params)
         if not self.named:
             raise ValueError("the optimizer got no parameters")
-        if clip_norm is not None and not clip_norm > 0:
-            raise ValueError(f"clip_norm must be a positive number or None, got {clip_norm!r}")
+        if clip_norm is not None:
+            check_number("clip_norm", clip_norm, 0.0, low_open=True)
         self.rule = rule
         self.clip_norm = clip_norm
         self.master_fmt = None if master is None else get(master)

@@ -12,14 +12,16 @@ as values of the format, as torch's ``alpha``/``value`` arguments do.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from numbers import Real
+from dataclasses import dataclass, fields
 from typing import NamedTuple
 
-from ..backend import xp
+from ..backend import round_to, xp
+from ..formats import FP32
 
 from .arith import Arith
 
-__all__ = ["SGD", "Adam", "AdamW", "Update"]
+__all__ = ["SGD", "Adam", "AdamW", "Update", "check_number", "check_flag"]
 
 
 class Update(NamedTuple):
@@ -54,13 +56,40 @@ class Update(NamedTuple):
         return direction != 0
 
 
-def _check(name: str, value: float, low: float, *, low_open=False, high=None) -> None:
-    bad = (not isinstance(value, (int, float)) or isinstance(value, bool)
-           or not math.isfinite(value) or value < low or (low_open and value == low)
-           or (high is not None and value >= high))
-    if bad:
-        interval = f"{'(' if low_open else '['}{low}, {high if high is not None else 'inf'})"
+def check_number(name: str, value: float, low: float, *, low_open=False, high=None) -> None:
+    """Refuse ``value`` unless it is a real number (not a bool) in [low, high) ((low, high)
+    with ``low_open``) both as given and as float32 holds it: every update computes in a
+    format no wider than float32, where 1e-50 is 0 and 1e39 is inf (float32's range is
+    2**-149 .. 3.4e38), so a value that is allowed but becomes one that is not is refused too."""
+    interval = f"{'(' if low_open else '['}{low}, {high if high is not None else 'inf'})"
+
+    def outside(v) -> bool:
+        return (not math.isfinite(v) or v < low or (low_open and v == low)
+                or (high is not None and v >= high))
+
+    # any real number (NumPy's scalars too), but not a bool
+    if not isinstance(value, Real) or isinstance(value, bool) or outside(float(value)):
         raise ValueError(f"{name} must be a number in {interval}, got {value!r}")
+    stored = float(round_to(float(value), FP32))
+    if outside(stored):
+        raise ValueError(f"{name}={value!r} is {stored!r} in float32, the widest format an "
+                         f"update computes in; give a value in {interval} that float32 keeps "
+                         f"there (its range is 2**-149 to 3.4e38)")
+
+
+def check_flag(name: str, value) -> None:
+    """Refuse anything but True or False (Python would read 'yes', 0.5 or [] as a truth)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
+def _plain_numbers(rule) -> None:
+    """Store NumPy scalars among a frozen rule's fields as Python floats (the hyperparameters
+    go into run.json and checkpoints, which hold Python numbers only)."""
+    for field in fields(rule):
+        value = getattr(rule, field.name)
+        if isinstance(value, Real) and not isinstance(value, (int, float)):
+            object.__setattr__(rule, field.name, float(value))
 
 
 class MomentumState(NamedTuple):
@@ -91,10 +120,12 @@ class SGD:
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
-        _check("lr", self.lr, 0.0, low_open=True)
-        _check("momentum", self.momentum, 0.0)
-        _check("dampening", self.dampening, 0.0)
-        _check("weight_decay", self.weight_decay, 0.0)
+        _plain_numbers(self)
+        check_number("lr", self.lr, 0.0, low_open=True)
+        check_number("momentum", self.momentum, 0.0)
+        check_number("dampening", self.dampening, 0.0)
+        check_number("weight_decay", self.weight_decay, 0.0)
+        check_flag("nesterov", self.nesterov)
         if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
             raise ValueError("nesterov=True needs momentum > 0 and dampening = 0")
 
@@ -150,11 +181,13 @@ class Adam:
     decoupled: bool = False
 
     def __post_init__(self) -> None:
-        _check("lr", self.lr, 0.0, low_open=True)
-        _check("beta1", self.beta1, 0.0, high=1.0)
-        _check("beta2", self.beta2, 0.0, high=1.0)
-        _check("eps", self.eps, 0.0, low_open=True)
-        _check("weight_decay", self.weight_decay, 0.0)
+        _plain_numbers(self)
+        check_number("lr", self.lr, 0.0, low_open=True)
+        check_number("beta1", self.beta1, 0.0, high=1.0)
+        check_number("beta2", self.beta2, 0.0, high=1.0)
+        check_number("eps", self.eps, 0.0, low_open=True)
+        check_number("weight_decay", self.weight_decay, 0.0)
+        check_flag("decoupled", self.decoupled)
 
     def init(self, param) -> AdamState:
         zeros = xp.zeros(xp.shape(param), xp.float32)
