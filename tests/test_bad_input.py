@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from fpsim import formats, nn, round_to, use_policy
+from fpsim import Tensor, formats, nn, round_to, use_policy
 from fpsim.cli import main
 from fpsim.conformance.cast_check import check_cast
 from fpsim.optim import SGD, Optimizer
@@ -180,3 +180,19 @@ def test_values_float32_turns_into_refused_ones_are_refused(tmp_path, capsys, fl
     assert main(["train", "--steps", "2", "--out", str(out)] + flags) == 2
     assert words in one_error_line(capsys)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("make,words", [
+    (lambda: nn.MLP([4, 8.9, 2]), "MLP sizes[1] must be a positive integer, got 8.9"),
+    (lambda: nn.MLP([4, "8", 2]), "MLP sizes[1] must be a positive integer, got '8'"),
+    (lambda: nn.MLP([4]), "at least two sizes"),
+    (lambda: nn.LSTM(0, 4), "input_size must be a positive integer"),
+    (lambda: nn.LSTM(4, 2.0), "hidden_size must be a positive integer"),
+    (lambda: Tensor([1.0], requires_grad="yes"), "requires_grad must be True or False"),
+    (lambda: Dataset(np.zeros((2, 2), np.float32), np.zeros(2, int), 2.5),
+     "classes must be a positive integer, got 2.5"),
+])
+def test_python_does_not_coerce_constructor_arguments(make, words):
+    with pytest.raises((ValueError, TypeError)) as err:
+        make()
+    assert words in str(err.value)

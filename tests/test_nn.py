@@ -105,7 +105,7 @@ def test_lstm_shapes_state_and_errors():
 
 
 def test_mlp_builder_validation():
-    with pytest.raises(ValueError, match="at least two positive sizes"):
+    with pytest.raises(ValueError, match="at least two sizes"):
         nn.MLP([3])
     with pytest.raises(ValueError, match="unknown activation 'swish'"):
         nn.MLP([3, 2], activation="swish")

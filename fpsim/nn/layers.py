@@ -26,7 +26,8 @@ __all__ = ["Linear", "Embedding", "Sequential", "ReLU", "Tanh", "Sigmoid", "GELU
            "ACTIVATIONS"]
 
 
-def _check_size(name: str, value) -> None:
+def check_size(name: str, value) -> None:
+    """Refuse anything but a positive integer (8.9 or '8' would be read as 8 by int())."""
     if isinstance(value, bool) or not isinstance(value, (int, xp.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
@@ -38,8 +39,8 @@ class Linear(Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, rng=None,
                  accumulation=None):
         super().__init__()
-        _check_size("in_features", in_features)
-        _check_size("out_features", out_features)
+        check_size("in_features", in_features)
+        check_size("out_features", out_features)
         rng = init.as_rng(rng)
         self.in_features, self.out_features = in_features, out_features
         self.accumulation = accumulation
@@ -62,8 +63,8 @@ class Embedding(Module):
 
     def __init__(self, num_embeddings: int, embedding_dim: int, *, rng=None):
         super().__init__()
-        _check_size("num_embeddings", num_embeddings)
-        _check_size("embedding_dim", embedding_dim)
+        check_size("num_embeddings", num_embeddings)
+        check_size("embedding_dim", embedding_dim)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.weight = parameter(init.normal(rng, (num_embeddings, embedding_dim)))
 
@@ -136,9 +137,12 @@ def MLP(sizes, activation: str = "relu", *, rng=None, bias: bool = True,
     """Linear layers ``sizes[0] -> sizes[1] -> ... -> sizes[-1]`` with ``activation`` between
     them (none after the last). One Generator (``rng``: seed or Generator) draws every layer's
     weights in order, so a seed fixes the whole model."""
+    sizes = list(sizes)
+    if len(sizes) < 2:
+        raise ValueError(f"MLP needs at least two sizes (inputs, outputs), got {sizes}")
+    for i, size in enumerate(sizes):
+        check_size(f"MLP sizes[{i}]", size)
     sizes = [int(s) for s in sizes]
-    if len(sizes) < 2 or min(sizes) < 1:
-        raise ValueError(f"MLP needs at least two positive sizes, got {sizes}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}; accepted: "
                          f"{', '.join(ACTIVATIONS)}")

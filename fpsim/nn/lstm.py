@@ -26,6 +26,7 @@ from ..backend import xp
 
 from .. import autograd as ag
 from . import init
+from .layers import check_size
 from .module import Module, parameter
 
 __all__ = ["LSTM"]
@@ -42,6 +43,8 @@ class LSTM(Module):
 
     def __init__(self, input_size: int, hidden_size: int, *, rng=None, accumulation=None):
         super().__init__()
+        check_size("input_size", input_size)
+        check_size("hidden_size", hidden_size)
         rng = init.as_rng(rng)
         self.input_size, self.hidden_size = input_size, hidden_size
         self.accumulation = accumulation

@@ -99,13 +99,15 @@ def recipe_line(recipe, master_fmt, scaler_config) -> str:
 
 
 def _sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ValueError(f"--hidden takes comma-separated integers like 64,64, got {text!r}") from None
-    if any(s < 1 for s in sizes):
-        raise ValueError(f"--hidden sizes must be positive, got {text!r}")
-    return sizes
+    """'64,64' -> [64, 64]; '' -> [] (no hidden layer, as a sweep spec allows); anything else
+    is refused, an empty part ('8,,8') included."""
+    if not text.strip():
+        return []
+    parts = [part.strip() for part in text.split(",")]
+    if not all(part.isdecimal() and int(part) >= 1 for part in parts):
+        raise ValueError(f"--hidden takes comma-separated positive integers like 64,64 (or '' "
+                         f"for no hidden layer), got {text!r}")
+    return [int(part) for part in parts]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -24,6 +24,10 @@ class Dataset:
     name: str = "data"
 
     def __post_init__(self) -> None:
+        if isinstance(self.classes, bool) or not isinstance(self.classes, (int, np.integer)) \
+                or self.classes < 1:
+            raise ValueError(f"{self.name}: classes must be a positive integer, got "
+                             f"{self.classes!r}")
         x, y = np.asarray(self.x), np.asarray(self.y)
         if x.ndim != 2:
             raise ValueError(f"{self.name}: inputs must be 2-D (samples, features), got shape "
