@@ -79,7 +79,7 @@ class Tensor:
     __array_ufunc__ = None  # ndarray (op) Tensor defers to Tensor's reflected operators
 
     def __init__(self, data, fmt=None, requires_grad: bool = False, *, name: str | None = None):
-        if not isinstance(requires_grad, bool):     # bool('no') is True
+        if not isinstance(requires_grad, (bool, xp.bool_)):     # bool('no') is True
             raise TypeError(f"requires_grad must be True or False, got {requires_grad!r}")
         policy = current_policy()
         fmt = policy.input if fmt is None else resolve(fmt)
