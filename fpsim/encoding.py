@@ -39,10 +39,13 @@ def decode(bits, fmt: "Format | str", dtype=np.float32):
     raw = np.asarray(bits)
     if raw.dtype.kind not in "ui":
         raise TypeError(f"bit patterns must be unsigned integers, got {raw.dtype.name}")
+    outside = raw[(raw < 0) | (raw >= 1 << fmt.bits)] if raw.size else raw
+    if outside.size:       # named as given: a negative number in decimal, not as -0x1
+        first = int(outside.reshape(-1)[0])
+        more = f" (and {outside.size - 1} more outside)" if outside.size > 1 else ""
+        raise ValueError(f"bit patterns for {fmt.name} are 0..{(1 << fmt.bits) - 1:#x}; got "
+                         f"{first if first < 0 else hex(first)}{more}")
     raw = raw.astype(np.int64)
-    if raw.size and (raw.min() < 0 or raw.max() >= 1 << fmt.bits):
-        raise ValueError(f"bit patterns for {fmt.name} are 0..{(1 << fmt.bits) - 1:#x}; "
-                         f"got {int(raw.min()):#x}..{int(raw.max()):#x}")
     man_mask = (1 << fmt.man_bits) - 1
     exp_all_ones = (1 << fmt.exp_bits) - 1
     negative = (raw >> (fmt.bits - 1)) & 1 == 1

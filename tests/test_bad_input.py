@@ -196,3 +196,23 @@ def test_python_does_not_coerce_constructor_arguments(make, words):
     with pytest.raises((ValueError, TypeError)) as err:
         make()
     assert words in str(err.value)
+
+
+@pytest.mark.parametrize("bits,words", [
+    (np.array([-1], np.int64), "got -1"),
+    (np.array([0x3C00, 70000, 80000], np.int64), "got 0x11170 (and 1 more outside)"),
+    (np.array([2 ** 64 - 1], np.uint64), "got 0xffffffffffffffff"),
+])
+def test_decode_names_the_pattern_outside_the_format(bits, words):
+    from fpsim.encoding import decode
+    with pytest.raises(ValueError, match="bit patterns for fp16 are 0..0xffff") as err:
+        decode(bits, "fp16")
+    assert words in str(err.value)
+
+
+@pytest.mark.parametrize("retries", [-1, 1.5, True])
+def test_run_sweep_refuses_a_retry_count_that_is_not_one(tmp_path, retries):
+    from fpsim.sweep import run_sweep
+    with pytest.raises(ValueError, match="retries must be an integer >= 0"):
+        run_sweep(None, tmp_path / "out", retries=retries)
+    assert not (tmp_path / "out").exists()

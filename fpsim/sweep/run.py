@@ -206,6 +206,8 @@ def run_sweep(spec: SweepSpec, out: "str | Path", *, workers: int | None = None,
     processes of the local cluster (default: the CPU count); ``scheduler``: the address of an
     existing Dask scheduler instead. Bad input raises ``ValueError`` before anything is
     written."""
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be an integer >= 0, got {retries!r}")
     if scheduler is not None and workers is not None:
         raise ValueError("--workers sizes the local cluster; with --scheduler the cluster's "
                          "own workers run the cells")
