@@ -193,3 +193,19 @@ def test_crafted_checkpoint_from_the_cli_is_one_line(tmp_path, capsys):
     assert main([*SMALL, "--steps", "4", "--resume", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("fpsim: error: ") and err.count("\n") == 1 and "header says" in err
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda arrays, meta: arrays.update({"optim/step_count": np.int64(5)}),
+     "the optimizer has taken 5 steps, but step 6 with 0 skipped means 6"),
+    (lambda arrays, meta: meta["scaler"].update(step=7),
+     "the scaler has seen 7 steps but the checkpoint is at step 6"),
+])
+def test_a_checkpoint_whose_step_counts_disagree_is_refused(tmp_path, edit, message):
+    run(tmp_path / "a", 6)
+    arrays, meta = load_checkpoint(tmp_path / "a" / "checkpoint.npz")
+    edit(arrays, meta)
+    save_checkpoint(tmp_path / "edited.npz", arrays, meta)
+    with pytest.raises(CheckpointError, match=message):
+        run(tmp_path / "b", 9, resume=tmp_path / "edited.npz")
+    assert not (tmp_path / "b").exists()

@@ -26,7 +26,7 @@ import numpy as np
 from ..files import atomic_file
 
 __all__ = ["save_checkpoint", "load_checkpoint", "CheckpointError", "CHECKPOINT_VERSION",
-           "read_npy_header", "load_npy"]
+           "read_npy_header", "load_npy", "check_step_counts"]
 
 CHECKPOINT_VERSION = 2      # 2: the metadata holds the run's configuration
 _META_KEY = "__fpsim_meta__"
@@ -206,3 +206,21 @@ def load_npy(path: "str | os.PathLike", what: str, *, raw_float8: bool = False) 
     if dtype.kind in "biufc" and not dtype.isnative:
         array = array.astype(dtype.newbyteorder("="))
     return array
+
+
+def check_step_counts(where: str, step: int, scaler_step: int, skipped: int, step_count) -> None:
+    """A training checkpoint's three step counts agree: the scaler saw every training step,
+    and the optimizer took each one the scaler did not skip (a mismatch is a checkpoint
+    edited or put together from two runs; resumed, it would run Adam's bias correction off).
+    ``step_count`` that is not a non-negative integer count is left to the optimizer's own
+    check, which names it."""
+    if scaler_step != step:
+        raise CheckpointError(f"{where}: the scaler has seen {scaler_step} steps but the "
+                              f"checkpoint is at step {step}; they must agree")
+    count = np.asarray(step_count) if step_count is not None else None
+    if count is None or count.shape != () or count.dtype.kind not in "iu" or int(count) < 0:
+        return
+    if int(count) != step - skipped:
+        raise CheckpointError(f"{where}: the optimizer has taken {int(count)} steps, but step "
+                              f"{step} with {skipped} skipped means {step - skipped}; they "
+                              f"must agree")

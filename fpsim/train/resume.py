@@ -18,7 +18,8 @@ from pathlib import Path
 
 from ..optim import Optimizer
 from ..scaling import ScalerState
-from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from .checkpoint import (CheckpointError, check_step_counts, load_checkpoint,
+                         save_checkpoint)
 from .data import Dataset
 
 __all__ = ["ADJUSTABLE_ON_RESUME", "check_allowed_changes", "run_identity",
@@ -112,6 +113,8 @@ def restore_checkpoint(path, model, optimizer: Optimizer, scaler_cfg, rng, ident
         if value.shape != own[name].shape or value.dtype != own[name].dtype:
             raise bad(f"parameter {name!r} is {value.dtype}{list(value.shape)}, the model's "
                       f"is {own[name].dtype}{list(own[name].shape)}")
+    check_step_counts(f"checkpoint {path}", step, state.step, state.total_skips,
+                      optim.get("step_count"))
     try:
         optimizer.load_state_dict(optim)     # checks every array before it changes anything
     except (KeyError, ValueError, TypeError) as err:
