@@ -13,6 +13,13 @@ double rounding is odd", 2005): the odd value lies strictly inside the same inte
 p-bit neighbours as the exact value, and is never a p-bit midpoint or grid point unless the
 exact value is. Here p = 11 and p' >= 24 (float32 container) or 42..53 (float64 container).
 
+The vectors live in ``../shared/testfloat`` beside the repository (the tests skip, saying so,
+where it is absent). Each file is ``testfloat_gen``'s level-1 output for one function and
+rounding mode, gzipped, named ``<function>.<rounding>.txt.gz`` (rounding: rnear_even, rminMag,
+rmin, rmax, rnear_maxMag), one case a line, hex fields: input(s), result, flags. Functions:
+f32_to_f16, f64_to_f16, f32_to_bf16, f16_to_f32, f16_add, f16_sub, f16_mul, f16_div,
+f16_sqrt, f16_mulAdd.
+
 Every case of every file is checked (no sampling); NaN results compare as "is NaN" since
 TestFloat writes the default NaN. The inexact flag (0x01) is checked too: it is set exactly
 when the rounded result differs from the exact value.
