@@ -20,7 +20,7 @@ from decimal import (MAX_EMAX, MIN_EMIN, ROUND_HALF_EVEN, Context, Decimal, Divi
                      InvalidOperation, Overflow, localcontext)
 from fractions import Fraction
 
-__all__ = ["context", "eta", "dexp", "dln", "dtanh", "dsigmoid", "dgelu", "dnormal_tail", "dpi",
+__all__ = ["context", "dexp", "dln", "dtanh", "dsigmoid", "dgelu", "dnormal_tail", "dpi",
            "mills_taylor"]
 
 
@@ -47,7 +47,7 @@ def dpi(digits: int) -> Decimal:
         return +s
 
 
-def eta(digits: int) -> Decimal:
+def _eta(digits: int) -> Decimal:
     """10**(5 - digits), the relative error every ``d*`` value claims at ``digits`` digits
     (built by the constructor: exact, no context)."""
     return Decimal(f"1e{5 - digits}")
@@ -55,12 +55,12 @@ def eta(digits: int) -> Decimal:
 
 def dexp(x: float, digits: int):
     with context(digits):
-        return Decimal.from_float(x).exp(), eta(digits)
+        return Decimal.from_float(x).exp(), _eta(digits)
 
 
 def dln(x: float, digits: int):
     with context(digits):
-        return Decimal.from_float(x).ln(), eta(digits)
+        return Decimal.from_float(x).ln(), _eta(digits)
 
 
 def _small_extra(a: Decimal) -> int:
@@ -73,12 +73,12 @@ def dtanh(x: float, digits: int):
     with context(digits + 10 + _small_extra(a)):
         e = (-2 * a).exp()
         t = (1 - e) / (1 + e)
-    return (t if x >= 0 else t.copy_negate()), eta(digits)
+    return (t if x >= 0 else t.copy_negate()), _eta(digits)
 
 
 def dsigmoid(x: float, digits: int):
     with context(digits + 10):
-        return 1 / (1 + Decimal.from_float(x).copy_negate().exp()), eta(digits)
+        return 1 / (1 + Decimal.from_float(x).copy_negate().exp()), _eta(digits)
 
 
 def dnormal_tail(a, digits: int) -> Decimal:
@@ -106,7 +106,7 @@ def dgelu(x: float, digits: int):
     q = dnormal_tail(abs(x), digits)
     with context(digits + 10):
         value = Decimal.from_float(x) * (q if x < 0 else 1 - q)
-    return value, eta(digits)
+    return value, _eta(digits)
 
 
 def mills_taylor(c: float, terms: int, radius: float, digits: int = 120):

@@ -108,7 +108,7 @@ def settle_rows(x_rows, v, ok, fmt, kind):
     rows = {}                                   # one ``Row`` per row: its sums once
     for r, i in zip(*xp.nonzero(~ok)):
         if r not in rows:
-            rows[r] = ref.Row(x_rows[r].tolist())
+            rows[r] = ref.Row(x_rows[r])
         v[r, i] = settle(dvalue(rows[r], int(i)), fmt)
     return v
 
@@ -157,7 +157,7 @@ def cr_cross_entropy(logits, labels, reduction, fmt, *, with_log_softmax: bool =
             total, bound = total / n, bound + _U
         total = xp.asarray(total)
         if not (certified(total, bound, fmt) | ~xp.isfinite(total)):
-            dvalue = ref.cross_entropy_enclosure([ref.Row(r.tolist()) for r in logits],
+            dvalue = ref.cross_entropy_enclosure([ref.Row(r) for r in logits],
                                                  [int(v) for v in labels], reduction)
             total = xp.asarray(settle(dvalue, fmt))
     return (total, logp) if with_log_softmax else total
@@ -166,6 +166,6 @@ def cr_cross_entropy(logits, labels, reduction, fmt, *, with_log_softmax: bool =
 def _settle_each(logits, labels, loss, ok, fmt):
     loss = loss.copy()
     for r in xp.flatnonzero(~ok):
-        loss[r] = settle(ref.cross_entropy_enclosure([ref.Row(logits[r].tolist())],
+        loss[r] = settle(ref.cross_entropy_enclosure([ref.Row(logits[r])],
                                                      [int(labels[r])], "sum"), fmt)
     return loss

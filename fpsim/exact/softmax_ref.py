@@ -29,6 +29,7 @@ from __future__ import annotations
 from decimal import Decimal
 from fractions import Fraction
 
+from ..backend import to_numpy
 from .decimal_ref import context
 
 __all__ = ["exp_enclosure", "Row", "softmax_enclosure", "log_softmax_enclosure",
@@ -76,8 +77,8 @@ class Row:
     """One row's exact pieces, computed once per precision and shared by its elements (a row
     of n undecided elements costs n terms per precision, not n * n)."""
 
-    def __init__(self, xs: list[float]):
-        self.xs = xs
+    def __init__(self, values):
+        self.xs = to_numpy(values).tolist()      # host floats, exact: the row's one transfer
         self._sums: dict[int, tuple] = {}
         self._logs: dict[int, tuple] = {}
 
