@@ -16,11 +16,10 @@ from test_layers import PACKAGE, RANK, read_modules
 
 ARRAY_LIBRARIES = {"numpy", "cupy", "torch", "jax", "ml_dtypes", "array_api_compat"}
 BACKEND_RANK = RANK["backend"]
-# Host-side adapters above the seam: files, figures, framework oracles. Engine data reaches
-# them only as host arrays (``backend.to_numpy``).
-HOST_ADAPTERS = {"experiments", "plots", "conformance", "cli", "__main__", "sweep"}
-HOST_MODULES = {"fpsim.train.checkpoint", "fpsim.train.trace", "fpsim.train.data",
-                "fpsim.train.cli"}
+# Host-side adapters above the seam (files, figures, framework oracles), as the backend
+# names them: engine data reaches them only as host arrays (``backend.to_numpy``).
+HOST_ADAPTERS = backend.HOST_PACKAGES
+HOST_MODULES = backend.HOST_MODULES
 # What ``fpsim.rounding`` offers that is not an array kernel: constants and host scalars.
 ROUNDING_CONSTANTS = {"MODES", "float64_round_to_odd"}
 
@@ -92,7 +91,7 @@ def test_choose_backend():
     assert backend.available()[0] == "numpy" and "cupy" not in backend.available()
     with backend.use_backend("numpy") as chosen:
         assert chosen.name == "numpy" and backend.name() == "numpy"
-    with pytest.raises(ValueError, match="unknown backend 'cupy'; available: numpy"):
+    with pytest.raises(ValueError, match="unknown backend 'cupy'; available: numpy, numpy-strict"):
         backend.set_backend("cupy")
     assert backend.name() == "numpy"
 
@@ -105,7 +104,21 @@ def test_unknown_backend_from_the_environment(tmp_path):
     done = subprocess.run([sys.executable, "-c", "import fpsim"], env=env, capture_output=True,
                           text=True)
     assert done.returncode != 0
-    assert "unknown backend 'tpu'; available: numpy" in done.stderr
+    assert "FPSIM_BACKEND='tpu' is not a backend of this fpsim; available: numpy" in done.stderr
+
+
+@pytest.mark.parametrize("value,chosen", [(None, "numpy"), ("", "numpy"), ("  ", "numpy"),
+                                          ("NUMPY", "numpy"), (" numpy\n", "numpy"),
+                                          ("Numpy-Strict", "numpy-strict")])
+def test_backend_from_the_environment_ignores_case_and_spaces(value, chosen):
+    assert backend.backend_from_environment(value) == chosen
+
+
+@pytest.mark.parametrize("value", ["cupy", "num py", "numpy_strict", "\x00"])
+def test_backend_from_the_environment_refuses_others(value):
+    with pytest.raises(ValueError, match="is not a backend of this fpsim; available: numpy, "
+                                         "numpy-strict"):
+        backend.backend_from_environment(value)
 
 
 class _CountingNamespace:

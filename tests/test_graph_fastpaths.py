@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import fpsim.autograd as ag
-from fpsim import nn
+from fpsim import backend, nn
 from fpsim.autograd import Tensor, use_policy
 from fpsim.autograd import tensor as tensor_module
 from fpsim.autograd.ops_elementwise import _relu_values
@@ -274,23 +274,23 @@ def test_horner_and_exp_clamp_match_their_plain_formulations():
 # --- leaf gradients: kept when unshared, copied when shared --------------------------------
 
 def test_unshared_tells_a_sole_array_from_a_shared_one():
-    assert tensor_module._STEAL
+    unshared = backend.is_unshared
     fresh = np.ones(4, np.float32)
-    assert tensor_module._unshared(fresh)
+    assert unshared(fresh)
     other = fresh
-    assert not tensor_module._unshared(fresh)
+    assert not unshared(fresh)
     del other
     view = fresh[:2]
-    assert not tensor_module._unshared(fresh) and not tensor_module._unshared(view)
+    assert not unshared(fresh) and not unshared(view)
     del view
     holder = {"g": fresh}
-    assert not tensor_module._unshared(fresh)
+    assert not unshared(fresh)
     del holder
     reshaped = np.ones(6, np.float32).reshape(2, 3)     # a fresh result, reshaped
-    assert tensor_module._unshared(reshaped)
+    assert unshared(reshaped)
     part = np.ones(8, np.float32)[:6]                    # part of a bigger buffer
     transposed = np.ones((3, 2), np.float32).T
-    assert not tensor_module._unshared(part) and not tensor_module._unshared(transposed)
+    assert not unshared(part) and not unshared(transposed)
 
 
 def _all_grad_arrays(tensors):
@@ -337,7 +337,7 @@ def test_mlp_gradients_are_kept_without_copies_and_match_copies(policy, monkeypa
     monkeypatch.setattr(tensor_module, "_accumulate_leaf", spy)
     kept = run()
     assert owned == [True] * 4                           # every gradient kept, none copied
-    monkeypatch.setattr(tensor_module, "_STEAL", False)
+    monkeypatch.setattr(backend, "is_unshared", lambda g: False)
     copied = run()
     for a, b in zip(kept, copied):
         assert same_bits(a.grad.data, b.grad.data)

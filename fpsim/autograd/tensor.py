@@ -27,7 +27,7 @@ of that name.
 Contributions to one tensor are added pairwise in float32 (float64 in the reference mode) and
 rounded to its gradient format, as the framework's gradient accumulation does in the tensor's
 dtype. A leaf's first gradient is the array the pass computed when nothing else refers to
-it (``_unshared``: reference counts), else a copy, so no two gradients ever share memory. By
+it (``backend.is_unshared``), else a copy, so no two gradients ever share memory. By
 default the graph is freed as it is walked (``retain_graph=True`` keeps it).
 
 >>> from fpsim.autograd import Tensor
@@ -38,11 +38,8 @@ array([2., 4., 6.], dtype=float32)
 """
 from __future__ import annotations
 
-import sys
-
-from ..backend import xp
-
 from .. import backend
+from ..backend import xp
 from ..exact import underflow
 from .context import current_policy, is_grad_enabled
 from .numerics import container_of, resolve, round_array
@@ -86,13 +83,13 @@ class Tensor:
         if isinstance(data, Tensor):
             data = data.data
         array = xp.asarray(data)
-        if array.dtype.kind not in "fiub":
+        if not (backend.isdtype(array.dtype, "numeric") or backend.isdtype(array.dtype, "bool")):
             raise TypeError(f"Tensor data must be real numbers, got dtype {array.dtype}")
         if array.dtype not in (xp.float32, xp.float64):
-            array = array.astype(xp.float64)
+            array = backend.astype(array, xp.float64)
         rounded = round_array(array, fmt)
         if rounded is array or xp.shares_memory(rounded, array):
-            rounded = rounded.copy()
+            rounded = backend.copy(rounded)
         self._init(backend.asarray(rounded, container_of(fmt)), fmt,
                    policy.grad or fmt, bool(requires_grad))
         self.name = name
@@ -119,7 +116,7 @@ class Tensor:
     # --- properties -------------------------------------------------------------------------
     shape = property(lambda self: self.data.shape)
     ndim = property(lambda self: self.data.ndim)
-    size = property(lambda self: self.data.size)
+    size = property(lambda self: backend.size(self.data))
     is_leaf = property(lambda self: self._op is None)
 
     def __len__(self) -> int:
@@ -127,12 +124,12 @@ class Tensor:
 
     def numpy(self):
         """The values as a host NumPy array (a copy)."""
-        return backend.to_numpy(self.data).copy()
+        return backend.to_numpy(backend.copy(self.data))
 
     def item(self) -> float:
-        if self.data.size != 1:
+        if self.size != 1:
             raise ValueError(f"item() needs a tensor with one element, got shape {self.shape}")
-        return float(self.data.reshape(-1)[0])
+        return float(xp.reshape(self.data, (-1,))[0])
 
     def __repr__(self) -> str:
         grad = ", requires_grad=True" if self.requires_grad else ""
@@ -170,7 +167,7 @@ class Tensor:
             raise ValueError("backward() on a tensor that does not require grad: no leaf it "
                              "depends on has requires_grad=True (or it was made under no_grad)")
         if grad is None:
-            if self.data.size != 1:
+            if self.size != 1:
                 raise ValueError(
                     f"backward() on a non-scalar tensor of shape {self.shape} needs a seed "
                     f"gradient of that shape, e.g. t.backward(numpy.ones({self.shape})); or "
@@ -182,7 +179,7 @@ class Tensor:
                 raise ValueError(f"seed gradient shape {seed.shape} does not match the tensor's "
                                  f"shape {self.shape}")
             if seed.dtype not in (xp.float32, xp.float64):
-                seed = seed.astype(xp.float64)
+                seed = backend.astype(seed, xp.float64)
             seed = round_array(seed, self.grad_fmt)
         _run_backward(self, seed, retain_graph)
 
@@ -280,7 +277,7 @@ def _backward_pass(root: Tensor, seed, retain_graph: bool) -> None:
                 raise RuntimeError(
                     f"backward through the graph of '{node._op}' a second time: its saved "
                     f"values were freed; pass retain_graph=True to the first backward()")
-            owned = _STEAL and _unshared(g)   # its own statement: an argument list holds g
+            owned = backend.is_unshared(g)   # its own statement: an argument list holds g
             _accumulate_leaf(node, g, owned)
             continue
         if node._retain:
@@ -293,7 +290,7 @@ def _backward_pass(root: Tensor, seed, retain_graph: bool) -> None:
 
 def _send(grads: dict, parents, parent_grads) -> None:
     """Add each parent's gradient to ``grads`` (a function, so that no loop variable keeps
-    a reference to a gradient array once it returns: see ``_unshared``)."""
+    a reference to a gradient array once it returns: see ``backend.is_unshared``)."""
     for parent, gp in zip(parents, parent_grads):
         if gp is None or not parent.requires_grad:
             continue
@@ -301,51 +298,10 @@ def _send(grads: dict, parents, parent_grads) -> None:
         grads[key] = gp if key not in grads else _add_grads(grads[key], gp, parent.grad_fmt)
 
 
-def _refcount(array) -> int:
-    return sys.getrefcount(array)
-
-
-def _sole_refcount() -> int:
-    array = xp.empty(1)
-    return _refcount(array)
-
-
-# _refcount's answer for an array that its caller's one local variable alone refers to
-_SOLE_REFS = _sole_refcount()
-
-
-def _steals_safely() -> bool:
-    """The interpreter counts references as calibrated: a fresh array held by one local
-    variable is unshared, the same array also held by a list is not (else never steal)."""
-    fresh = xp.empty(2)
-    alone = _unshared(fresh)
-    holder = [fresh]
-    return alone and not _unshared(fresh) and len(holder) == 1
-
-
-def _unshared(g) -> bool:
-    """Whether ``g`` (held by the caller's one local variable) is C-ordered and nothing else
-    refers to its memory: no dict or tuple entry, no other tensor, no other view. Its memory
-    is its own, or a base array of the same size that only ``g`` refers to (a reshaped fresh
-    result). Such an array can become a leaf's ``.grad`` without the defensive copy, as
-    PyTorch's AccumulateGrad steals a gradient nobody else holds (its use count)."""
-    # + 1: this function's parameter, a layer above _sole_refcount's local variable
-    if not (g.flags.c_contiguous and _refcount(g) == _SOLE_REFS + 1):
-        return False
-    base = g.base
-    if base is None:
-        return g.flags.owndata
-    return (isinstance(base, type(g)) and base.base is None and base.flags.owndata
-            and base.nbytes == g.nbytes
-            and _refcount(base) == _SOLE_REFS + 1)         # + 1: g's reference to it
-
-
-_STEAL = _steals_safely()
-
-
 def _accumulate_leaf(node: Tensor, g, owned: bool) -> None:
-    """``owned``: nothing else refers to ``g`` (``_unshared``), so it is kept, not copied."""
+    """``owned``: nothing else refers to ``g`` (``backend.is_unshared``), so it is kept, not
+    copied."""
     if node.grad is None:
-        node.grad = Tensor._wrap(g if owned else g.copy(), node.grad_fmt)
+        node.grad = Tensor._wrap(g if owned else backend.copy(g), node.grad_fmt)
     else:
         node.grad.data = _add_grads(node.grad.data, g, node.grad_fmt)

@@ -6,21 +6,29 @@ Everything above this layer (``exact``, ``autograd``, ``nn``, ``optim``, ``scali
 - ``xp``: the array namespace, restricted to the closed list ``NAMESPACE`` (elementwise IEEE
   arithmetic, comparisons, integer and bit operations, shapes, indexing, float64 products);
   asking it for anything else is an ``AttributeError`` that names the list;
+- ``ARRAY_ATTRIBUTES``: the closed list of attributes the engine reads from an array
+  (``shape``, ``ndim``, ``dtype``, ``T``); everything else is a function here;
 - the kernels of ``Backend`` (``interface.py``): ``round_to`` (every mode), ``uniforms``
-  (stochastic rounding's Philox draws), ``bits`` / ``from_bits``, ``asarray`` / ``to_numpy``
-  (host transfer), ``is_array``, ``scratch`` (per-thread work buffers), ``errstate``;
+  (stochastic rounding's Philox draws), ``astype``, ``copy``, ``size``, ``scalar``,
+  ``isdtype``, ``bits`` / ``from_bits`` / ``bitcast``, ``is_contiguous``, ``asarray`` /
+  ``to_numpy`` / ``to_list`` / ``host_bytes`` (host transfer), ``is_array``, ``scratch``
+  (per-thread work buffers), ``is_unshared`` (buffer reuse), ``errstate``;
 - ``host_rng``: the host NumPy generator that draws initial weights and data, on the CPU
   for every backend so that every backend starts from the same numbers.
 
 ``tests/test_backend_seam.py`` proves it from the source: no module above this layer imports
-an array library (plots, the CLI, experiments and the conformance adapters, which read and
-write files and talk to frameworks, are the named exceptions), and every ``xp.NAME`` used is
-in ``NAMESPACE``.
+an array library (``HOST_PACKAGES`` and ``HOST_MODULES``: plots, the CLI, experiments, sweeps
+and the conformance adapters, which read and write files and talk to frameworks), every
+``xp.NAME`` used is in ``NAMESPACE``, and no array attribute outside ``ARRAY_ATTRIBUTES`` is
+read. The ``numpy-strict`` backend checks the same at run time, and what other array
+libraries refuse or do differently (``strict.py``).
 
-Which backend: NumPy is the default and, today, the only implementation (``available()``);
-the GPU backends are further implementations of ``Backend``. ``set_backend(name)``,
-``use_backend(name)`` (a context manager) or the ``FPSIM_BACKEND`` environment variable (read
-when fpsim is imported) choose one; the choice is process-wide, not per thread.
+Which backend: NumPy is the default; ``numpy-strict`` is NumPy underneath with the checks
+above (slow; for testing the engine); ``available()`` lists them, and the GPU backends are
+further implementations of ``Backend``. ``set_backend(name)``, ``use_backend(name)`` (a
+context manager) or the ``FPSIM_BACKEND`` environment variable (read when fpsim is imported;
+case and surrounding spaces do not matter; unset or empty means numpy) choose one; the choice
+is process-wide, not per thread.
 
 Containers: a value of any fpsim ``Format`` lives in a float32 array (every format fits one
 exactly, see ``fpsim.formats``); the float64 reference mode of ``fpsim.autograd`` keeps float64
@@ -44,14 +52,19 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from .interface import NAMESPACE, Backend
+from .interface import (ARRAY_ATTRIBUTES, DTYPE_KINDS, HOST_MODULES, HOST_PACKAGES, NAMESPACE,
+                        Backend)
 from .numpy_backend import NumpyBackend
+from .strict import StrictBackend
 
-__all__ = ["NAMESPACE", "Backend", "xp", "name", "current", "available", "register_backend", "set_backend",
-           "use_backend", "asarray", "to_numpy", "is_array", "bits", "from_bits", "round_to",
-           "uniforms", "scratch", "errstate", "host_rng", "is_generator", "array_text", "versions", "CONTAINER"]
+__all__ = ["NAMESPACE", "ARRAY_ATTRIBUTES", "DTYPE_KINDS", "HOST_PACKAGES", "HOST_MODULES",
+           "Backend", "xp", "name", "current", "available", "register_backend", "set_backend",
+           "use_backend", "asarray", "to_numpy", "to_list", "host_bytes", "is_array", "astype",
+           "copy", "size", "scalar", "isdtype", "is_contiguous", "is_unshared", "bitcast",
+           "bits", "from_bits", "round_to", "uniforms", "scratch", "errstate", "host_rng",
+           "is_generator", "array_text", "versions", "CONTAINER", "backend_from_environment"]
 
-_IMPLEMENTATIONS = {"numpy": NumpyBackend}
+_IMPLEMENTATIONS = {"numpy": NumpyBackend, "numpy-strict": StrictBackend}
 CONTAINER = np.float32  # the container of every fpsim Format, on every backend
 
 
@@ -145,6 +158,57 @@ def is_array(obj) -> bool:
     return _current.is_array(obj)
 
 
+def to_list(array):
+    """The values as (nested) Python numbers on the host: an explicit transfer."""
+    return _current.to_list(array)
+
+
+def host_bytes(array) -> bytes:
+    """The values' bytes in C order, on the host (for hashing data)."""
+    return _current.host_bytes(array)
+
+
+def astype(array, dtype, copy: bool = True):
+    """``array`` as ``dtype`` (array API ``astype``; floats round to nearest even)."""
+    return _current.astype(array, dtype, copy)
+
+
+def copy(array):
+    """A new array with the same values, sharing no memory with ``array``."""
+    return _current.copy(array)
+
+
+def size(array) -> int:
+    """The number of elements of ``array``."""
+    return _current.size(array)
+
+
+def scalar(value, dtype):
+    """``value`` as a 0-d value of ``dtype`` that mixes with ``dtype`` arrays unpromoted."""
+    return _current.scalar(value, dtype)
+
+
+def isdtype(dtype, kind: str) -> bool:
+    """Whether ``dtype`` is of ``kind`` (``DTYPE_KINDS``, the array API's names)."""
+    return _current.isdtype(dtype, kind)
+
+
+def is_contiguous(array, order: str = "C") -> bool:
+    """Whether ``array`` is contiguous in ``order`` ("C" rows, "F" columns)."""
+    return _current.is_contiguous(array, order)
+
+
+def is_unshared(array) -> bool:
+    """Whether only the caller's one local variable refers to ``array``'s memory, so it may
+    be kept rather than copied (call it with the array held in exactly one local variable)."""
+    return _current.is_unshared(array)
+
+
+def bitcast(array, dtype):
+    """``array``'s bits read as ``dtype`` of the same width, without a copy."""
+    return _current.bitcast(array, dtype)
+
+
 def bits(array):
     """The IEEE bit patterns of a float32 (float64) array as uint32 (uint64), without a copy."""
     return _current.bits(array)
@@ -199,4 +263,15 @@ def is_generator(obj) -> bool:
     return isinstance(obj, np.random.Generator)
 
 
-_install(_make(os.environ.get("FPSIM_BACKEND", "numpy") or "numpy"))
+def backend_from_environment(value: "str | None") -> str:
+    """The backend ``FPSIM_BACKEND=value`` chooses: case and surrounding spaces ignored,
+    unset or empty meaning numpy; anything else is a ValueError that says what is accepted."""
+    chosen = (value or "").strip().lower() or "numpy"
+    if chosen not in _IMPLEMENTATIONS:
+        raise ValueError(f"FPSIM_BACKEND={value!r} is not a backend of this fpsim; available: "
+                         f"{', '.join(available())} (unset FPSIM_BACKEND for numpy; the GPU "
+                         f"backends are not part of this version)")
+    return chosen
+
+
+_install(_make(backend_from_environment(os.environ.get("FPSIM_BACKEND"))))

@@ -12,11 +12,22 @@ against these lists):
    ``fpsim.exact.elementary``, so every backend gets the same float64 numbers. The one
    exception is ``power``, which is libm's ``pow`` for non-integer exponents; only
    ``fpsim.autograd``'s ``pow`` uses it, and its docstring says it is not portable.
-2. ``Backend``: the kernels that differ between array libraries and cannot be written once
+2. ``ARRAY_ATTRIBUTES``: the only attributes the engine reads from an array (``shape``,
+   ``ndim``, ``dtype``, ``T``), besides indexing and the arithmetic, comparison and bit
+   operators. Every array library has these with one meaning; methods such as ``astype``,
+   ``view``, ``copy``, ``reshape``, ``sum``, or ``size`` (an attribute in NumPy, a method
+   in torch) are not used on arrays: they are functions of the namespace or kernels below.
+3. ``Backend``: the kernels that differ between array libraries and cannot be written once
    on the namespace: rounding to a format (``round_to``, every mode), the counter-based
-   uniforms of stochastic rounding (``uniforms``), bit views (``bits`` / ``from_bits``),
-   host transfer (``asarray`` / ``to_numpy``), per-thread work buffers (``scratch``) and
-   the library's floating-point error state (``errstate``).
+   uniforms of stochastic rounding (``uniforms``), casts and copies (``astype``, ``copy``),
+   element counts (``size``), 0-d values of a dtype (``scalar``), dtype tests
+   (``isdtype``), bit views (``bits`` / ``from_bits`` / ``bitcast``), memory layout
+   (``is_contiguous``), host transfer (``asarray`` / ``to_numpy`` / ``to_list`` /
+   ``host_bytes``), per-thread work buffers (``scratch``), reuse of a buffer nothing else
+   refers to (``is_unshared``) and the library's floating-point error state (``errstate``).
+
+Where the array API standard (data-apis.org) names the operation, the kernel takes its name
+and semantics (``astype(x, dtype, copy=True)``, ``isdtype(dtype, kind)``).
 
 Everything else the engine needs, exact dot products under every accumulation model, exact
 fixed-order sums, scatter-adds without atomics and the correctly rounded transcendentals, is
@@ -26,7 +37,8 @@ rounding kernel, say) only with the same bits, which the parity tests check.
 """
 from __future__ import annotations
 
-__all__ = ["NAMESPACE", "Backend"]
+__all__ = ["NAMESPACE", "ARRAY_ATTRIBUTES", "DTYPE_KINDS", "ENGINE_PACKAGES", "HOST_PACKAGES",
+           "HOST_MODULES", "is_engine_module", "Backend"]
 
 NAMESPACE = frozenset("""
     ndarray generic integer bool_ float16 float32 float64 int8 int32 int64 intp uint8 uint16
@@ -45,6 +57,28 @@ NAMESPACE = frozenset("""
     broadcast_shapes shape atleast_1d concatenate stack split delete ix_ take_along_axis
     put_along_axis take array_equal shares_memory errstate
 """.split())
+
+#: what the engine may read from an array object itself (indexing and operators aside)
+ARRAY_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "T"})
+
+#: ``isdtype``'s kinds, as the array API standard names them
+DTYPE_KINDS = frozenset({"bool", "signed integer", "unsigned integer", "integral",
+                         "real floating", "numeric"})
+
+#: the packages above the seam that compute on backend arrays (the engine) ...
+ENGINE_PACKAGES = frozenset({"exact", "autograd", "nn", "optim", "scaling", "train"})
+#: ... and the host adapters above it that read and write files, draw figures and talk to
+#: frameworks: engine data reaches them as host arrays (``to_numpy``), and they may use NumPy
+HOST_PACKAGES = frozenset({"experiments", "plots", "conformance", "cli", "__main__", "sweep"})
+HOST_MODULES = frozenset({"fpsim.train.checkpoint", "fpsim.train.trace", "fpsim.train.data",
+                          "fpsim.train.cli"})
+
+
+def is_engine_module(module: str) -> bool:
+    """Whether the module named ``module`` is engine code, bound to the seam's rules."""
+    parts = module.split(".")
+    return (len(parts) > 1 and parts[0] == "fpsim" and parts[1] in ENGINE_PACKAGES
+            and module not in HOST_MODULES)
 
 
 class Backend:
@@ -67,6 +101,50 @@ class Backend:
         raise NotImplementedError
 
     def is_array(self, obj) -> bool:
+        raise NotImplementedError
+
+    def to_list(self, array):
+        """The values as (nested) Python floats, ints and bools on the host: a transfer."""
+        raise NotImplementedError
+
+    def host_bytes(self, array) -> bytes:
+        """The values' bytes in C order, on the host (for hashing a run's data)."""
+        raise NotImplementedError
+
+    def astype(self, array, dtype, copy: bool = True):
+        """``array`` converted to ``dtype`` (IEEE round to nearest even between floats); with
+        ``copy=False`` the array itself when it already has that dtype (array API)."""
+        raise NotImplementedError
+
+    def copy(self, array):
+        """A new array with the same values, sharing no memory with ``array``."""
+        raise NotImplementedError
+
+    def size(self, array) -> int:
+        """The number of elements, a Python int."""
+        raise NotImplementedError
+
+    def scalar(self, value, dtype):
+        """``value`` (a Python number) as a 0-d value of ``dtype``, converted as ``astype``
+        converts, that mixes with arrays of ``dtype`` without promoting them."""
+        raise NotImplementedError
+
+    def isdtype(self, dtype, kind: str) -> bool:
+        """Whether ``dtype`` is of ``kind``, one of ``DTYPE_KINDS`` (array API)."""
+        raise NotImplementedError
+
+    def is_contiguous(self, array, order: str = "C") -> bool:
+        """Whether ``array`` is laid out contiguously in ``order`` ("C": rows, "F": columns)."""
+        raise NotImplementedError
+
+    def is_unshared(self, array) -> bool:
+        """Whether nothing but the caller's one local variable refers to ``array``'s memory,
+        so that the engine may keep it instead of copying (PyTorch's AccumulateGrad steals a
+        gradient nobody else holds the same way). ``False`` is always a correct answer."""
+        return False
+
+    def bitcast(self, array, dtype):
+        """``array``'s bits read as ``dtype`` of the same width (a view, no copy)."""
         raise NotImplementedError
 
     def bits(self, array):
