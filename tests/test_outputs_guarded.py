@@ -110,6 +110,21 @@ def test_kill_9_leaves_a_stale_lock_that_a_resume_takes_over(tmp_path):
     assert not (out / LOCK_NAME).exists()
 
 
+def test_reproduce_says_when_it_takes_over_a_stale_lock_even_quiet(tmp_path):
+    out = tmp_path / "figures"
+    out.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    (out / LOCK_NAME).write_text(f"{dead} {__import__('socket').gethostname()}\n")
+    done = subprocess.run([sys.executable, "-m", "fpsim", "reproduce", "--quick", "--only",
+                           "underflow", "--out", str(out), "--quiet"], capture_output=True,
+                          text=True, env=ENV)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == (f"fpsim reproduce: note: took over the stale lock "
+                                   f"{out / LOCK_NAME} of process {dead}, which no longer runs "
+                                   f"(it was stopped without cleaning up)")
+
+
 def test_a_live_lock_is_refused_and_released_on_errors(tmp_path):
     with folder_lock(tmp_path) as note:
         assert note is None

@@ -123,11 +123,13 @@ def names(*, include_broken: bool = False) -> list[str]:
 def reproduce(out: "str | Path" = "figures", *, quick: bool = False,
               only: list[str] | None = None,
               progress: Callable[[str], None] | None = None,
-              on_start: Callable[[str], None] | None = None) -> list[Result]:
+              on_start: Callable[[str], None] | None = None,
+              on_note: Callable[[str], None] | None = None) -> list[Result]:
     """Run the experiments (all, or those named in ``only``) and write their figures,
     ``summary.md``, ``summary.json`` and ``timings.json`` into ``out``. ``progress`` receives
     short messages; ``on_start(name)`` is called as each experiment begins (a progress bar's
-    hook).
+    hook); ``on_note`` receives what must not pass unseen, such as a stale lock taken over
+    (default: ``progress``).
 
     With ``only``, the other experiments already summarised in ``out`` keep their sections of
     ``summary.md`` and ``summary.json``; a folder holding a run of the other mode (quick or
@@ -151,7 +153,7 @@ def reproduce(out: "str | Path" = "figures", *, quick: bool = False,
     report = progress or (lambda message: None)
     with folder_lock(out) as taken_over:     # a second reproduce into ``out`` is refused
         if taken_over:
-            report(f"note: {taken_over}")
+            (on_note or report)(f"note: {taken_over}")
         with _noting_ctrl_c() as interrupted:
             results, failures = _run_chosen(Context(out, quick, report), chosen, kept, on_start,
                                             interrupted)

@@ -71,7 +71,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         results = reproduce(args.out, quick=args.quick, only=only,
                             progress=bars.message if bars else None,
-                            on_start=bars.start if bars else None)
+                            on_start=bars.start if bars else None,
+                            on_note=lambda text: print(f"fpsim reproduce: {text}",
+                                                       file=sys.stderr, flush=True))
     except ExperimentsFailed as err:
         print(f"fpsim reproduce: {err}", file=sys.stderr)
         return 1

@@ -12,6 +12,7 @@ import hashlib
 import io
 import itertools
 import json
+import math
 import tempfile
 import time
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from ..train import read_trace
 from .results import summarize
 from .spec import SweepSpec, train_defaults
 
-__all__ = ["Cell", "expand", "config_key", "run_cell", "CELL_FILES"]
+__all__ = ["Cell", "expand", "config_key", "run_cell", "CELL_FILES", "cell_count"]
 
 CELL_FILES = ("run.json", "trace.jsonl")
 # What a cell's configuration can do wrong (Adam given a momentum, a learning rate the rule
@@ -46,6 +47,14 @@ def config_key(config: dict, version: str = __version__) -> str:
     text = json.dumps({"fpsim": version, "train": config}, sort_keys=True,
                       separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def cell_count(spec: SweepSpec) -> int:
+    """How many cells ``expand`` would list, counted without listing them."""
+    count = math.prod(len(values) for values in spec.grid.values())
+    if spec.zipped:
+        count *= len(next(iter(spec.zipped.values())))
+    return count
 
 
 def expand(spec: SweepSpec) -> list[Cell]:

@@ -8,6 +8,7 @@ The whole spec is checked before anything runs; a problem is one line and exit s
 from __future__ import annotations
 
 import argparse
+import sys
 
 from .phase import PLOTTED, phase_diagram
 from .run import run_sweep
@@ -26,7 +27,8 @@ def register(commands) -> None:
     p.add_argument("spec", help="the sweep's TOML file")
     p.add_argument("--out", required=True, help="folder for sweep.json, results, cells/")
     p.add_argument("--workers", type=int, default=None,
-                   help="worker processes of the local cluster (default: the CPU count)")
+                   help="worker processes of the local cluster, at most 4 per CPU core and "
+                        "never more than the cells to run (default: the CPU count)")
     p.add_argument("--scheduler", default=None,
                    help="address of a running Dask scheduler (tcp://HOST:8786) to use instead")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
@@ -50,9 +52,17 @@ def run(args: argparse.Namespace) -> int:
         print("wrote " + ", ".join(str(p) for p in written))
         return 0
     spec = load_spec(args.spec)
+
+    def announce(line: str) -> None:
+        # the plan (cells, workers started) unless --quiet; a stale lock taken over always
+        if line.startswith("note:"):
+            print(f"fpsim sweep: {line}", file=sys.stderr, flush=True)
+        elif not args.quiet:
+            print(line, flush=True)
+
     try:
         summary = run_sweep(spec, args.out, workers=args.workers, scheduler=args.scheduler,
-                            progress=False if args.quiet else None)
+                            progress=False if args.quiet else None, announce=announce)
     except KeyboardInterrupt:
         print(f"fpsim sweep: interrupted; {args.out} holds the finished cells: rerun the same "
               f"command to resume")

@@ -7,11 +7,11 @@ its finite values.
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
 
+from .record import read_sweep_record
 from .results import OUTCOMES, read_table
 
 __all__ = ["phase_diagram", "NUMERIC_OUTCOMES", "PLOTTED"]
@@ -34,7 +34,7 @@ def phase_diagram(folder: "str | Path", x: str, y: str, *, outcome: str = "outco
                          f"fpsim sweep SPEC --out {folder} first")
     if outcome not in PLOTTED:
         raise ValueError(f"unknown outcome {outcome!r}; choose {', '.join(PLOTTED)}")
-    info = json.loads(record.read_text(encoding="utf-8"))
+    info = read_sweep_record(record)
     axes = [*info["spec"]["grid"], *info["spec"]["zip"]]
     for option, name in (("--x", x), ("--y", y), ("--facet", facet)):
         if name is not None and name.replace("-", "_") not in axes:
@@ -44,9 +44,17 @@ def phase_diagram(folder: "str | Path", x: str, y: str, *, outcome: str = "outco
     facet = facet.replace("-", "_") if facet else None
     if len({x, y, facet} - {None}) < len([n for n in (x, y, facet) if n]):
         raise ValueError("--x, --y and --facet must be different axes")
-    rows = [row for row in read_table(table) if row["outcome"] in OUTCOMES]
+    rows = read_table(table)
     if not rows:
         raise ValueError(f"{table} has no finished cells yet")
+    absent = [name for name in (x, y, facet, outcome) if name and name not in rows[0]]
+    if absent:
+        raise ValueError(f"{table} has no column {absent[0]!r}, which {record} names: the two "
+                         f"files are not of one sweep; rerun fpsim sweep on {folder}")
+    for number, row in enumerate(rows, start=2):
+        if outcome in NUMERIC_OUTCOMES and row[outcome] and not _is_number(row[outcome]):
+            raise ValueError(f"{table} line {number}: {outcome} {row[outcome]!r} is not a "
+                             f"number")
     order = {name: _first_seen(rows, name) for name in (x, y, facet) if name}
     panels = {}
     for panel in order.get(facet, [None]):
@@ -69,6 +77,14 @@ def phase_diagram(folder: "str | Path", x: str, y: str, *, outcome: str = "outco
                               y_values=[_label(v) for v in order[y]], x_label=_name(x, order[x]),
                               y_label=_name(y, order[y]),
                               outcome=outcome, stem=stem, title=title)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _first_seen(rows, name) -> list[str]:

@@ -27,12 +27,13 @@ from pathlib import Path
 from ..files import atomic_file, write_text
 
 __all__ = ["summarize", "write_tables", "read_table", "METRICS", "OUTCOMES", "WINDOW",
-           "CONVERGED", "DIVERGED", "parquet_available"]
+           "CONVERGED", "DIVERGED", "parquet_available", "STATUSES"]
 
 WINDOW = 10
 CONVERGED = 0.9
 DIVERGED = 1.5
 OUTCOMES = ("converged", "stalled", "diverged", "failed")
+STATUSES = ("ok", "failed")
 # Columns after the cell's configuration, in table order.
 METRICS = ("status", "outcome", "steps_run", "final_loss", "final_loss_bits", "trailing_loss",
            "best_loss", "best_step", "plateau_left_step", "skipped_steps", "final_scale",
@@ -89,9 +90,11 @@ def _cell_text(value) -> str:
     return str(value)
 
 
-def write_tables(folder: "str | Path", rows: list[dict], columns: list[str]) -> list[Path]:
-    """``results.csv`` (and ``results.parquet`` when pyarrow is installed) from ``rows``,
-    sorted by cell; each written whole, atomically. Returns the paths written."""
+def write_tables(folder: "str | Path", rows: list[dict], columns: list[str], *,
+                 parquet: bool = True) -> list[Path]:
+    """``results.csv`` (and ``results.parquet`` when pyarrow is installed and ``parquet``)
+    from ``rows``, sorted by cell; each written whole, atomically. Returns the paths
+    written."""
     folder = Path(folder)
     rows = sorted(rows, key=lambda row: row["cell"])
     buffer = io.StringIO()
@@ -101,7 +104,7 @@ def write_tables(folder: "str | Path", rows: list[dict], columns: list[str]) -> 
         writer.writerow([_cell_text(row.get(name)) for name in columns])
     write_text(folder / "results.csv", buffer.getvalue())
     written = [folder / "results.csv"]
-    if parquet_available():
+    if parquet and parquet_available():
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -139,6 +142,41 @@ def parquet_available() -> bool:
 
 
 def read_table(path: "str | Path") -> list[dict]:
-    """Rows of ``results.csv`` as dicts of strings (empty string: no value)."""
-    with open(path, newline="", encoding="utf-8") as handle:
-        return list(csv.DictReader(handle))
+    """Rows of ``results.csv`` as dicts of strings (empty string: no value), checked: the
+    header names the cell, key and result columns, every row has exactly the header's fields,
+    a known status and outcome, and the file ends with a whole row. ``ValueError`` names the
+    file and the row (counting the header as line 1) that is wrong."""
+    path = Path(path)
+    try:
+        with open(path, newline="", encoding="utf-8") as handle:
+            text = handle.read()
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text; it should be a sweep's results table") \
+            from None
+    lines = list(csv.reader(io.StringIO(text)))
+    if not lines:
+        raise ValueError(f"{path} is empty: it should start with its header row")
+    header = lines[0]
+    missing = [name for name in (*HEAD, *METRICS) if name not in header]
+    if missing:
+        raise ValueError(f"{path}: the header lacks {', '.join(missing[:5])}: not a table "
+                         f"written by fpsim sweep")
+    if not text.endswith("\n"):
+        raise ValueError(f"{path} line {len(lines)}: the last row is cut off (no newline at "
+                         f"the end): the file was not written whole; rerun fpsim sweep on its "
+                         f"folder to rewrite the table")
+    rows = []
+    for number, fields in enumerate(lines[1:], start=2):
+        where = f"{path} line {number}"
+        if len(fields) != len(header):
+            raise ValueError(f"{where}: {len(fields)} fields where the header has "
+                             f"{len(header)}; rerun fpsim sweep on its folder to rewrite the "
+                             f"table")
+        row = dict(zip(header, fields))
+        if row["status"] not in STATUSES or row["outcome"] not in OUTCOMES:
+            raise ValueError(f"{where}: status {row['status']!r} / outcome {row['outcome']!r} "
+                             f"not among {', '.join(STATUSES)} / {', '.join(OUTCOMES)}")
+        if not row["cell"].isdecimal():
+            raise ValueError(f"{where}: cell {row['cell']!r} is not a cell number")
+        rows.append(row)
+    return rows

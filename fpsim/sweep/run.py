@@ -28,15 +28,19 @@ from pathlib import Path
 
 from .._version import __version__
 from ..train.progress import progress_bar
-from ..files import write_text
-from .cells import Cell, expand, run_cell
+from ..files import LOCK_NAME, folder_lock, write_text
+from .cells import Cell, cell_count, expand, run_cell
+from .record import SWEEP_FORMAT, read_cell_row, read_sweep_record
 from .results import HEAD, METRICS, OUTCOMES, write_tables
 from .spec import SweepSpec
 
 __all__ = ["run_sweep", "SweepSummary", "SWEEP_FORMAT", "local_cluster"]
 
-SWEEP_FORMAT = "fpsim-sweep"
-TABLE_EVERY_S = 2.0      # rewrite results.csv at most this often while cells finish
+PARQUET_EVERY_S = 2.0    # rewrite results.parquet at most this often (results.csv: every cell)
+# One sweep's cells are listed, keyed and kept in memory at once, and each is a training run:
+# beyond this many the sweep is refused (split it) rather than left to exhaust the machine.
+MAX_CELLS = 100_000
+WORKERS_PER_CORE = 4     # a local cluster's ceiling: more processes than this only contend
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
@@ -78,40 +82,57 @@ def check_folder(spec: SweepSpec, out: Path) -> None:
     sweep's results are never replaced by another's. Writes nothing."""
     record = out / "sweep.json"
     if record.exists():
-        try:
-            earlier = json.loads(record.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as err:
-            raise ValueError(f"{record} is not readable ({err}); choose another --out") from None
-        if earlier.get("format") != SWEEP_FORMAT or earlier.get("spec") != spec.as_dict():
+        earlier = read_sweep_record(record)
+        if earlier["spec"] != spec.as_dict():
             raise ValueError(f"{out} holds a different sweep (its sweep.json has another spec); "
                              f"choose another --out, or rerun that sweep's own spec to resume")
-        if earlier.get("fpsim") != __version__:
-            raise ValueError(f"{out} was swept with fpsim {earlier.get('fpsim')}, this is fpsim "
+        if earlier["fpsim"] != __version__:
+            raise ValueError(f"{out} was swept with fpsim {earlier['fpsim']}, this is fpsim "
                              f"{__version__}; choose another --out")
-    elif out.exists() and (not out.is_dir() or any(out.iterdir())):
+    elif out.exists() and (not out.is_dir() or any(p.name != LOCK_NAME for p in out.iterdir())):
         raise ValueError(f"{out} is not an empty folder and holds no sweep; choose a new or "
                          f"empty --out")
 
 
-def prepare_folder(spec: SweepSpec, cells: list[Cell], out: Path) -> dict[int, dict]:
-    """Write ``sweep.json`` into ``out`` (checked by ``check_folder``) and return the rows of
-    the cells already finished there, by cell index."""
-    try:
-        (out / "cells").mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ValueError(f"cannot write the output folder {out}: {err.strerror or err}") from None
+@contextlib.contextmanager
+def locked_folder(spec: SweepSpec, out: Path, note):
+    """Create ``out`` and hold its lock (``fpsim.files.folder_lock``, as ``fpsim train`` and
+    ``fpsim reproduce`` do) while the sweep writes there: a second sweep into ``out`` is
+    refused (``FolderInUse``, naming the process). ``note`` receives the line saying a stale
+    lock, left by a process killed outright, was taken over. The folder is checked again under
+    the lock: another sweep may have written it since the first check."""
+    with contextlib.ExitStack() as stack:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            taken_over = stack.enter_context(folder_lock(out))
+        except OSError as err:     # a read-only folder: found before any worker starts
+            raise ValueError(f"cannot write the output folder {out}: "
+                             f"{err.strerror or err}") from None
+        if taken_over:
+            note(taken_over)
+        check_folder(spec, out)
+        yield
+
+
+def finished_rows(cells: list[Cell], out: Path) -> dict[int, dict]:
+    """The rows of the cells already finished in ``out``, by cell index, each checked as it
+    is read (``read_cell_row``)."""
+    done = {}
+    for cell in cells:
+        path = out / "cells" / cell.key / "result.json"
+        if path.exists():
+            done[cell.index] = dict(read_cell_row(path, cell.key, cell.config), cell=cell.index)
+    return done
+
+
+def write_record(spec: SweepSpec, cells: list[Cell], out: Path) -> None:
+    """Write ``sweep.json`` (the spec, the cells, the versions) into the locked ``out``."""
+    (out / "cells").mkdir(exist_ok=True)
     info = {"format": SWEEP_FORMAT, "version": 1, "fpsim": __version__, "spec": spec.as_dict(),
             "source": spec.source, "versions": _versions(),
             "cells": [{"cell": c.index, "key": c.key, "axes": c.axes} for c in cells]}
     write_text(out / "sweep.json", json.dumps(info, indent=2, sort_keys=True,
                                               allow_nan=False) + "\n")
-    done = {}
-    for cell in cells:
-        path = out / "cells" / cell.key / "result.json"
-        if path.exists():
-            row = json.loads(path.read_text(encoding="utf-8"))
-            done[cell.index] = dict(row, cell=cell.index)
-    return done
 
 
 def _versions() -> dict:
@@ -199,39 +220,59 @@ def _check_versions(client) -> int:
     return len(found)
 
 
+def local_worker_limit() -> int:
+    """The most worker processes a local cluster may start on this machine."""
+    return WORKERS_PER_CORE * max(1, os.cpu_count() or 1)
+
+
 def run_sweep(spec: SweepSpec, out: "str | Path", *, workers: int | None = None,
               scheduler: str | None = None, progress: bool | None = None,
-              retries: int = 2) -> SweepSummary:
+              retries: int = 2, announce=None) -> SweepSummary:
     """Run every cell of ``spec`` not yet done in ``out``; returns the summary. ``workers``:
-    processes of the local cluster (default: the CPU count); ``scheduler``: the address of an
-    existing Dask scheduler instead. Bad input raises ``ValueError`` before anything is
-    written."""
+    processes of the local cluster (default: the CPU count; never more than the cells to
+    run); ``scheduler``: the address of an existing Dask scheduler instead. ``announce``
+    (a function of one line) hears the plan before any worker starts, and a note when a stale
+    lock is taken over. Bad input raises ``ValueError`` before anything is written."""
+    announce = announce or (lambda line: None)
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise ValueError(f"retries must be an integer >= 0, got {retries!r}")
     if scheduler is not None and workers is not None:
         raise ValueError("--workers sizes the local cluster; with --scheduler the cluster's "
                          "own workers run the cells")
+    limit = local_worker_limit()
     if workers is None:
         workers = max(1, os.cpu_count() or 1)
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"--workers must be an integer >= 1, got {workers!r}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= limit:
+        raise ValueError(f"--workers must be an integer from 1 to {limit} ({WORKERS_PER_CORE} "
+                         f"per CPU core of this machine), got {workers!r}; for more workers "
+                         f"start a Dask cluster and give --scheduler ADDRESS")
+    count = cell_count(spec)
+    if count > MAX_CELLS:
+        raise ValueError(f"{spec.source}: the sweep has {count:,} cells, more than the "
+                         f"{MAX_CELLS:,} one sweep accepts (each cell is a training run); split "
+                         f"it into several sweeps, each into its own --out")
     out = Path(out)
     cells = expand(spec)
     check_folder(spec, out)
     began = time.perf_counter()
-    finished = all((out / "cells" / cell.key / "result.json").exists() for cell in cells)
-    # every cell done already: no cluster to start, the table is rewritten from the cells
-    with contextlib.nullcontext() if finished else _client(
-            workers if scheduler is None else None, scheduler) as client:
-        n_workers = _check_versions(client) if client is not None else 0
-        done = prepare_folder(spec, cells, out)
-        summary = SweepSummary(out, len(cells), len(done), workers=n_workers)
+    with locked_folder(spec, out, lambda text: announce(f"note: {text}")):
+        done = finished_rows(cells, out)
         pending = [cell for cell in cells if cell.index not in done]
-        try:
-            if pending:
-                _run_pending(client, pending, out, done, spec, summary, progress, retries)
-        finally:
-            summary.tables = write_tables(out, list(done.values()), columns(spec))
+        started = min(workers, len(pending)) if scheduler is None else None
+        where = (f"{started} local worker process(es)" if scheduler is None
+                 else f"the Dask cluster at {scheduler}")
+        announce(f"sweep: {len(cells)} cells, {len(done)} done earlier, {len(pending)} to run"
+                 + (f" on {where}" if pending else ""))
+        # every cell done already: no cluster to start, the table is rewritten from the cells
+        with contextlib.nullcontext() if not pending else _client(started, scheduler) as client:
+            n_workers = _check_versions(client) if client is not None else 0
+            write_record(spec, cells, out)
+            summary = SweepSummary(out, len(cells), len(done), workers=n_workers)
+            try:
+                if pending:
+                    _run_pending(client, pending, out, done, spec, summary, progress, retries)
+            finally:
+                summary.tables = write_tables(out, list(done.values()), columns(spec))
     summary.seconds = time.perf_counter() - began
     for row in done.values():
         summary.outcomes[row["outcome"]] = summary.outcomes.get(row["outcome"], 0) + 1
@@ -247,7 +288,7 @@ def _run_pending(client, pending, out, done, spec, summary, progress, retries) -
                                retries=retries, pure=False)
         futures[future] = cell
     bar = progress_bar(summary.cells, summary.earlier, "cell", progress)
-    last_table = time.perf_counter()
+    last_parquet = time.perf_counter()
     try:
         for future in as_completed(list(futures)):
             cell = futures.pop(future)
@@ -259,14 +300,18 @@ def _run_pending(client, pending, out, done, spec, summary, progress, retries) -
                     summary.not_run[cell.index] = f"a worker ran fpsim {payload['fpsim']}"
                 else:
                     done[cell.index] = _save_cell(out, cell, payload)
+                    # results.csv holds every finished cell the moment it is saved (a kill -9
+                    # of this process loses no row); parquet, slower to write, follows at
+                    # intervals and at the end
+                    parquet = time.perf_counter() - last_parquet > PARQUET_EVERY_S
+                    write_tables(out, list(done.values()), columns(spec), parquet=parquet)
+                    if parquet:
+                        last_parquet = time.perf_counter()
             future.release()
             if bar is not None:
                 bar.update(1)
                 outcome = done[cell.index]["outcome"] if cell.index in done else "not run"
                 bar.set_postfix_str(f"cell {cell.index}: {outcome}")
-            if time.perf_counter() - last_table > TABLE_EVERY_S:
-                write_tables(out, list(done.values()), columns(spec))
-                last_table = time.perf_counter()
     finally:
         for future in futures:
             future.cancel()
