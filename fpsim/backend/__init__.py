@@ -56,13 +56,15 @@ from .interface import (ARRAY_ATTRIBUTES, DTYPE_KINDS, HOST_MODULES, HOST_PACKAG
                         Backend)
 from .numpy_backend import NumpyBackend
 from .strict import StrictBackend
+from .tuning import Tuning
 
 __all__ = ["NAMESPACE", "ARRAY_ATTRIBUTES", "DTYPE_KINDS", "HOST_PACKAGES", "HOST_MODULES",
            "Backend", "xp", "name", "current", "available", "register_backend", "set_backend",
            "use_backend", "asarray", "to_numpy", "to_list", "host_bytes", "is_array", "astype",
            "copy", "size", "scalar", "isdtype", "is_contiguous", "is_unshared", "bitcast",
            "bits", "from_bits", "round_to", "uniforms", "scratch", "errstate", "host_rng",
-           "is_generator", "array_text", "versions", "CONTAINER", "backend_from_environment"]
+           "is_generator", "array_text", "versions", "CONTAINER", "backend_from_environment",
+           "Tuning", "tuning", "use_tuning"]
 
 _IMPLEMENTATIONS = {"numpy": NumpyBackend, "numpy-strict": StrictBackend}
 CONTAINER = np.float32  # the container of every fpsim Format, on every backend
@@ -132,6 +134,24 @@ def use_backend(backend_name: str):
         yield _current
     finally:
         _install(previous)
+
+
+def tuning() -> Tuning:
+    """The current backend's speed settings (chunk sizes, path thresholds; never a value)."""
+    return _current.tuning
+
+
+@contextmanager
+def use_tuning(**changes):
+    """``with use_tuning(widen_chunk=37): ...``: the current backend with some speed settings
+    changed for the block (tests force each computation path this way)."""
+    chosen = _current
+    before = chosen.tuning
+    chosen.tuning = before._replace(**changes)
+    try:
+        yield chosen.tuning
+    finally:
+        chosen.tuning = before
 
 
 def current() -> Backend:

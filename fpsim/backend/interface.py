@@ -37,6 +37,8 @@ rounding kernel, say) only with the same bits, which the parity tests check.
 """
 from __future__ import annotations
 
+from .tuning import Tuning
+
 __all__ = ["NAMESPACE", "ARRAY_ATTRIBUTES", "DTYPE_KINDS", "ENGINE_PACKAGES", "HOST_PACKAGES",
            "HOST_MODULES", "is_engine_module", "Backend"]
 
@@ -84,10 +86,12 @@ def is_engine_module(module: str) -> bool:
 class Backend:
     """One array library behind the engine. Subclasses set ``name`` and ``xp`` (a module or
     object with every name of ``NAMESPACE``) and implement the kernels below; see
-    ``fpsim.backend.numpy_backend`` for the reference implementation."""
+    ``fpsim.backend.numpy_backend`` for the reference implementation. ``tuning`` holds its
+    speed settings (``tuning.py``), which never change a value."""
 
     name: str = ""
     xp = None
+    tuning: Tuning = Tuning()
     #: the container of every fpsim Format (every format's values fit a float32 exactly)
     container = None
 

@@ -1,0 +1,55 @@
+"""A backend's speed settings: chunk sizes and the thresholds that choose between two
+computations of the same bits. They change how fast the engine runs, never a value (the
+``tests/test_fast_matmul_paths.py`` and ``tests/test_optim_fast.py`` parity tests run each
+path with settings that force it and compare the bits).
+
+The defaults are the NumPy backend's, measured on x86-64 CPUs: most chunk sizes keep a
+chunk's float64 temporaries in the L2 cache. A GPU backend sets its own (few, large chunks).
+``fpsim.backend.tuning()`` gives the current backend's; ``use_tuning(**changes)`` changes some
+for a block (tests, benchmarks).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+__all__ = ["Tuning"]
+
+
+class Tuning(NamedTuple):
+    #: exact.certificate: elements per chunk of the float32 certificate (temporaries in cache)
+    certificate_chunk: int = 1 << 15
+    #: exact.certificate.certify_fp32_open: few, large chunks (measured faster than 2**15-17)
+    certificate_open_chunk: int = 1 << 19
+    #: exact.certificate: chunk size from which the einsum outer product pays its call cost
+    einsum_from: int = 1 << 15
+    #: exact.certificate.certify_fp32_open: open share of a chunk from which w is re-taken
+    recheck_share: int = 16
+    #: exact.certified: float64 elements per block of the row sums (256 KiB, stays in cache)
+    certified_block: int = 1 << 15
+    #: exact.certified: uint32 elements per block of sums and patterns (1 MiB: fewer calls)
+    certified_pattern_block: int = 1 << 18
+    #: exact.correctly_rounded: elements per evaluation chunk (float64 temporaries in cache)
+    correctly_rounded_chunk: int = 1 << 16
+    #: exact.fast_matmul: elements widened per chunk with quanta (their passes read cache)
+    widen_chunk: int = 1 << 17
+    #: exact.fast_matmul: times larger chunks without quanta (two passes: measured faster)
+    plain_factor: int = 4
+    #: exact.fast_matmul: output elements beyond K (M + N) that pay for the exact-row passes
+    exact_min_saving: int = 0
+    #: exact.fast_matmul: row length from which row norms are BLAS dot products
+    dot_from: int = 16
+    #: exact.gathered: nonzeros of a row up to which a zero sum is settled from its support
+    support: int = 16
+    #: exact.gathered: sign probes before a zero sum's whole lines are compared
+    probes: int = 8
+    #: exact.gathered: products of zero sums from which the support test pays its cost
+    sparse_from: int = 1 << 12
+    #: exact.norm: elements per chunk of the exact squared norm
+    norm_chunk: int = 1 << 17
+    #: exact.sums: rows * terms per chunk of the exact sums (bounds the scratch memory)
+    sums_chunk: int = 1 << 20
+    #: optim.arith: elements per chunk of the exactly rounded fused multiply-adds
+    arith_chunk: int = 1 << 17
+    #: optim.optimizer: parameters up to this many elements are updated together, as one
+    #: flat array (fewer calls); larger ones one by one
+    together_max: int = 1 << 15
