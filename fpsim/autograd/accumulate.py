@@ -14,6 +14,7 @@ float64 reference mode they are plain float64 NumPy sums.
 """
 from __future__ import annotations
 
+from .. import backend
 from ..backend import xp
 
 from ..exact.accumulation import get_accumulation
@@ -34,8 +35,8 @@ def accumulation_model(accumulation):
 def acc_matmul(a, b, fmt, model):
     """a @ b with ``model`` accumulation, rounded to ``fmt`` (float64 in the reference mode)."""
     if fmt is FP64 or a.dtype == xp.float64 or b.dtype == xp.float64:
-        return round_array(xp.matmul(a.astype(xp.float64, copy=False),
-                                     b.astype(xp.float64, copy=False)), fmt)
+        return round_array(xp.matmul(backend.astype(a, xp.float64, copy=False),
+                                     backend.astype(b, xp.float64, copy=False)), fmt)
     return _acc_matmul(a, b, out_fmt=fmt, model=model)
 
 
@@ -55,4 +56,4 @@ def sum_to_shape(g, shape, fmt, model):
     lead = g.ndim - len(shape)
     axes = tuple(range(lead)) + tuple(i + lead for i, n in enumerate(shape)
                                       if n == 1 and g.shape[i + lead] != 1)
-    return acc_sum(g, axes, True, fmt, model).reshape(shape)
+    return xp.reshape(acc_sum(g, axes, True, fmt, model), shape)

@@ -71,20 +71,20 @@ def round_array(x, fmt):
     fp16 roundings). The tests compare every path with ``round_to``.
     """
     if fmt is FP64:
-        return x.astype(xp.float64, copy=False)
+        return backend.astype(x, xp.float64, copy=False)
     if x.dtype == xp.float32:
         if fmt is FP32 or fmt == FP32:
             return x
     elif x.dtype == xp.float64:
         if fmt is FP32 or fmt == FP32:
             with xp.errstate(over="ignore"):
-                out = x.astype(xp.float32)
+                out = backend.astype(x, xp.float32)
             underflow.note(x, out)
             return out
     else:
         raise TypeError(f"round_array takes float32/float64 arrays, got {x.dtype}")
     out = round_to(x, fmt)
-    out = out if out.dtype == xp.float32 else out.astype(xp.float32)
+    out = out if out.dtype == xp.float32 else backend.astype(out, xp.float32)
     underflow.note(x, out)
     return out
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from numbers import Real
 
+from .. import backend
 from ..backend import xp
 
 from .numerics import FP64, round_array
@@ -46,12 +47,12 @@ __all__ = ["add", "sub", "mul", "div", "neg", "pow", "exp", "log", "sqrt", "tanh
 
 def _is_scalar(v) -> bool:
     return isinstance(v, Real) and not isinstance(v, bool) or (
-        isinstance(v, xp.generic) and v.dtype.kind in "fiu")
+        isinstance(v, xp.generic) and backend.isdtype(v.dtype, "numeric"))
 
 
 def _opmath(data, scalar):
     """A Python scalar in the operand's arithmetic type (float32, or float64 in ref mode)."""
-    return data.dtype.type(scalar)
+    return backend.scalar(scalar, data.dtype)
 
 
 def _broadcast_shape(a, b, op):
@@ -183,10 +184,10 @@ def _zero_where(drop, values):
     AND with an all-zeros / all-ones mask: five to ten times faster than ``np.where`` with a
     scalar on float32."""
     if values.dtype != xp.float32 or values.shape != drop.shape:
-        return xp.where(drop, values.dtype.type(0), values)
-    mask = drop.astype(xp.uint32)
+        return xp.where(drop, backend.scalar(0, values.dtype), values)
+    mask = backend.astype(drop, xp.uint32)
     mask -= 1                                        # 1 -> 0, 0 -> 0xFFFFFFFF
-    return xp.bitwise_and(values.view(xp.uint32), mask, out=mask).view(xp.float32)
+    return backend.from_bits(xp.bitwise_and(backend.bits(values), mask, out=mask))
 
 
 def sqrt(x) -> Tensor:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from .. import backend
 from ..backend import round_to, xp
 from ..exact import certify, cr_cross_entropy, round_to_odd_sum, width_factor
 from ..exact import elementary as f64
@@ -40,9 +41,9 @@ _REDUCTIONS = ("mean", "sum", "none")
 
 def _reduce(values, reduction):
     if reduction == "mean":
-        return xp.asarray(values.mean())
+        return xp.asarray(xp.sum(values) / backend.size(values))   # numpy.mean's bits
     if reduction == "sum":
-        return xp.asarray(values.sum())
+        return xp.asarray(xp.sum(values))
     return values
 
 
@@ -55,18 +56,21 @@ def _labels(labels, n, classes):
     if isinstance(labels, Tensor):
         labels = labels.data
     labels = xp.asarray(labels)
-    if labels.dtype.kind not in "iu":
-        if labels.dtype.kind == "f" and labels.size and xp.all(labels == xp.round(labels)):
-            labels = labels.astype(xp.int64)
+    if not backend.isdtype(labels.dtype, "integral"):
+        if (backend.isdtype(labels.dtype, "real floating") and backend.size(labels)
+                and xp.all(labels == xp.round(labels))):
+            labels = backend.astype(labels, xp.int64)
         else:
             raise TypeError(f"cross_entropy: labels must be integers, got dtype {labels.dtype}")
     if labels.shape != (n,):
         raise ValueError(f"cross_entropy: labels shape {labels.shape} != ({n},) for logits "
                          f"with batch size {n}")
-    if labels.size and (labels.min() < 0 or labels.max() >= classes):
-        raise ValueError(f"cross_entropy: labels must lie in [0, {classes}), got values from "
-                         f"{labels.min()} to {labels.max()}")
-    return labels.astype(xp.intp)
+    if backend.size(labels):
+        low, high = int(xp.min(labels)), int(xp.max(labels))
+        if low < 0 or high >= classes:
+            raise ValueError(f"cross_entropy: labels must lie in [0, {classes}), got values "
+                             f"from {low} to {high}")
+    return backend.astype(labels, xp.intp)
 
 
 def _squared_error(pred, target, finite, reduction, fmt) -> xp.ndarray:
@@ -85,23 +89,25 @@ def _squared_error(pred, target, finite, reduction, fmt) -> xp.ndarray:
     distance from rodd(S) has at most 28: rounding R to odd keeps its side), so their
     Fraction quotient by n rounds like S / n; ``float64_round_to_odd`` rounds it to odd.
     """
-    p = xp.asarray(xp.where(finite, pred, 0.0), xp.float64).reshape(-1)
-    t = xp.asarray(xp.where(finite, target, 0.0), xp.float64).reshape(-1)
+    p = xp.reshape(backend.astype(xp.where(finite, pred, 0.0), xp.float64), (-1,))
+    t = xp.reshape(backend.astype(xp.where(finite, target, 0.0), xp.float64), (-1,))
     terms = xp.stack([p * p, -2.0 * p * t, t * t], axis=-1)      # (n, 3), every one exact
     if reduction == "none":
-        return round_to_odd_sum(terms).reshape(pred.shape)
-    n = max(p.size, 1)
+        return xp.reshape(round_to_odd_sum(terms), pred.shape)
+    n = max(backend.size(p), 1)
     if reduction == "sum" or n & (n - 1) == 0:
         scale = 1.0 / n if reduction == "mean" else 1.0      # a power of two: exact
-        approx = xp.asarray([terms.sum() * scale])
-        width = xp.asarray([xp.abs(terms).sum() * scale * width_factor(terms.size)])
+        approx = xp.reshape(xp.sum(terms) * scale, (1,))
+        width = xp.reshape(xp.sum(xp.abs(terms)) * scale * width_factor(backend.size(terms)),
+                           (1,))
         if certify(approx, width, round_end=lambda x: round_to(x, fmt))[2][0]:
             return approx[0]
-        return xp.asarray(round_to_odd_sum(terms.reshape(1, -1))[0] * scale)
-    terms = terms.reshape(1, -1)
+        return xp.asarray(round_to_odd_sum(xp.reshape(terms, (1, -1)))[0] * scale)
+    terms = xp.reshape(terms, (1, -1))
     total = round_to_odd_sum(terms)[0]
-    rest = round_to_odd_sum(xp.concatenate([terms, xp.full((1, 1), -total)], axis=1))[0]
-    return xp.asarray(float64_round_to_odd((Fraction(total) + Fraction(rest)) / n))
+    rest = round_to_odd_sum(xp.concatenate([terms, xp.reshape(-total, (1, 1))], axis=1))[0]
+    quotient = (Fraction(float(total)) + Fraction(float(rest))) / n
+    return xp.asarray(float64_round_to_odd(quotient), xp.float64)
 
 
 def cross_entropy(logits, labels, reduction: str = "mean") -> Tensor:
@@ -115,7 +121,7 @@ def cross_entropy(logits, labels, reduction: str = "mean") -> Tensor:
     rows = xp.arange(n)
     with xp.errstate(invalid="ignore", under="ignore", over="ignore"):
         if fmt is FP64:
-            logp = log_softmax_along(logits.data.astype(xp.float64), 1)
+            logp = log_softmax_along(backend.astype(logits.data, xp.float64), 1)
             value = _reduce(-logp[rows, labels], reduction)
         else:   # logp: the float64 log-softmax, log_softmax_along's bits
             value, logp = cr_cross_entropy(logits.data, labels, reduction, fmt,
@@ -123,7 +129,7 @@ def cross_entropy(logits, labels, reduction: str = "mean") -> Tensor:
         out = round_array(value, fmt)
 
     def backward(g, g_fmt):
-        g64 = g.astype(xp.float64)
+        g64 = backend.astype(g, xp.float64)
         with xp.errstate(invalid="ignore", under="ignore", over="ignore"):
             d = f64.exp(logp)
             d[rows, labels] -= 1.0
@@ -143,21 +149,21 @@ def mse_loss(pred, target, reduction: str = "mean") -> Tensor:
     if pred.shape != target.shape:
         raise ValueError(f"mse_loss: prediction shape {pred.shape} != target shape "
                          f"{target.shape} (broadcasting is refused here on purpose)")
-    diff = pred.data.astype(xp.float64) - target.data.astype(xp.float64)
+    diff = backend.astype(pred.data, xp.float64) - backend.astype(target.data, xp.float64)
     with xp.errstate(over="ignore", under="ignore", invalid="ignore"):
         value = _reduce(diff * diff, reduction)     # IEEE float64: FP64, inf and NaN
-        if fmt is not FP64 and diff.size:
+        if fmt is not FP64 and backend.size(diff):
             finite = xp.isfinite(diff)                # float32 values: both are finite
             exact = _squared_error(pred.data, target.data, finite, reduction, fmt)
             if reduction == "none":
                 value = xp.where(finite, exact, value)
-            elif finite.all():
+            elif xp.all(finite):
                 value = exact
         out = round_array(value, fmt)
-    n = max(diff.size, 1)
+    n = max(backend.size(diff), 1)
 
     def backward(g, g_fmt):
-        g64 = g.astype(xp.float64)
+        g64 = backend.astype(g, xp.float64)
         with xp.errstate(over="ignore", under="ignore"):
             d = 2.0 * diff * (g64 / n if reduction == "mean" else g64)
         dp = round_array(d, pred.grad_fmt) if pred.requires_grad else None

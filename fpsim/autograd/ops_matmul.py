@@ -45,8 +45,8 @@ def _fused_linear(x, weight, bias, fmt, model):
     if (x.dtype != xp.float32 or weight.dtype != xp.float32 or bias.dtype != xp.float32
             or not isinstance(model, exact) or model.acc != FP32 or underflow.active()):
         return None
-    out = matmul_2d(x.reshape(-1, x.shape[-1]), weight.T, fmt, bias, note=False)
-    return None if out is None else out.reshape(x.shape[:-1] + (weight.shape[0],))
+    out = matmul_2d(xp.reshape(x, (-1, x.shape[-1])), weight.T, fmt, bias, note=False)
+    return None if out is None else xp.reshape(out, x.shape[:-1] + (weight.shape[0],))
 
 
 def _check_matmul_shapes(a_shape, b_shape, op):
@@ -87,10 +87,10 @@ def matmul(a, b, *, accumulation=None) -> Tensor:
         da = db = None
         if a.requires_grad:
             da = acc_matmul(g2, xp.swapaxes(b2, -1, -2), a.grad_fmt, model)
-            da = sum_to_shape(da, a2.shape, a.grad_fmt, model).reshape(a.shape)
+            da = xp.reshape(sum_to_shape(da, a2.shape, a.grad_fmt, model), a.shape)
         if b.requires_grad:
             db = acc_matmul(xp.swapaxes(a2, -1, -2), g2, b.grad_fmt, model)
-            db = sum_to_shape(db, b2.shape, b.grad_fmt, model).reshape(b.shape)
+            db = xp.reshape(sum_to_shape(db, b2.shape, b.grad_fmt, model), b.shape)
         return da, db
 
     return record(out, fmt, (a, b), backward, "matmul")
@@ -131,10 +131,10 @@ def linear(x, weight, bias=None, *, accumulation=None) -> Tensor:
         if x.requires_grad:
             dx = acc_matmul(g, weight.data, x.grad_fmt, model)
         if weight.requires_grad:
-            g2 = g.reshape(-1, g.shape[-1])
-            dw = acc_matmul(g2.T, x.data.reshape(-1, x.shape[-1]), weight.grad_fmt, model)
+            g2 = xp.reshape(g, (-1, g.shape[-1]))
+            dw = acc_matmul(g2.T, xp.reshape(x.data, (-1, x.shape[-1])), weight.grad_fmt, model)
         if bias is not None and bias.requires_grad:
-            db = acc_sum(g.reshape(-1, g.shape[-1]), 0, False, bias.grad_fmt, model)
+            db = acc_sum(xp.reshape(g, (-1, g.shape[-1])), 0, False, bias.grad_fmt, model)
         return (dx, dw) if bias is None else (dx, dw, db)
 
     return record(out, fmt, tensors, backward, "linear")

@@ -26,7 +26,9 @@ array([[0.09003057, 0.24472848, 0.66524094]], dtype=float32)
 from __future__ import annotations
 
 import builtins
+import math
 
+from .. import backend
 from ..backend import xp
 
 from ..exact import cr_log_softmax, cr_softmax, log_softmax64, softmax64
@@ -82,17 +84,17 @@ def sum(x, axis=None, keepdims: bool = False, *, accumulation=None) -> Tensor:  
 def mean(x, axis=None, keepdims: bool = False, *, accumulation=None) -> Tensor:
     fmt, (x,) = operands("elementwise", x)
     axes = _axes(x, axis, "mean")
-    count = int(xp.prod([x.shape[a] for a in axes], dtype=xp.int64))
+    count = math.prod(x.shape[a] for a in axes)
     if count == 0:
         raise ValueError(f"mean over an empty axis of shape {x.shape}")
     acc_fmt = FP64 if fmt is FP64 else FP32
     total = acc_sum(x.data, axes, keepdims, acc_fmt, _model(accumulation))
     with xp.errstate(over="ignore", under="ignore"):
-        out = round_array(xp.asarray(total / total.dtype.type(count)), fmt)
+        out = round_array(xp.asarray(total / backend.scalar(count, total.dtype)), fmt)
 
     def backward(g, g_fmt):
         with xp.errstate(under="ignore"):
-            share = round_array(xp.asarray(g / g.dtype.type(count)), x.grad_fmt)
+            share = round_array(xp.asarray(g / backend.scalar(count, g.dtype)), x.grad_fmt)
         return (xp.ascontiguousarray(_expand(share, x.shape, axes, keepdims)),)
 
     return record(out, fmt, (x,), backward, "mean")
@@ -105,20 +107,20 @@ def max(x, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
         raise ValueError(f"max takes axis=None or one int axis, got {axis!r}")
     if x.size == 0:
         raise ValueError(f"max of an empty tensor of shape {x.shape}")
-    flat = x.data.reshape(-1) if axis is None else x.data
+    flat = xp.reshape(x.data, (-1,)) if axis is None else x.data
     ax = 0 if axis is None else _axes(x, axis, "max")[0]
     index = xp.expand_dims(xp.argmax(flat, axis=ax), ax)
     out = xp.take_along_axis(flat, index, ax)
     if axis is None:
-        out = out.reshape((1,) * x.ndim if keepdims else ())
+        out = xp.reshape(out, (1,) * x.ndim if keepdims else ())
     elif not keepdims:
         out = xp.squeeze(out, ax)
     out = convert(xp.ascontiguousarray(out), x.fmt, fmt)
 
     def backward(g, g_fmt):
         full = xp.zeros(flat.shape, g.dtype)
-        xp.put_along_axis(full, index, g.reshape(index.shape), ax)
-        return (convert(full.reshape(x.shape), g_fmt, x.grad_fmt),)
+        xp.put_along_axis(full, index, xp.reshape(g, index.shape), ax)
+        return (convert(xp.reshape(full, x.shape), g_fmt, x.grad_fmt),)
 
     return record(out, fmt, (x,), backward, "max")
 
@@ -138,9 +140,9 @@ def softmax(x, axis: int = -1) -> Tensor:
         out = round_array(xp.ascontiguousarray(value), fmt)
 
     def backward(g, g_fmt):
-        y, g64 = out.astype(xp.float64), g.astype(xp.float64)
+        y, g64 = backend.astype(out, xp.float64), backend.astype(g, xp.float64)
         with xp.errstate(invalid="ignore", under="ignore"):
-            return (round_array(y * (g64 - (g64 * y).sum(axis=ax, keepdims=True)),
+            return (round_array(y * (g64 - xp.sum(g64 * y, axis=ax, keepdims=True)),
                                 x.grad_fmt),)
 
     return record(out, fmt, (x,), backward, "softmax")
@@ -149,8 +151,8 @@ def softmax(x, axis: int = -1) -> Tensor:
 def _along(rowwise, d, ax):
     """``rowwise`` (on (R, n) float64 rows) applied along axis ``ax`` of ``d``."""
     moved = xp.moveaxis(xp.asarray(d, xp.float64), ax, -1)
-    rows = rowwise(moved.reshape(-1, moved.shape[-1]))
-    return xp.moveaxis(rows.reshape(moved.shape), -1, ax)
+    rows = rowwise(xp.reshape(moved, (-1, moved.shape[-1])))
+    return xp.moveaxis(xp.reshape(rows, moved.shape), -1, ax)
 
 
 def log_softmax_along(d, ax):
@@ -169,10 +171,10 @@ def log_softmax(x, axis: int = -1) -> Tensor:
         out = round_array(xp.ascontiguousarray(value), fmt)
 
     def backward(g, g_fmt):
-        g64 = g.astype(xp.float64)
+        g64 = backend.astype(g, xp.float64)
         with xp.errstate(invalid="ignore", under="ignore"):
-            return (round_array(g64 - f64.exp(out.astype(xp.float64))
-                                * g64.sum(axis=ax, keepdims=True), x.grad_fmt),)
+            return (round_array(g64 - f64.exp(backend.astype(out, xp.float64))
+                                * xp.sum(g64, axis=ax, keepdims=True), x.grad_fmt),)
 
     return record(out, fmt, (x,), backward, "log_softmax")
 

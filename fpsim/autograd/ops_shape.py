@@ -18,8 +18,10 @@ array([0.0010004, 0.0010004], dtype=float32)
 """
 from __future__ import annotations
 
-from ..backend import xp
+from itertools import accumulate
 
+from .. import backend
+from ..backend import xp
 from ..exact import scatter_sum
 from .context import current_policy
 from .numerics import container_of, contains, resolve, round_array, widest
@@ -33,7 +35,7 @@ def convert(array, src_fmt, dst_fmt):
     """``array`` (values in ``src_fmt``) in ``dst_fmt``: no rounding when ``dst_fmt`` holds
     every value of ``src_fmt``, only a change of container if needed."""
     if src_fmt is dst_fmt or contains(dst_fmt, src_fmt):
-        return array.astype(container_of(dst_fmt), copy=False)
+        return backend.astype(array, container_of(dst_fmt), copy=False)
     return round_array(array, dst_fmt)
 
 
@@ -71,13 +73,13 @@ def reshape(x: Tensor, *shape) -> Tensor:
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
     try:
-        data = x.data.reshape(shape)
+        data = xp.reshape(x.data, shape)
     except ValueError:
         raise ValueError(f"reshape: cannot reshape shape {x.shape} ({x.size} elements) "
                          f"to {shape}") from None
 
     def backward(g, g_fmt):
-        return (convert(g.reshape(x.shape), g_fmt, x.grad_fmt),)
+        return (convert(xp.reshape(g, x.shape), g_fmt, x.grad_fmt),)
 
     return record(data, x.fmt, (x,), backward, "reshape")
 
@@ -90,12 +92,12 @@ def transpose(x: Tensor, *axes) -> Tensor:
     if sorted(a % max(x.ndim, 1) for a in axes) != list(range(x.ndim)):
         raise ValueError(f"transpose: axes {axes} are not a permutation of the {x.ndim} axes "
                          f"of shape {x.shape}")
-    inverse = xp.argsort([a % x.ndim for a in axes])
+    inverse = tuple(sorted(range(x.ndim), key=lambda i: axes[i] % x.ndim))
 
     def backward(g, g_fmt):
-        return (convert(g.transpose(inverse), g_fmt, x.grad_fmt),)
+        return (convert(xp.transpose(g, inverse), g_fmt, x.grad_fmt),)
 
-    return record(x.data.transpose(axes), x.fmt, (x,), backward, "transpose")
+    return record(xp.transpose(x.data, axes), x.fmt, (x,), backward, "transpose")
 
 
 def getitem(x: Tensor, index) -> Tensor:
@@ -107,18 +109,20 @@ def getitem(x: Tensor, index) -> Tensor:
     no order, so no atomics on any array library), rounded once to ``x.grad_fmt``.
     """
     if isinstance(index, Tensor):
-        index = index.data.astype(xp.int64)
+        index = backend.astype(index.data, xp.int64)
     try:
         data = x.data[index]
     except IndexError as err:
         raise IndexError(f"index into shape {x.shape}: {err}") from None
     parts = index if isinstance(index, tuple) else (index,)
-    advanced = any(isinstance(p, (xp.ndarray, list)) for p in parts)
+    # anything but ints, slices, None and ... is an index array (a host or backend array,
+    # a list); a repeated-index scatter is exact for unrepeated ones too, only slower
+    advanced = any(not isinstance(p, (int, slice, type(None), type(Ellipsis))) for p in parts)
 
     def backward(g, g_fmt):
         if advanced:
-            targets = xp.arange(x.size).reshape(x.shape)[index]
-            full = scatter_sum(targets, g, x.size).reshape(x.shape)
+            targets = xp.reshape(xp.arange(x.size), x.shape)[index]
+            full = xp.reshape(scatter_sum(targets, g, x.size), x.shape)
             return (round_array(full, x.grad_fmt),)
         full = xp.zeros(x.shape, g.dtype)
         full[index] = g
@@ -143,7 +147,7 @@ def _join(tensors, axis, op):
 
 def concatenate(tensors, axis: int = 0) -> Tensor:
     fmt, tensors, data = _join(list(tensors), axis, "concatenate")
-    bounds = xp.cumsum([t.shape[axis] for t in tensors])[:-1]
+    bounds = list(accumulate(t.shape[axis] for t in tensors))[:-1]
 
     def backward(g, g_fmt):
         parts = xp.split(g, bounds, axis=axis)

@@ -16,6 +16,7 @@ when they run says (``fpsim.autograd.policy``).
 """
 from __future__ import annotations
 
+from .. import backend
 from ..backend import xp
 
 from .. import autograd as ag
@@ -70,12 +71,14 @@ class Embedding(Module):
 
     def forward(self, indices):
         idx = xp.asarray(indices.data if isinstance(indices, ag.Tensor) else indices)
-        if idx.dtype.kind not in "iu":
+        if not backend.isdtype(idx.dtype, "integral"):
             raise TypeError(f"Embedding takes integer indices, got dtype {idx.dtype}")
-        if idx.size and (idx.min() < 0 or idx.max() >= self.num_embeddings):
-            raise ValueError(f"Embedding indices must lie in [0, {self.num_embeddings}), got "
-                             f"values from {idx.min()} to {idx.max()}")
-        return ag.getitem(self.weight, idx.astype(xp.intp))
+        if backend.size(idx):
+            low, high = int(xp.min(idx)), int(xp.max(idx))
+            if low < 0 or high >= self.num_embeddings:
+                raise ValueError(f"Embedding indices must lie in [0, {self.num_embeddings}), "
+                                 f"got values from {low} to {high}")
+        return ag.getitem(self.weight, backend.astype(idx, xp.intp))
 
 
 class Sequential(Module):

@@ -12,7 +12,7 @@ For optimizers (master weights, loss scaling) the contract is:
   after ``backward`` a ``.grad`` tensor in ``grad_fmt``. An optimizer updates a parameter by
   assigning ``p.data = <new float32 array already rounded to p.fmt>``.
 - ``zero_grad()`` sets every ``.grad`` to ``None``.
-- ``state_dict()`` returns ``{name: copy of p.data}`` (NumPy arrays), ``load_state_dict(d)``
+- ``state_dict()`` returns ``{name: copy of p.data}`` (host NumPy arrays on every backend), ``load_state_dict(d)``
   rounds each array into the parameter's format; unknown or missing names and wrong shapes are
   errors (``strict=False`` allows missing and unknown names).
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from .. import backend
 from ..backend import xp
 
 from ..autograd import Tensor
@@ -100,7 +101,8 @@ class Module:
             p.grad = None
 
     # --- state ------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, xp.ndarray]:
+    def state_dict(self) -> "dict[str, numpy.ndarray]":
+        """``{name: host NumPy copy of p.data}`` on every backend (``Tensor.numpy``)."""
         return {name: p.numpy() for name, p in self.named_parameters()}
 
     def load_state_dict(self, state: dict, strict: bool = True) -> None:
@@ -119,7 +121,7 @@ class Module:
                 continue
             values = xp.asarray(state[name])
             if values.dtype not in (xp.float32, xp.float64):
-                values = values.astype(xp.float64)
+                values = backend.astype(values, xp.float64)
             param.data = xp.array(round_array(values, param.fmt), container_of(param.fmt))
 
     def __repr__(self) -> str:

@@ -53,6 +53,7 @@ import math
 import numbers
 from dataclasses import dataclass, field, fields
 
+from .. import backend
 from ..backend import xp
 
 from .state import Decision, LossScaleMinimumError, ScalerState
@@ -152,7 +153,7 @@ class DynamicScaler:
         if self.precision == "float64":
             return float(value)
         with xp.errstate(over="ignore"):
-            return float(xp.float32(value))
+            return float(backend.scalar(value, xp.float32))
 
     @property
     def min_value(self) -> float | None:
@@ -250,10 +251,10 @@ def _combine(scale: float, factor: float, op: str, precision: str) -> float:
         if precision == "float64":
             return scale * factor if op == "multiply" else scale / factor
         if precision == "float32":
-            a, b = xp.float32(scale), xp.float32(factor)
+            a, b = backend.scalar(scale, xp.float32), backend.scalar(factor, xp.float32)
             return float(a * b if op == "multiply" else a / b)
         wide = scale * float(factor) if op == "multiply" else scale / float(factor)
-        return float(xp.float32(wide))
+        return float(backend.scalar(wide, xp.float32))
 
 
 def _validate(cfg: DynamicScaler) -> None:

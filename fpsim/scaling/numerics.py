@@ -36,6 +36,7 @@ when unscaled and nobody notices; with a scale of 0 every scaled gradient is 0 (
 """
 from __future__ import annotations
 
+from .. import backend
 from ..backend import xp
 
 from ..backend import round_to
@@ -49,7 +50,7 @@ def scale_loss(loss, state, fmt=None):
     """``loss * state.scale`` in the loss's container precision, then rounded to ``fmt``."""
     array, wrap = _container(loss, "loss")
     with xp.errstate(over="ignore", invalid="ignore"):
-        product = array * array.dtype.type(state.scale)   # float32(scale) for float32 data
+        product = array * backend.scalar(state.scale, array.dtype)   # float32(scale) for float32
     if fmt is not None:
         product = round_to(product, fmt)
     return wrap(product)
@@ -67,11 +68,11 @@ def unscale(grads, state, fmt=None, *, copy: bool = True):
     def one(grad):
         array, wrap = _container(grad, "gradient")
         if divide:
-            out = array / array.dtype.type(factor)
+            out = array / backend.scalar(factor, array.dtype)
         elif factor == 1.0:
-            out = array.copy() if copy and fmt is None else array   # round_to makes its own
+            out = backend.copy(array) if copy and fmt is None else array   # round_to copies
         else:
-            out = array * array.dtype.type(factor)
+            out = array * backend.scalar(factor, array.dtype)
         if fmt is not None:
             out = round_to(out, fmt)
         return wrap(out)
@@ -102,11 +103,11 @@ def found_inf(grads, method: str = "nonfinite") -> bool:
     for grad in arrays:
         array, _ = _container(grad, "gradient")
         if method == "nonfinite":
-            if not xp.isfinite(array).all():
+            if not xp.all(xp.isfinite(array)):
                 return True
         else:
             with xp.errstate(over="ignore", invalid="ignore"):
-                total = xp.sum(array.astype(xp.float32, copy=False), dtype=xp.float32)
+                total = xp.sum(backend.astype(array, xp.float32, copy=False), dtype=xp.float32)
             if not xp.isfinite(total):
                 return True
     return False

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .. import backend
 from ..backend import xp
 
 __all__ = ["ScalerState", "Decision", "LossScaleMinimumError"]
@@ -172,7 +173,7 @@ def inverse_scale(scale: float) -> float:
     if scale == 0.0:
         return math.inf
     with xp.errstate(over="ignore", under="ignore"):
-        return float(xp.float32(1.0 / float(scale)))
+        return float(backend.scalar(1.0 / float(scale), xp.float32))
 
 
 def _as_flag(found_inf) -> bool:

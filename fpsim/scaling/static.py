@@ -20,6 +20,7 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
+from .. import backend
 from ..backend import xp
 
 from .state import Decision, ScalerState
@@ -57,7 +58,7 @@ class StaticScaler:
         if self.precision == "float64":
             return float(self.scale)
         with xp.errstate(over="ignore"):
-            return float(xp.float32(self.scale))
+            return float(backend.scalar(self.scale, xp.float32))
 
     def init(self) -> ScalerState:
         return ScalerState(scaler=self, scale=self._stored())

@@ -80,7 +80,7 @@ def resolve_scaler(spec):
 
 def loss_hash(losses) -> str:
     """SHA-256 of the float32 bits of a loss series: equal hashes, equal bits."""
-    return hashlib.sha256(xp.asarray(losses, xp.float32).tobytes()).hexdigest()
+    return hashlib.sha256(backend.host_bytes(xp.asarray(losses, xp.float32))).hexdigest()
 
 
 @dataclass

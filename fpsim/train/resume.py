@@ -16,6 +16,7 @@ import json
 import math
 from pathlib import Path
 
+from .. import backend
 from ..optim import Optimizer
 from ..scaling import ScalerState
 from .checkpoint import (CheckpointError, check_step_counts, load_checkpoint,
@@ -56,7 +57,8 @@ def run_identity(settings: dict, optimizer: Optimizer, data: Dataset, model) -> 
     ident["optimizer"] = type(rule).__name__
     if dataclasses.is_dataclass(rule):
         ident.update({f.name: getattr(rule, f.name) for f in dataclasses.fields(rule)})
-    ident["data_sha256"] = hashlib.sha256(data.x.tobytes() + data.y.tobytes()).hexdigest()
+    ident["data_sha256"] = hashlib.sha256(backend.host_bytes(data.x)
+                                          + backend.host_bytes(data.y)).hexdigest()
     ident["parameters"] = {name: [str(p.fmt), *map(int, p.shape)]
                            for name, p in model.named_parameters()}
     return json.loads(json.dumps(ident, default=str))   # as it reads back from a checkpoint
