@@ -114,7 +114,8 @@ def test_figure_marks_skipped_and_nan_steps(runs):
         assert skipped == list(range(12)) and markers["x"] == skipped
         assert scale_ax.get_yscale() == "log"
         legend = [t.get_text() for t in legend_ax.get_legend().get_texts()]
-        assert legend == ["16-mixed, scaler none, seed 0", "16-mixed, scaler static:1e+30, seed 0"]
+        # labelled by what differs: the learning rate and the scaler
+        assert legend == ["lr 10000.0, scaler none", "lr 0.1, scaler static:1e+30"]
         import matplotlib.pyplot as plt
 
         plt.close(fig)

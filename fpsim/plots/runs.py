@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 
 from ..conformance.trace import TRACE_FORMAT, read_trace
@@ -22,7 +23,8 @@ from .style import figure_style, new_figure, write_figure
 
 import matplotlib.pyplot as plt  # noqa: E402  (style chose the backend)
 
-__all__ = ["open_run", "plot_runs", "runs_figure", "PANELS"]
+__all__ = ["open_run", "plot_runs", "runs_figure", "PANELS", "distinguishing_labels",
+           "label_fields"]
 
 # (column, title, y label, y scale) in panel order; fractions are drawn in percent
 PANELS = (
@@ -106,7 +108,7 @@ def runs_figure(runs, *, labels=None):
             raise ValueError(f"got {len(labels)} label(s) for {len(runs)} run(s): give one "
                              f"label per run, in order")
     else:
-        labels = _distinct([r.label for r in runs], [r.source for r in runs])
+        labels = _distinct(distinguishing_labels(runs), [r.source for r in runs])
     fig, grid = new_figure(12.0, 10.0, nrows=3, ncols=2)
     axes = grid.ravel()
     for ax, (column, title, ylabel, scale) in zip(axes, PANELS):
@@ -124,6 +126,57 @@ def runs_figure(runs, *, labels=None):
     _legend_panel(axes[-1], axes[:len(PANELS)], runs, labels)
     fig.tight_layout()
     return fig
+
+
+# run.json fields that say nothing a reader tells runs apart by: derived from others
+# (recipe, overrides, the scaler's repr beside scaler_name) or the same for every run
+LABEL_SKIPPED = ("command", "model", "recipe", "overrides", "scaler")
+LABEL_FIELDS_SHOWN = 4
+_CALL = re.compile(r"^(\w+)\((.*)\)$")
+_ARGUMENT = re.compile(r"(\w+)=('[^']*'|[^,]*)")
+
+
+def label_fields(config: dict) -> dict:
+    """A run's configuration as label fields: ``run.json``'s ``config`` with the optimizer's
+    repr (``SGD(lr=0.1, momentum=0.9, ...)``) split into its name and settings, and the
+    scaler by its name."""
+    fields = {}
+    for key, value in config.items():
+        if key in LABEL_SKIPPED or isinstance(value, (dict, list)):
+            continue
+        call = _CALL.match(value) if key == "optimizer" and isinstance(value, str) else None
+        if call:
+            fields["optimizer"] = call.group(1)
+            fields.update(_ARGUMENT.findall(call.group(2)))
+        else:
+            fields["scaler" if key == "scaler_name" else key] = value
+    return fields
+
+
+def distinguishing_labels(runs: list[Run]) -> list[str]:
+    """Each run's label from the configuration fields in which the training runs differ
+    (``optimizer Adam, lr 0.001`` beside ``optimizer SGD, lr 0.1``); a run without
+    ``run.json``, or runs that differ in nothing recorded, keep their own label (policy,
+    scaler, seed)."""
+    fields = [label_fields(r.config.get("config", {})) if r.kind == "training" else None
+              for r in runs]
+    known = [f for f in fields if f]
+    # fields every run has (an SGD run's momentum beside an Adam run is told by the
+    # optimizer's name already)
+    keys = [k for k in dict.fromkeys(k for f in known for k in f) if all(k in f for f in known)]
+    differ = [k for k in keys if len({repr(f[k]) for f in known}) > 1]
+    labels = []
+    for run, own in zip(runs, fields):
+        if not own or not differ or len(known) < 2:
+            labels.append(run.label)
+            continue
+        shown = [f"{k} {own[k]}" for k in differ]
+        text = ", ".join(shown[:LABEL_FIELDS_SHOWN])
+        if len(shown) > LABEL_FIELDS_SHOWN:
+            text += f" (+{len(shown) - LABEL_FIELDS_SHOWN} more)"
+        labels.append(text + ("" if run.complete else
+                              f" (interrupted after step {run.steps[-1]})"))
+    return labels
 
 
 def _distinct(labels: list[str], sources: list[str]) -> list[str]:

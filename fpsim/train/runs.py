@@ -37,10 +37,10 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .trace import read_trace
+from .trace import read_trace, strict_json
 
 __all__ = ["Run", "load_run", "compare_runs", "Comparison", "Difference", "run_label",
-           "TRAINING_COLUMNS", "first_json_row", "show_value"]
+           "TRAINING_COLUMNS", "first_json_row", "show_value", "shown_apart"]
 
 TRAINING_COLUMNS = ("loss", "scale", "found_inf", "skipped", "grad_norm", "underflow_fraction",
                     "lost_update_fraction", "wall_time")
@@ -54,7 +54,8 @@ class Run:
     """One run's per-step columns. ``columns[name][i]`` is the value at ``steps[i]``;
     ``config``: the run's ``run.json`` (or a scaler trace's header), ``{}`` if none;
     ``kind``: ``"training"`` or ``"scaler-trace"``; ``expected_steps``: the steps it was asked
-    for, when known; ``complete``: False for a run that stopped before its end."""
+    for, when known; ``complete``: False for a run that stopped before its end; ``notes``:
+    what was tolerated in reading it (a torn last line left out)."""
 
     label: str
     source: str
@@ -64,6 +65,7 @@ class Run:
     config: dict = field(default_factory=dict)
     expected_steps: int | None = None
     complete: bool = True
+    notes: tuple = ()
 
     def column(self, name: str):
         """The values of one column, or None when this run does not record it."""
@@ -120,18 +122,33 @@ def load_run(path: "str | os.PathLike") -> Run:
         raise ValueError(f"{trace_path} is a framework's loss-scaler trace, not a training "
                          f"trace: read it with fpsim.plots.open_run (as fpsim plot and fpsim "
                          f"compare do)")
-    records = read_trace(trace_path)
     info = _read_info(info_path) if info_path.is_file() else {}
+    # A last line torn by a crash is the one defect an interrupted run may have: it is left
+    # out, as resuming does, and said so; anything else wrong in the trace is refused.
+    torn = _ends_torn(trace_path)
+    records = read_trace(trace_path, drop_torn_tail=True)
+    if not records:
+        raise ValueError(f"{trace_path} holds no steps: there is nothing to draw or compare")
     expected = info.get("config", {}).get("steps")
-    complete = "summary" in info if info else True
+    complete = "summary" in info if info else not torn
     label = run_label(info) or trace_path.parent.name or str(trace_path)
     if not complete:
-        last = records[-1].step if records else None
-        label += (f" (interrupted after step {last})" if last is not None
-                  else " (interrupted before step 0)")
+        label += f" (interrupted after step {records[-1].step})"
+    notes = ((f"{trace_path}: the last line was torn by an interruption and is left out; "
+              f"the run is read up to step {records[-1].step}",) if torn else ())
     columns = {name: tuple(getattr(r, name) for r in records) for name in TRAINING_COLUMNS}
     return Run(label, str(path), "training", tuple(r.step for r in records), columns, info,
-               expected if isinstance(expected, int) else None, complete)
+               expected, complete, notes)
+
+
+def _ends_torn(path: Path) -> bool:
+    """Whether the file's last byte is not a newline (its last line was cut off)."""
+    with open(path, "rb") as stream:
+        stream.seek(0, os.SEEK_END)
+        if stream.tell() == 0:
+            return False
+        stream.seek(-1, os.SEEK_END)
+        return stream.read(1) != b"\n"
 
 
 def first_json_row(path: "str | os.PathLike") -> dict | None:
@@ -140,21 +157,36 @@ def first_json_row(path: "str | os.PathLike") -> dict | None:
     try:
         with open(path, encoding="utf-8") as stream:
             first = next((line for line in stream if line.strip()), "")
-        row = json.loads(first)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        row = strict_json(first)
+    except (UnicodeDecodeError, ValueError):
         return None
     return row if isinstance(row, dict) else None
 
 
 def _read_info(path: Path) -> dict:
     try:
-        info = json.loads(path.read_text(encoding="utf-8"))
+        info = strict_json(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise ValueError(f"{path} is not valid JSON ({err.msg}, line {err.lineno})") from None
     except UnicodeDecodeError:
         raise ValueError(f"{path} is not UTF-8 text") from None
+    except ValueError as err:       # numbers beyond float range, NaN literals, deep nesting
+        raise ValueError(f"{path} is not valid JSON ({err})") from None
     if not isinstance(info, dict):
-        raise ValueError(f"{path} must hold a JSON object (a run's configuration)")
+        raise ValueError(f"{path} must hold a JSON object (a run's configuration), not "
+                         f"{type(info).__name__}")
+    for key in ("config", "summary"):
+        if key in info and not isinstance(info[key], dict):
+            raise ValueError(f"{path}: {key!r} must be a JSON object, not "
+                             f"{type(info[key]).__name__}")
+    config = info.get("config", {})
+    steps = config.get("steps")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
+                              or steps < 1):
+        raise ValueError(f"{path}: config.steps must be a positive integer, got {steps!r}")
+    for key in ("policy", "scaler_name", "scaler"):
+        if config.get(key) is not None and not isinstance(config[key], str):
+            raise ValueError(f"{path}: config.{key} must be a string, got {config[key]!r}")
     return info
 
 
@@ -185,9 +217,27 @@ def show_value(name: str, value) -> str:
     return "-" if value is None else repr(value)
 
 
-def _short(value, width: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= width else text[:width - 3] + "..."
+def shown_apart(a, b, width: int = 60) -> tuple[str, str]:
+    """``repr`` of two values, each cut to about ``width`` characters around the first
+    character where they differ, so that long values (a platform string, a path) still show
+    their difference. ``...`` marks what is left out.
+
+    >>> shown_apart("x" * 100 + "A", "x" * 100 + "B", width=20)
+    ("...xxxxxxxxxxxxxxxxA'", "...xxxxxxxxxxxxxxxxB'")
+    """
+    ra, rb = repr(a), repr(b)
+    if len(ra) <= width and len(rb) <= width:
+        return ra, rb
+    first = next((i for i, (x, y) in enumerate(zip(ra, rb)) if x != y), min(len(ra), len(rb)))
+    start = max(0, first - (width - 3) * 3 // 4)    # most of the room for the difference
+
+    def window(text: str) -> str:
+        head = "..." if start else ""
+        room = width - len(head)
+        part = text[start:start + room]
+        return head + (part[:room - 3] + "..." if start + room < len(text) else part)
+
+    return window(ra), window(rb)
 
 
 def _bits(name: str, value):
@@ -238,10 +288,12 @@ class Comparison:
             which = "A" if self.lengths[0] > self.lengths[1] else "B"
             lines = [f"the first {shorter} steps are bit-identical in {compared}; {which} has "
                      f"{longer - shorter} more step(s) than the other", names]
+        lines += [f"note: {which}: {note}" for which, run in (("A", self.a), ("B", self.b))
+                  for note in run.notes]
         if self.config_differences:
             lines.append("configuration differences (A | B):")
             for key, (va, vb) in list(self.config_differences.items())[:12]:
-                lines.append(f"  {key}: {_short(va)} | {_short(vb)}")
+                lines.append(f"  {key}: {' | '.join(shown_apart(va, vb))}")
             if len(self.config_differences) > 12:
                 lines.append(f"  ... and {len(self.config_differences) - 12} more")
         return "\n".join(lines)

@@ -33,7 +33,7 @@ from typing import IO, NamedTuple
 import numpy as np
 
 __all__ = ["StepRecord", "TraceWriter", "read_trace", "TraceError", "TRACE_VERSION",
-           "format_record", "trace_header", "split_torn_tail", "strict_json"]
+           "format_record", "trace_header", "split_torn_tail", "strict_json", "check_steps"]
 
 TRACE_VERSION = 1
 
@@ -181,7 +181,8 @@ def _bad_float(where: str, name: str, raw):
 def read_trace(source: "str | os.PathLike | IO[str]", *,
                drop_torn_tail: bool = False) -> list[StepRecord]:
     """Read a trace written by ``TraceWriter``; ``TraceError`` names the line and field that
-    is wrong. Checks that ``loss_bits`` agrees with ``loss``. A last line without its newline
+    is wrong. Checks that every step has exactly the trace's fields, that ``loss_bits`` agrees
+    with ``loss``, and that the steps run 0, 1, 2, ... each once (``check_steps``). A last line without its newline
     was torn by a crash while it was written: an error, or dropped with ``drop_torn_tail``."""
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
@@ -199,7 +200,12 @@ def read_trace(source: "str | os.PathLike | IO[str]", *,
                          f"the run stopped while writing it)")
     text = whole
     if is_csv:
-        rows = list(csv.DictReader(io.StringIO(text)))
+        reader = csv.DictReader(io.StringIO(text))
+        rows = list(reader)
+        unknown = [f for f in reader.fieldnames or () if f not in FIELDS]
+        if unknown:
+            raise TraceError(f"{name} line 1: unknown column(s) {', '.join(unknown)}; a step "
+                             f"has {', '.join(FIELDS)}")
         numbered = [(i + 2, row) for i, row in enumerate(rows)]
     else:
         numbered = []
@@ -222,6 +228,11 @@ def read_trace(source: "str | os.PathLike | IO[str]", *,
         if missing:
             raise TraceError(f"{where}: missing field(s) {', '.join(missing)}; a step has "
                              f"{', '.join(FIELDS)}")
+        unknown = [str(f) if f is not None else "(a value past the last column)"
+                   for f in row if f not in FIELDS]
+        if unknown:
+            raise TraceError(f"{where}: unknown field(s) {', '.join(unknown)}; a step has "
+                             f"{', '.join(FIELDS)}")
         values = {f: _parse_value(f, row[f], where) for f in FIELDS}
         bits = values.pop("loss_bits")
         record = StepRecord(**values)
@@ -229,7 +240,31 @@ def read_trace(source: "str | os.PathLike | IO[str]", *,
             raise TraceError(f"{where}: field 'loss_bits' {bits} does not match loss "
                              f"{record.loss!r} ({record.loss_bits})")
         records.append(record)
+    check_steps(name, [(lineno, r.step) for (lineno, _), r in zip(numbered, records)])
     return records
+
+
+def check_steps(name: str, steps: "list[tuple[int, int]]") -> None:
+    """A trace's steps, as (line number, step), must run 0, 1, 2, ... each once, in order;
+    ``TraceError`` names the first step that is missing, repeated or out of place."""
+    seen: dict[int, int] = {}
+    for expected, (lineno, step) in enumerate(steps):
+        if step == expected:
+            seen[step] = lineno
+            continue
+        where = f"{name} line {lineno}"
+        if step in seen:
+            raise TraceError(f"{where}: step {step} appears twice (line {seen[step]} holds it "
+                             f"too); a trace holds each step once, 0, 1, 2, ... in order")
+        if expected == 0:
+            raise TraceError(f"{where}: the trace starts at step {step}; a trace starts at "
+                             f"step 0")
+        if step > expected:
+            missing = (f"step {expected} is missing" if step == expected + 1 else
+                       f"steps {expected}..{step - 1} are missing")
+            raise TraceError(f"{where}: {missing} (step {step} follows step {expected - 1})")
+        raise TraceError(f"{where}: step {step} follows step {expected - 1}; a trace holds "
+                         f"steps 0, 1, 2, ... in order")
 
 
 def strict_json(text: str):
