@@ -57,8 +57,12 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return "\n\n".join(paragraphs)
 
     def _get_help_string(self, action):
-        if action.default in (None, False) or "%(default)" in (action.help or ""):
+        # identity, not ==: a default of 0 or 0.0 equals False and must still be shown
+        if action.default is None or action.default is False or \
+                "%(default)" in (action.help or "") or "(default:" in (action.help or ""):
             return action.help
+        if action.default == []:
+            return f"{action.help} (default: none)"
         return super()._get_help_string(action)
 
 
@@ -139,9 +143,9 @@ def _parser() -> argparse.ArgumentParser:
     plots_cli.register(commands)
     experiments_cli.register(commands)
     conformance_cli.register(commands)
+    sweep_cli.register(commands)
     for sub in commands.choices.values():
         sub.formatter_class = HelpFormatter
-    sweep_cli.register(commands)
     return parser
 
 
@@ -236,7 +240,13 @@ def _one_line(err: BaseException) -> str:
     if isinstance(err, RecursionError):
         return "the input is nested too deeply to read"
     if isinstance(err, KeyError):
-        return str(err.args[0]) if err.args else "missing key"
+        # a bare key name ("fpsim: error: lr") says nothing; a KeyError that carries a
+        # sentence keeps it
+        key = err.args[0] if err.args else None
+        if isinstance(key, str) and " " in key.strip():
+            return key
+        return (f"an entry {key!r} is missing from the input (a file read back lacks it, or a "
+                f"name given is unknown); check the files and names given")
     return " ".join(str(err).split()) or type(err).__name__
 
 

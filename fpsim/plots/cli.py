@@ -30,7 +30,8 @@ def register(commands) -> None:
                       help="figure to write: a .png or .svg file name")
     plot.add_argument("--label", action="append", default=None, metavar="TEXT",
                       help="a run's label in the legend, once per run in order (instead of "
-                           "policy, scaler and seed from its run.json)")
+                           "the run.json settings in which the runs differ) (default: "
+                           "those settings)")
     compare = commands.add_parser(
         "compare", help="the first step and field where two runs differ, bit for bit",
         description="Compare two runs step by step and print the first step and field whose "

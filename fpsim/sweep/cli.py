@@ -30,7 +30,8 @@ def register(commands) -> None:
                    help="worker processes of the local cluster, at most 4 per CPU core and "
                         "never more than the cells to run (default: the CPU count)")
     p.add_argument("--scheduler", default=None,
-                   help="address of a running Dask scheduler (tcp://HOST:8786) to use instead")
+                   help="address of a running Dask scheduler (tcp://HOST:8786) to use instead "
+                        "(default: none, a local cluster)")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
     f = commands.add_parser("sweep-plot", help="draw a sweep's phase diagram",
                             description="Heatmap of one outcome over two axes of a sweep, "
@@ -38,8 +39,9 @@ def register(commands) -> None:
     f.add_argument("folder", help="the sweep's --out folder")
     f.add_argument("--x", required=True, help="axis along x")
     f.add_argument("--y", required=True, help="axis along y")
-    f.add_argument("--facet", default=None, help="axis with one panel per value")
-    f.add_argument("--outcome", default="outcome", help=f"{', '.join(PLOTTED)}")
+    f.add_argument("--facet", default=None,
+                   help="axis with one panel per value (default: none, one panel)")
+    f.add_argument("--outcome", default="outcome", help=f"what to draw: {', '.join(PLOTTED)}")
     f.add_argument("--out", default=None, help="file stem (default FOLDER/phase_OUTCOME)")
 
 

@@ -69,7 +69,8 @@ def register(commands) -> None:
                    help="trace file layout")
     p.add_argument("--checkpoint-every", type=int, default=None,
                    help="steps between checkpoints (default: one at the end)")
-    p.add_argument("--resume", default=None, help="checkpoint.npz to continue from")
+    p.add_argument("--resume", default=None,
+                   help="checkpoint.npz to continue from (default: none, a new run)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run that --out already holds (refused without this)")
     p.add_argument("--allow-change", action="append", default=[], metavar="FIELD",
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     the caller, which reports them with status 2)."""
     for option, value, low in (("--samples", args.samples, 1), ("--features", args.features, 1),
                                ("--classes", args.classes, 2), ("--steps", args.steps, 1),
-                               ("--batch-size", args.batch_size, 1),
+                               ("--batch-size", args.batch_size, 1), ("--seed", args.seed, 0),
                                ("--checkpoint-every", args.checkpoint_every, 1)):
         if value is not None and value < low:
             raise ValueError(f"{option} must be an integer >= {low}, got {value}")
