@@ -2,6 +2,8 @@ from pathlib import Path
 
 import pytest
 
+from fpsim import backend
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TESTFLOAT_DIR = REPO_ROOT.parent / "shared" / "testfloat"
 
@@ -15,3 +17,14 @@ def testfloat_dir() -> Path:
                     f"TestFloat 3's testfloat_gen (level 1, one file per function and rounding "
                     f"mode, <function>.<rounding>.txt.gz: tests/test_testfloat.py says which)")
     return TESTFLOAT_DIR
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under FPSIM_BACKEND=numpy-strict (or another backend) the engine tests run as they are,
+    except those marked numpy_only: NumPy's reprs in doctest output, NumPy-only internals."""
+    if backend.name() == "numpy":
+        return
+    skip = pytest.mark.skip(reason=f"numpy_only: not run on backend {backend.name()!r}")
+    for item in items:
+        if "numpy_only" in item.keywords:
+            item.add_marker(skip)

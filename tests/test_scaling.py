@@ -264,6 +264,7 @@ def test_found_inf_methods_and_check_overflow():
     assert not check_overflow(np.float32([65504.0 * K]), tf_state, "fp16")
 
 
+@pytest.mark.numpy_only
 @pytest.mark.parametrize("module", ["state", "dynamic", "static", "numerics", "presets"])
 def test_docstring_examples(module):
     import importlib

@@ -60,7 +60,7 @@ from .tuning import Tuning
 
 __all__ = ["NAMESPACE", "ARRAY_ATTRIBUTES", "DTYPE_KINDS", "HOST_PACKAGES", "HOST_MODULES",
            "Backend", "xp", "name", "current", "available", "register_backend", "set_backend",
-           "use_backend", "asarray", "to_numpy", "to_list", "host_bytes", "is_array", "astype",
+           "use_backend", "asarray", "to_numpy", "to_list", "host_bytes", "is_array", "is_array_like", "astype",
            "copy", "size", "scalar", "isdtype", "is_contiguous", "is_unshared", "bitcast",
            "bits", "from_bits", "round_to", "uniforms", "scratch", "errstate", "host_rng",
            "is_generator", "array_text", "versions", "CONTAINER", "backend_from_environment",
@@ -175,7 +175,14 @@ def to_numpy(array) -> np.ndarray:
 
 
 def is_array(obj) -> bool:
+    """Whether ``obj`` is an array of the current backend."""
     return _current.is_array(obj)
+
+
+def is_array_like(obj) -> bool:
+    """Whether ``obj`` is an array of the current backend or a host array (anything with a
+    ``dtype`` and a ``shape``) that ``asarray`` takes as it is."""
+    return _current.is_array(obj) or hasattr(obj, "dtype") and hasattr(obj, "shape")
 
 
 def to_list(array):

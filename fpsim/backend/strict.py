@@ -17,7 +17,8 @@ but engine code (``interface.is_engine_module``) that does any of these gets a
 - converts an array to a host NumPy array implicitly (``numpy.asarray(x)``, the buffer
   protocol): only ``fpsim.backend.to_numpy`` / ``to_list`` / ``host_bytes`` transfer.
 
-Code outside the engine (tests, host adapters) may use a ``StrictArray`` as a NumPy array.
+Code outside the engine (tests, host adapters) may use a ``StrictArray`` as a NumPy array:
+the checks apply where the calling frame is engine code.
 The kernels are NumpyBackend's on the arrays inside, so every result has NumPy's bits.
 """
 from __future__ import annotations
@@ -37,8 +38,11 @@ class StrictError(TypeError):
     """Engine code did something that another array library refuses or does differently."""
 
 
-def _engine_caller(depth: int = 2) -> bool:
-    return is_engine_module(sys._getframe(depth).f_globals.get("__name__", ""))
+def _engine_caller(depth: int = 2) -> str:
+    """Where the engine code asking is ("fpsim.exact.sums:117"), or "" for other code."""
+    frame = sys._getframe(depth)
+    module = frame.f_globals.get("__name__", "")
+    return f"{module}:{frame.f_lineno}" if is_engine_module(module) else ""
 
 
 def _unwrap(value, seen: dict):
@@ -54,7 +58,8 @@ def _wrap(value, seen: dict):
     """Results as StrictArrays (NumPy scalars as 0-d arrays); an input array comes back as
     the very object that was passed (``out=``, ``asarray`` of an array)."""
     if isinstance(value, np.ndarray):
-        return seen.get(id(value)) or StrictArray(value)
+        passed = seen.get(id(value))
+        return StrictArray(value) if passed is None else passed
     if isinstance(value, np.generic):
         return StrictArray(np.asarray(value))
     if isinstance(value, tuple):
@@ -101,12 +106,15 @@ def _check_mix(op: str, operands) -> None:
 def _call(name: str, fn, args, kwargs):
     seen: dict = {}
     args, kwargs = _unwrap(args, seen), {k: _unwrap(v, seen) for k, v in kwargs.items()}
-    if name in _CHECKED:
+    if name in _CHECKED and _engine_caller(3):
         operands = args[1:] if name == "where" else \
             [a for a in args if not isinstance(a, str)] if name == "einsum" else args
-        _check_mix(name, operands)
-        if name == "where" and getattr(args[0], "dtype", np.dtype(bool)).kind != "b":
-            raise StrictError("where's condition is not a bool array")
+        try:
+            _check_mix(name, operands)
+            if name == "where" and getattr(args[0], "dtype", np.dtype(bool)).kind != "b":
+                raise StrictError("where's condition is not a bool array")
+        except StrictError as err:
+            raise StrictError(f"{_engine_caller(3)}: {err}") from None
     return _wrap(fn(*args, **kwargs), seen)
 
 
@@ -134,7 +142,12 @@ def _binary(name: str, ufunc: str, reflected: bool = False, inplace: bool = Fals
     def method(self, other):
         seen: dict = {}
         mine, theirs = self.array, _unwrap(other, seen)
-        _check_mix(ufunc, (mine, theirs))
+        where = _engine_caller()
+        if where:
+            try:
+                _check_mix(ufunc, (mine, theirs))
+            except StrictError as err:
+                raise StrictError(f"{where}: {err}") from None
         if inplace:
             _INPLACE[ufunc](mine, theirs)
             return self
@@ -182,19 +195,21 @@ class StrictArray:
     T = property(lambda self: StrictArray(self.array.T))
 
     def __getattr__(self, attr):
-        if attr.startswith("__") or not _engine_caller():
+        where = "" if attr.startswith("__") else _engine_caller()
+        if not where:
             value = getattr(self.array, attr)
             if callable(value):
                 return lambda *a, **k: _call(attr, value, a, k)
             return _wrap(value, {})
-        raise StrictError(f"engine code reads array attribute .{attr}; arrays offer only "
+        raise StrictError(f"{where}: engine code reads array attribute .{attr}; arrays offer only "
                           f"{', '.join(sorted(ARRAY_ATTRIBUTES))} (use fpsim.backend's "
                           f"functions: astype, copy, size, bitcast, ...)")
 
     def __array__(self, dtype=None, copy=None):
-        if _engine_caller():
-            raise StrictError("engine code converts an array to a host NumPy array "
-                              "implicitly; use fpsim.backend.to_numpy")
+        where = _engine_caller()
+        if where:
+            raise StrictError(f"{where}: engine code converts an array to a host NumPy array "
+                              f"implicitly; use fpsim.backend.to_numpy")
         return self.array if dtype is None else self.array.astype(dtype, copy=False)
 
     def __getitem__(self, index):
@@ -204,13 +219,14 @@ class StrictArray:
     def __setitem__(self, index, value):
         seen: dict = {}
         value = _unwrap(value, seen)
-        if isinstance(value, (np.ndarray, np.generic)) and value.dtype != self.array.dtype:
+        if (isinstance(value, (np.ndarray, np.generic)) and value.dtype != self.array.dtype
+                and _engine_caller()):
             raise StrictError(f"assigns {value.dtype} values into a {self.array.dtype} array "
                               f"(NumPy casts silently, torch refuses); cast first")
         self.array[_unwrap(index, seen)] = value
 
     def __neg__(self):
-        if self.array.dtype.kind == "b":
+        if self.array.dtype.kind == "b" and _engine_caller():
             raise StrictError("negative of a bool array (torch refuses it)")
         return StrictArray(np.asarray(-self.array))
 

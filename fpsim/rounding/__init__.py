@@ -220,7 +220,10 @@ def _stochastic_key(seed, offset, rng) -> tuple[int, int]:
 
 def _as_container(x, mode):
     """Turn the input into a float32/float64 ndarray and a function giving the output back in
-    the input's own kind (Python float, NumPy scalar or array)."""
+    the input's own kind (Python float, NumPy scalar or array). Another library's array
+    that converts itself to NumPy (``__array__``) is taken as that NumPy array."""
+    if not isinstance(x, (np.ndarray, np.generic)) and hasattr(x, "__array__"):
+        x = np.asarray(x)
     if isinstance(x, np.ndarray):
         if x.dtype.kind == "f" and x.dtype.itemsize in (4, 8) and not x.dtype.isnative:
             x = x.astype(x.dtype.newbyteorder("="))   # big-endian data: same values, our order

@@ -122,14 +122,15 @@ def check_overflow(scaled_grads, state, fmt=None) -> bool:
 
 
 def _container(x, what: str):
-    if isinstance(x, xp.ndarray):
-        if x.dtype not in (xp.float32, xp.float64):
-            raise TypeError(f"{what} must be float32 or float64 data, got {x.dtype.name}; "
-                            f"hold float16/bfloat16 values in float32 and pass fmt=")
-        return x, lambda out: out
-    if isinstance(x, (xp.float32, xp.float64)):
-        return xp.asarray(x), lambda out: out[()]
     if isinstance(x, float):
         return xp.asarray(x, xp.float64), lambda out: float(out[()])
-    raise TypeError(f"{what} must be a float32/float64 array or scalar, got "
-                    f"{type(x).__name__}")
+    if isinstance(x, (xp.float32, xp.float64)):
+        return xp.asarray(x), lambda out: out[()]
+    if not backend.is_array_like(x):
+        raise TypeError(f"{what} must be a float32/float64 array or scalar, got "
+                        f"{type(x).__name__}")
+    array = xp.asarray(x)           # a host array on another backend: moved, not copied here
+    if array.dtype not in (xp.float32, xp.float64):
+        raise TypeError(f"{what} must be float32 or float64 data, got {array.dtype}; "
+                        f"hold float16/bfloat16 values in float32 and pass fmt=")
+    return array, lambda out: out

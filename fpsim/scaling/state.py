@@ -179,8 +179,10 @@ def inverse_scale(scale: float) -> float:
 def _as_flag(found_inf) -> bool:
     if isinstance(found_inf, (bool, xp.bool_)):
         return bool(found_inf)
-    if isinstance(found_inf, xp.ndarray) and found_inf.dtype == xp.bool_ and found_inf.ndim == 0:
-        return bool(found_inf)
+    if backend.is_array_like(found_inf):
+        array = xp.asarray(found_inf)
+        if array.dtype == xp.bool_ and array.ndim == 0:
+            return bool(array)
     raise TypeError(f"found_inf must be a bool (did the step's gradients hold an inf or NaN?), "
                     f"got {type(found_inf).__name__} {found_inf!r}; "
                     f"fpsim.scaling.found_inf(grads) computes it")
