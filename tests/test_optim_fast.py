@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import fpsim.exact.norm as norm_mod
-import fpsim.optim.arith as arith_mod
+from fpsim import backend
 from fpsim.exact import exact_global_norm, global_norm
 from fpsim.optim import SGD, Adam, Arith, Optimizer, Update
 from fpsim.optim.arith import fma_round_to_odd
@@ -34,8 +34,10 @@ def _values(ops, rng, shape):
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(arith_mod, "CHUNK", 64)
-    monkeypatch.setattr(norm_mod, "CHUNK", 64)
+    if hasattr(norm_mod, "CHUNK"):      # the norm's chunk, where it is not a Tuning setting
+        monkeypatch.setattr(norm_mod, "CHUNK", 64)
+    with backend.use_tuning(arith_chunk=64, norm_chunk=64):
+        yield
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -107,15 +109,15 @@ def test_fma_nan_payloads_and_infinities(small_chunks, fmt):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_fma_bits_do_not_depend_on_the_chunk(monkeypatch, fmt):
+def test_fma_bits_do_not_depend_on_the_chunk(fmt):
     ops = Arith(fmt)
     rng = np.random.default_rng(3)
     a, b, c = (_values(ops, rng, 5000) for _ in range(3))
     b[::11] = np.nan
     c[::13] = np.nan
     whole = ops.fma(a, b, c)
-    monkeypatch.setattr(arith_mod, "CHUNK", 256)
-    assert np.array_equal(_bits(ops.fma(a, b, c)), _bits(whole))
+    with backend.use_tuning(arith_chunk=256):
+        assert np.array_equal(_bits(ops.fma(a, b, c)), _bits(whole))
 
 
 def test_scalars_keep_the_sign_of_zero():

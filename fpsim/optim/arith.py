@@ -33,17 +33,12 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from ..backend import bits, round_to, scratch, xp
+from ..backend import (astype, bitcast, bits, name, round_to, scalar, scratch, size, tuning,
+                       xp)
 from ..exact.odd import add_round_to_odd
 from ..formats import FP32, Format, get
 
-__all__ = ["Arith", "fma_round_to_odd", "CHUNK"]
-
-#: elements per pass of ``Arith.fma``: its float64 work arrays (reused, see
-#: ``fpsim.backend.scratch``) stay in the CPU cache (measured on a 512 KiB-L2 machine: 2**17
-#: beats 2**16 by 6-14%, fewer passes' fixed costs). The bits do not depend on it as long as
-#: it is a power of two of at least 64 (see ``Arith.fma``).
-CHUNK = 1 << 17
+__all__ = ["Arith", "fma_round_to_odd"]
 
 
 def fma_round_to_odd(a, b, c) -> xp.ndarray:
@@ -54,12 +49,13 @@ def fma_round_to_odd(a, b, c) -> xp.ndarray:
 
 
 @lru_cache(maxsize=4096)
-def _format_scalar(fmt: Format, value: float, sign: float) -> xp.float32:
-    # ``sign`` keeps 0.0 and -0.0 apart (they are equal, so they would share a cache entry)
+def _format_scalar(backend_name: str, fmt: Format, value: float, sign: float):
+    # ``sign`` keeps 0.0 and -0.0 apart (they are equal, so they would share a cache entry);
+    # ``backend_name``: a scalar belongs to the backend that made it
     if fmt == FP32 and not math.isnan(value):
         with xp.errstate(over="ignore"):
-            return xp.float32(value)        # the IEEE cast is round_to's fp32 rounding
-    return xp.float32(round_to(value, fmt))
+            return scalar(value, xp.float32)   # the IEEE cast is round_to's fp32 rounding
+    return scalar(float(round_to(value, fmt)), xp.float32)
 
 
 class Arith:
@@ -70,8 +66,8 @@ class Arith:
         self.native = self.fmt == FP32
         # a float64 value at a midpoint of the format's grid has its low 51 - man_bits
         # significand bits zero, one on its grid (normal range) also the next (see ``fma``)
-        self._low_bits = xp.uint64((1 << (51 - self.fmt.man_bits)) - 1)
-        self._grid_bits = xp.uint64((1 << (52 - self.fmt.man_bits)) - 1)
+        self._low_bits = scalar((1 << (51 - self.fmt.man_bits)) - 1, xp.uint64)
+        self._grid_bits = scalar((1 << (52 - self.fmt.man_bits)) - 1, xp.uint64)
 
     def round(self, x) -> xp.ndarray:
         x = xp.asarray(x)
@@ -87,14 +83,15 @@ class Arith:
         if self.native and x.dtype == xp.float64:
             # the IEEE cast is round_to's fp32 rounding, except for NaN payloads
             xp.copyto(out, x, casting="same_kind")
-            if out.size == 0 or not math.isnan(out.min()):
+            if size(out) == 0 or not math.isnan(xp.min(out)):
                 return
-        out[...] = round_to(x.astype(xp.float64, copy=False), self.fmt)
+        out[...] = round_to(astype(x, xp.float64, copy=False), self.fmt)
 
-    def scalar(self, value: float) -> xp.float32:
-        """A Python scalar as the kernels see it: rounded once to the format."""
+    def scalar(self, value: float):
+        """A Python scalar as the kernels see it: rounded once to the format (a 0-d float32
+        value, ``fpsim.backend.scalar``)."""
         value = float(value)
-        return _format_scalar(self.fmt, value, math.copysign(1.0, value))
+        return _format_scalar(name(), self.fmt, value, math.copysign(1.0, value))
 
     def _binary(self, op, a, b) -> xp.ndarray:
         with xp.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
@@ -111,15 +108,15 @@ class Arith:
         if self.native:
             return self._binary(op, a, b)
         a64, b64 = xp.broadcast_arrays(xp.asarray(a, xp.float64), xp.asarray(b, xp.float64))
-        shape, a64, b64 = a64.shape, a64.reshape(-1), b64.reshape(-1)
+        shape, a64, b64 = a64.shape, xp.reshape(a64, (-1,)), xp.reshape(b64, (-1,))
         with xp.errstate(over="ignore", invalid="ignore"):
             total = op(a64, b64)
             low = bits(total) & self._low_bits
-            if xp.count_nonzero(low) < low.size:
+            if xp.count_nonzero(low) < size(low):
                 first, factor, second = (a64, 1.0, b64) if op is xp.add else (b64, -1.0, a64)
-                self._settle_ties(first, xp.asarray(factor), second, total,
+                self._settle_ties(first, xp.asarray(factor, xp.float64), second, total,
                                   xp.flatnonzero(low == 0))
-        return self.round(total.reshape(shape))
+        return self.round(xp.reshape(total, shape))
 
     def add(self, a, b):
         return self._sum(xp.add, a, b)
@@ -148,10 +145,12 @@ class Arith:
         float64 t, so both fall between the same two midpoints. Every midpoint has its
         float64 significand's low 51 - man_bits bits zero, and in the normal range its next
         bit set; so only elements with that pattern, or below the smallest normal, take the
-        round-to-odd sum. The work runs ``CHUNK`` elements at a time in reused float64
-        arrays; every step is elementwise, so the bits are those of one pass over the whole
-        arrays (``CHUNK`` is a power of two: NumPy's loops can give NaN + NaN another sign in
-        their tail than in their vector body, and such chunks keep the tail where it is)."""
+        round-to-odd sum. The work runs ``fpsim.backend.tuning().arith_chunk`` elements at a
+        time in reused float64 arrays (``fpsim.backend.scratch``: in the CPU cache); every
+        step is elementwise, so the bits are those of one pass over the whole arrays as long
+        as the chunk is a power of two of at least 64: NumPy's loops can give NaN + NaN
+        another sign in their tail than in their vector body, and such chunks keep the tail
+        where it is."""
         return self._fma(a, b, c, None)
 
     def fma_counted(self, a, b, c) -> tuple[xp.ndarray, int, int]:
@@ -169,22 +168,23 @@ class Arith:
         a, b, c = xp.asarray(a), xp.asarray(b), xp.asarray(c)
         shape = _common_shape(a, b, c)
         out = xp.empty(shape, xp.float32)
-        flat_out = out.reshape(-1)
-        n = flat_out.size
-        width = min(n, CHUNK)
+        flat_out = xp.reshape(out, (-1,))
+        n = size(flat_out)
+        chunk = tuning().arith_chunk
+        width = min(n, chunk)
         work = scratch("arith.fma", xp.float64, 2 * width)   # the sums, then their low bits
         with xp.errstate(over="ignore", invalid="ignore"):
             a, b, c = _flat(a, shape), _flat(b, shape), _flat(c, shape)
             if n == width:                  # one chunk: the loop's only pass, without it
-                self._fma_chunk(a, b, c, flat_out, work[:n], work[n:].view(xp.uint64),
+                self._fma_chunk(a, b, c, flat_out, work[:n], bitcast(work[n:], xp.uint64),
                                 counts)
                 return out
-            for lo in range(0, n, CHUNK):
-                size = min(CHUNK, n - lo)
-                hi = lo + size
+            for lo in range(0, n, chunk):
+                part = min(chunk, n - lo)
+                hi = lo + part
                 self._fma_chunk(a if a.ndim == 0 else a[lo:hi], b if b.ndim == 0 else b[lo:hi],
-                                c if c.ndim == 0 else c[lo:hi], flat_out[lo:hi], work[:size],
-                                work[width:width + size].view(xp.uint64), counts)
+                                c if c.ndim == 0 else c[lo:hi], flat_out[lo:hi], work[:part],
+                                bitcast(work[width:width + part], xp.uint64), counts)
         return out
 
     def _fma_chunk(self, a, b, c, out, total, low, counts) -> None:
@@ -203,12 +203,13 @@ class Arith:
             moved = xp.not_equal(total, 0)
             counts[0] += int(xp.count_nonzero(moved))
         xp.add(total, c, out=total)
-        xp.bitwise_and(total.view(xp.uint64), self._low_bits, out=low)
-        if xp.count_nonzero(low) < low.size:
+        xp.bitwise_and(bits(total), self._low_bits, out=low)
+        if xp.count_nonzero(low) < size(low):
             self._settle_ties(a, b, c, total, xp.flatnonzero(low == 0))
         self._round_into(total, out)
         if counts is not None:
-            kept = xp.equal(out, c)
+            # a 0-d c is float64 (``_flat``): compared as NumPy compares them, in float64
+            kept = xp.equal(out, c) if c.ndim else xp.equal(xp.asarray(out, xp.float64), c)
             counts[1] += int(xp.count_nonzero(xp.logical_and(moved, kept, out=kept)))
 
     def _settle_ties(self, a, b, c, total, at) -> None:
@@ -218,10 +219,10 @@ class Arith:
         reference returns that sum too; recomputing an element alone may give a NaN another
         sign bit)."""
         found = total[at]
-        tie = (found.view(xp.uint64) & self._grid_bits) != 0
+        tie = (bits(found) & self._grid_bits) != 0
         tie |= xp.abs(found) < self.fmt.min_normal
         at = at[tie & xp.isfinite(found)]
-        if at.size:
+        if size(at):
             total[at] = fma_round_to_odd(a if a.ndim == 0 else a[at], b if b.ndim == 0 else b[at],
                                          c if c.ndim == 0 else c[at])
 
@@ -232,7 +233,7 @@ class Arith:
         diff = self.sub(end, start)
         if w < 0.5:
             return self.fma(w, diff, start)
-        return self.fma(-diff, self.sub(xp.float32(1.0), w), end)
+        return self.fma(-diff, self.sub(scalar(1.0, xp.float32), w), end)
 
 
 def _common_shape(*arrays) -> tuple:
@@ -246,9 +247,9 @@ def _flat(v, shape) -> xp.ndarray:
     """A 0-d operand as float64 (it broadcasts); any other as a flat C-ordered array of
     ``shape``'s size (float32 or float64, as given)."""
     if v.ndim == 0:
-        return v.astype(xp.float64)
+        return astype(v, xp.float64)
     if v.dtype not in (xp.float32, xp.float64):
-        v = v.astype(xp.float64)
+        v = astype(v, xp.float64)
     if v.shape != shape:
         v = xp.broadcast_to(v, shape)
-    return xp.ascontiguousarray(v).reshape(-1)
+    return xp.reshape(xp.ascontiguousarray(v), (-1,))

@@ -16,7 +16,7 @@ from numbers import Real
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
-from ..backend import round_to, xp
+from ..backend import copy, round_to, scalar, xp
 from ..formats import FP32
 
 from .arith import Arith
@@ -34,7 +34,7 @@ class Update(NamedTuple):
 
     param: xp.ndarray
     direction: xp.ndarray
-    factor: xp.float32
+    factor: object      # a 0-d float32 value (``fpsim.backend.scalar``)
     state: tuple
     counts: tuple[int, int] | None = None
 
@@ -43,7 +43,7 @@ class Update(NamedTuple):
         """The increment, exact in float64: two values of a format of at most 24 bits within
         fp32's exponent range multiply exactly (at most 48 bits, between 2**-298 and
         2**256)."""
-        return xp.float64(self.factor) * xp.asarray(self.direction, xp.float64)
+        return xp.asarray(self.factor, xp.float64) * xp.asarray(self.direction, xp.float64)
 
     def moved(self) -> xp.ndarray:
         """``intended != 0``, without forming it: the exact product is zero only where a
@@ -191,7 +191,7 @@ class Adam:
 
     def init(self, param) -> AdamState:
         zeros = xp.zeros(xp.shape(param), xp.float32)
-        return AdamState(zeros, zeros.copy())
+        return AdamState(zeros, copy(zeros))
 
     def apply(self, ops: Arith, param, grad, state: AdamState, step: int) -> Update:
         if self.weight_decay:
@@ -208,7 +208,8 @@ class Adam:
                         ops.scalar(self.eps))
         increment = ops.div(ops.mul(ops.scalar(-step_size), exp_avg), denom)
         new_param = ops.add(param, increment)
-        return Update(new_param, increment, xp.float32(1.0), AdamState(exp_avg, exp_avg_sq))
+        return Update(new_param, increment, scalar(1.0, xp.float32),
+                      AdamState(exp_avg, exp_avg_sq))
 
 
 def AdamW(lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
