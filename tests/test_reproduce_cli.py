@@ -66,3 +66,23 @@ def test_an_only_that_names_nothing_is_refused_before_anything_runs(only, tmp_pa
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fpsim: error: --only") and "underflow" in err[0]
     assert not out.exists()
+
+
+def test_quick_runs_never_replace_a_full_run_silently(tmp_path, monkeypatch, capsys):
+    from fpsim.experiments.cli import DEFAULT_OUT
+
+    assert DEFAULT_OUT == {"full": "figures", "quick": "figures/quick"}
+    monkeypatch.chdir(tmp_path)
+    full = tmp_path / "figures"
+    full.mkdir()
+    summary = '{"mode": "full", "experiments": {}}\n'
+    (full / "summary.json").write_text(summary)
+    assert main(["reproduce", "--quick", "--only", "underflow", "--quiet"]) == 0
+    assert (full / "summary.json").read_text() == summary          # the full run untouched
+    assert '"mode": "quick"' in (full / "quick" / "summary.json").read_text()
+    assert main(["reproduce", "--quick", "--only", "underflow", "--out", "figures"]) == 2
+    assert "holds a full run" in capsys.readouterr().err and \
+        (full / "summary.json").read_text() == summary
+    assert main(["reproduce", "--quick", "--out", "figures", "--only", "underflow",
+                 "--overwrite", "--quiet"]) == 0
+    assert '"mode": "quick"' in (full / "summary.json").read_text()

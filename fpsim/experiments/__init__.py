@@ -124,7 +124,8 @@ def reproduce(out: "str | Path" = "figures", *, quick: bool = False,
               only: list[str] | None = None,
               progress: Callable[[str], None] | None = None,
               on_start: Callable[[str], None] | None = None,
-              on_note: Callable[[str], None] | None = None) -> list[Result]:
+              on_note: Callable[[str], None] | None = None,
+              overwrite: bool = False) -> list[Result]:
     """Run the experiments (all, or those named in ``only``) and write their figures,
     ``summary.md``, ``summary.json`` and ``timings.json`` into ``out``. ``progress`` receives
     short messages; ``on_start(name)`` is called as each experiment begins (a progress bar's
@@ -136,6 +137,8 @@ def reproduce(out: "str | Path" = "figures", *, quick: bool = False,
     full), or summaries that do not read back, is refused before anything runs, so numbers of
     the two modes never mix.
 
+    A folder holding a run of the other mode is refused unless ``overwrite``.
+
     An experiment that fails to import or raises does not stop the others: they run, their
     outputs and summaries are written, and then ``ExperimentsFailed`` names every failure."""
     available = names(include_broken=True)
@@ -146,6 +149,8 @@ def reproduce(out: "str | Path" = "figures", *, quick: bool = False,
                          f"{', '.join(available)}")
     out = Path(out)
     kept = _kept_sections(out, [n for n in available if n not in chosen], quick) if only else {}
+    if not overwrite:
+        _check_mode(out, quick)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -214,6 +219,26 @@ def _run_chosen(ctx: Context, chosen: list[str], kept: dict,
         results.append(result)
     _write_summaries(ctx.out, results, ctx.quick, timings, kept)
     return results, failures
+
+
+def _check_mode(out: Path, quick: bool) -> None:
+    """Refuse to write into a folder whose ``summary.json`` records a run of the other mode:
+    quick numbers would silently replace full ones (or the reverse)."""
+    json_path = out / "summary.json"
+    if not json_path.exists():
+        return
+    try:
+        previous = json.loads(json_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return      # no numbers to keep: a damaged summary is replaced by a whole one
+    previous_mode = previous.get("mode") if isinstance(previous, dict) else None
+    if previous_mode not in ("quick", "full"):
+        return
+    mode = "quick" if quick else "full"
+    if previous_mode != mode:
+        raise ValueError(f"{out} holds a {previous_mode} run (its summary.json says so); a "
+                         f"{mode} run would replace its numbers: choose another --out, or pass "
+                         f"--overwrite to replace them")
 
 
 def _kept_sections(out: Path, others: list[str], quick: bool) -> dict[str, tuple[dict, str]]:

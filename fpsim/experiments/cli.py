@@ -16,7 +16,11 @@ import sys
 import threading
 import time
 
-__all__ = ["register", "run", "MEASURED_SECONDS", "ProgressBars"]
+__all__ = ["register", "run", "MEASURED_SECONDS", "ProgressBars", "DEFAULT_OUT"]
+
+# Where each mode writes unless --out says otherwise: the lessons in notebooks/ check their
+# numbers against the full run's figures/summary.json, which a quick run must not replace.
+DEFAULT_OUT = {"full": "figures", "quick": "figures/quick"}
 
 # CPU seconds (all threads; `timings.json`'s "cpu_seconds") per experiment of
 # `fpsim reproduce [--quick] --quiet` on the project's 2-core machine: the README's run times
@@ -43,7 +47,12 @@ def register(commands) -> None:
                         "full run but are just as deterministic)")
     p.add_argument("--only", default=None,
                    help="comma-separated experiment names (default: all; see --list)")
-    p.add_argument("--out", default="figures", help="output folder")
+    p.add_argument("--out", default=None,
+                   help="output folder (default: figures, or figures/quick with --quick, so "
+                        "that quick numbers never replace the full run's)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="let a run of one mode (quick or full) replace a folder holding a run "
+                        "of the other (refused without this)")
     p.add_argument("--list", action="store_true", help="list the experiments and exit")
     p.add_argument("--quiet", action="store_true", help="no progress bar or messages")
 
@@ -62,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--only {args.only!r} names no experiment; give comma-separated "
                              f"names from {', '.join(names(include_broken=True))}, or leave "
                              f"--only out to run them all")
+    if args.out is None:
+        args.out = DEFAULT_OUT["quick" if args.quick else "full"]
     chosen = only or names(include_broken=True)
     measured = MEASURED_SECONDS["quick" if args.quick else "full"]
     bars = None
@@ -69,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         bars = ProgressBars({name: measured.get(name, 10.0) for name in chosen})  # drawn lazily
     began = time.perf_counter()
     try:
-        results = reproduce(args.out, quick=args.quick, only=only,
+        results = reproduce(args.out, quick=args.quick, only=only, overwrite=args.overwrite,
                             progress=bars.message if bars else None,
                             on_start=bars.start if bars else None,
                             on_note=lambda text: print(f"fpsim reproduce: {text}",
