@@ -195,7 +195,9 @@ class StrictArray:
     T = property(lambda self: StrictArray(self.array.T))
 
     def __getattr__(self, attr):
-        where = "" if attr.startswith("__") else _engine_caller()
+        if attr.startswith("__"):      # __array_interface__ and kin: NumPy then asks __array__
+            raise AttributeError(attr)
+        where = _engine_caller()
         if not where:
             value = getattr(self.array, attr)
             if callable(value):
@@ -219,15 +221,17 @@ class StrictArray:
     def __setitem__(self, index, value):
         seen: dict = {}
         value = _unwrap(value, seen)
+        where = _engine_caller()
         if (isinstance(value, (np.ndarray, np.generic)) and value.dtype != self.array.dtype
-                and _engine_caller()):
-            raise StrictError(f"assigns {value.dtype} values into a {self.array.dtype} array "
+                and where):
+            raise StrictError(f"{where}: assigns {value.dtype} values into a {self.array.dtype} array "
                               f"(NumPy casts silently, torch refuses); cast first")
         self.array[_unwrap(index, seen)] = value
 
     def __neg__(self):
-        if self.array.dtype.kind == "b" and _engine_caller():
-            raise StrictError("negative of a bool array (torch refuses it)")
+        where = _engine_caller()
+        if self.array.dtype.kind == "b" and where:
+            raise StrictError(f"{where}: negative of a bool array (torch refuses it)")
         return StrictArray(np.asarray(-self.array))
 
     def __pos__(self):
