@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fpsim.exact import certificate, fast_matmul, gathered
+from fpsim import backend
+from fpsim.exact import fast_matmul, gathered
 from fpsim.exact.certificate import certify, certify_fp32_open, line_quanta, width_factor
 from fpsim.exact.certified import lowest_bit_exponent
 from fpsim.exact.underflow import count_gradient_underflow, in_backward, note
@@ -39,17 +40,16 @@ def test_exact_rows_match_the_reference(kind, widen_chunk, monkeypatch):
     many): fl32(approx) where the row's sums are exact, the ends elsewhere, the IEEE sign
     of exact zero sums; ties, signed zeros of disjoint supports, zero lines, subnormal and
     overflowing sums."""
-    monkeypatch.setattr(fast_matmul, "_EXACT_MIN_SAVING", -10 ** 9)
-    monkeypatch.setattr(fast_matmul, "_WIDEN_CHUNK", widen_chunk)
     taken = _count_calls(monkeypatch, fast_matmul, "_certify_exact_rows")
     rng = np.random.default_rng(len(kind) + 40)
-    for m, k, n in ((12, 9, 10), (17, 33, 8), (9, 2, 14)):
-        a, b, bias = adversarial(rng, m, k, n, kind)
-        for out_fmt in OUT_FORMATS:
-            for beta in (None, bias):
-                with np.errstate(over="ignore", invalid="ignore"):
-                    fast = fast_matmul.matmul_2d(a, b, out_fmt, beta)
-                assert same_bits(fast, slow_reference(a, b, out_fmt, beta)), (m, k, n)
+    with backend.use_tuning(exact_min_saving=-10 ** 9, widen_chunk=widen_chunk):
+        for m, k, n in ((12, 9, 10), (17, 33, 8), (9, 2, 14)):
+            a, b, bias = adversarial(rng, m, k, n, kind)
+            for out_fmt in OUT_FORMATS:
+                for beta in (None, bias):
+                    with np.errstate(over="ignore", invalid="ignore"):
+                        fast = fast_matmul.matmul_2d(a, b, out_fmt, beta)
+                    assert same_bits(fast, slow_reference(a, b, out_fmt, beta)), (m, k, n)
     if kind in ("fp16", "ints"):
         assert taken, "fp16 and small-integer data should make most rows exact"
 
@@ -57,19 +57,19 @@ def test_exact_rows_match_the_reference(kind, widen_chunk, monkeypatch):
 def test_exact_rows_with_some_rows_left_to_the_ends(monkeypatch):
     """Rows of fp16 values are exact, rows of wide fp32 values are not: both kinds in one
     product, the exact-row path taken and the other rows certified by the ends."""
-    monkeypatch.setattr(fast_matmul, "_EXACT_MIN_SAVING", -10 ** 9)
     taken = _count_calls(monkeypatch, fast_matmul, "_certify_exact_rows")
     rng = np.random.default_rng(3)
     a, b, bias = adversarial(rng, 40, 24, 30, "fp16")
     wide = rng.standard_normal((6, 24)) * 2.0 ** rng.integers(-20, 20, (6, 24))
     a[[5, 9, 17, 22, 30, 33]] = wide.astype(np.float32)
-    for out_fmt in (FP32, FP16):
-        for beta in (None, bias):
-            rows = _exact_rows(a, b)
-            assert rows is not None and not rows.all() and rows.sum() >= 20
-            with np.errstate(over="ignore", invalid="ignore"):
-                fast = fast_matmul.matmul_2d(a, b, out_fmt, beta)
-            assert same_bits(fast, slow_reference(a, b, out_fmt, beta))
+    with backend.use_tuning(exact_min_saving=-10 ** 9):
+        for out_fmt in (FP32, FP16):
+            for beta in (None, bias):
+                rows = _exact_rows(a, b)
+                assert rows is not None and not rows.all() and rows.sum() >= 20
+                with np.errstate(over="ignore", invalid="ignore"):
+                    fast = fast_matmul.matmul_2d(a, b, out_fmt, beta)
+                assert same_bits(fast, slow_reference(a, b, out_fmt, beta))
     assert taken
 
 
@@ -86,8 +86,14 @@ def _exact_rows(a, b):
     return fast_matmul._exact_rows(*_norms(a, b), line_quanta(a, 1), line_quanta(b, 0), k)
 
 
-def test_exact_rows_are_not_tried_for_wide_fp32_data(monkeypatch):
-    monkeypatch.setattr(fast_matmul, "_EXACT_MIN_SAVING", -10 ** 9)
+@pytest.fixture
+def exact_rows_everywhere():
+    """Exact rows tried whatever the output's size against the operands'."""
+    with backend.use_tuning(exact_min_saving=-10 ** 9):
+        yield
+
+
+def test_exact_rows_are_not_tried_for_wide_fp32_data(exact_rows_everywhere):
     rng = np.random.default_rng(8)
     a, b, _ = adversarial(rng, 30, 64, 20, "wide")
     assert not fast_matmul._exact_rows_worth_trying(a, b, 30, 64, 20)
@@ -139,8 +145,7 @@ def test_gathered_products_from_any_operand_layout(order, monkeypatch):
 @pytest.mark.parametrize("order", ["C", "F", "strided"])
 @pytest.mark.parametrize("axis", [0, 1])
 @pytest.mark.parametrize("shape", [(23, 19), (40, 7)])     # rows of dot products or einsum
-def test_widening_with_norms_and_quanta_in_chunks(order, axis, shape, monkeypatch):
-    monkeypatch.setattr(fast_matmul, "_WIDEN_CHUNK", 37)    # many chunks, lines crossing them
+def test_widening_with_norms_and_quanta_in_chunks(order, axis, shape):
     rng = np.random.default_rng(axis)
     x = (rng.standard_normal(shape) * 2.0 ** rng.integers(-140, 120, shape)).astype(
         np.float32)
@@ -150,14 +155,15 @@ def test_widening_with_norms_and_quanta_in_chunks(order, axis, shape, monkeypatc
     x[3] = 0.0                                              # an all-zero line either way
     x[:, 4] = -0.0
     for quanta in (False, True):
-        wide, norms, line_q = fast_matmul._widen_with_norms(x, "test", axis, quanta)
+        with backend.use_tuning(widen_chunk=37):        # many chunks, lines crossing them
+            wide, norms, line_q = fast_matmul._widen_with_norms(x, "test", axis, quanta)
         assert np.array_equal(wide, x.astype(np.float64))
         exact = np.sqrt(np.sum(x.astype(np.float64) ** 2, axis=axis))
         assert np.allclose(norms, exact, rtol=1e-13, atol=0)
         assert (line_q is None) if not quanta else np.array_equal(line_q, line_quanta(x, axis))
 
 
-def test_fp32_open_ends_agree_with_the_certificate(monkeypatch):
+def test_fp32_open_ends_agree_with_the_certificate():
     """certify_fp32_open (chunks, both outer-product forms) leaves open exactly the
     elements ``certify`` does not certify, with the same ends."""
     rng = np.random.default_rng(2)
@@ -170,9 +176,8 @@ def test_fp32_open_ends_agree_with_the_certificate(monkeypatch):
     low, high, certified = certify(approx, rows[:, None], cols)
     low, high, certified = low.copy(), high.copy(), certified.copy()
     for chunk, einsum_from in ((1 << 17, 1 << 15), (64, 1), (64, 1 << 30)):
-        monkeypatch.setattr(certificate, "_OPEN_CHUNK", chunk)
-        monkeypatch.setattr(certificate, "_EINSUM_FROM", einsum_from)
-        _assert_open_ends_match(approx, rows, cols, low, high, certified)
+        with backend.use_tuning(certificate_open_chunk=chunk, einsum_from=einsum_from):
+            _assert_open_ends_match(approx, rows, cols, low, high, certified)
 
 
 def _assert_open_ends_match(approx, rows, cols, low, high, certified):
@@ -187,14 +192,11 @@ def _assert_open_ends_match(approx, rows, cols, low, high, certified):
 
 @pytest.mark.parametrize("recheck_share", [1, 16, 10 ** 9])
 @pytest.mark.parametrize("chunk", [1 << 17, 64])
-def test_fp32_open_ends_with_one_width_per_chunk(recheck_share, chunk, monkeypatch):
+def test_fp32_open_ends_with_one_width_per_chunk(recheck_share, chunk):
     """The one-width-per-chunk pass (W = max row width * max column width), its elements
     taken again with their own widths (gathered, or the whole chunk where many are left):
     the same open elements, ends and high array as ``certify``; widths of very different
     sizes, ties, zeros."""
-    monkeypatch.setattr(certificate, "_OPEN_CHUNK", chunk)
-    monkeypatch.setattr(certificate, "_EINSUM_FROM", 1)
-    monkeypatch.setattr(certificate, "_RECHECK_SHARE", recheck_share)
     rng = np.random.default_rng(21)
     m, n = 41, 33
     approx = rng.standard_normal((m, n)) * 2.0 ** rng.integers(0, 4, (m, n))
@@ -210,7 +212,9 @@ def test_fp32_open_ends_with_one_width_per_chunk(recheck_share, chunk, monkeypat
     low, high, certified = low.copy(), high.copy(), certified.copy()
     _, _, one_width = certify(approx, np.full((m, 1), rows.max() * cols.max()), np.ones(n))
     assert 0 < (~certified).sum() < (~one_width).sum() - 100
-    _assert_open_ends_match(approx, rows, cols, low, high, certified)
+    with backend.use_tuning(certificate_open_chunk=chunk, einsum_from=1,
+                            recheck_share=recheck_share):
+        _assert_open_ends_match(approx, rows, cols, low, high, certified)
 
 
 def test_f_level_certificate_keeps_the_zero_pattern_near_underflow(monkeypatch):
@@ -312,13 +316,20 @@ def _sparse_row_case(rng, m, k, n):
     return a, b, rng.standard_normal(n).astype(np.float32)
 
 
+@pytest.fixture
+def support_test_always():
+    """The exact step's support test tried however few products the zero sums hold."""
+    with backend.use_tuning(sparse_from=0):
+        yield
+
+
 @pytest.mark.parametrize("a_order", ["C", "F"])
 @pytest.mark.parametrize("b_order", ["C", "F"])
-def test_zero_sums_of_sparse_rows_take_the_ieee_sign(a_order, b_order, monkeypatch):
+def test_zero_sums_of_sparse_rows_take_the_ieee_sign(a_order, b_order, monkeypatch,
+                                                      support_test_always):
     """The support test of the exact step (every product zero where b vanishes on a sparse
     row's nonzeros; -0 exactly when every product is -0) against the reference, in every
     operand order, output format and with a bias; the test must be taken."""
-    monkeypatch.setattr(gathered, "_SPARSE_FROM", 0)
     taken = _count_calls(monkeypatch, gathered, "_zero_sums_of_sparse_rows")
     rng = np.random.default_rng(11)
     for m, k, n in ((9, 40, 12), (14, 129, 7)):
@@ -335,11 +346,11 @@ def test_zero_sums_of_sparse_rows_take_the_ieee_sign(a_order, b_order, monkeypat
 
 
 @pytest.mark.parametrize("a_order", ["C", "F"])
-def test_zero_sums_of_sparse_rows_against_unsigned_b(a_order, monkeypatch):
+def test_zero_sums_of_sparse_rows_against_unsigned_b(a_order, monkeypatch,
+                                                    support_test_always):
     """b without a sign bit (relu activations): the sign of a zero sum from a's row alone,
     -0 exactly where every a_ik has its sign bit; rows of -0 and negative values, rows with
     one +0, against the reference; the shortcut must be taken."""
-    monkeypatch.setattr(gathered, "_SPARSE_FROM", 0)
     unsigned = []
     original = gathered._has_sign_bits
     monkeypatch.setattr(gathered, "_has_sign_bits",

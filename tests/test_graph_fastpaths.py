@@ -3,8 +3,6 @@ optimizer) against the straightforward computation they replace, bit for bit, on
 data: ties, exact zeros of both signs, subnormals, overflow, inf and NaN payloads."""
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 import pytest
 
@@ -156,17 +154,16 @@ def test_exponent_window_sums_match_exact_sums(k):
             assert same_bits(got, want), (k, acc.name)
 
 
-def test_exponent_window_sums_in_blocks_give_the_same_bits(monkeypatch):
+def test_exponent_window_sums_in_blocks_give_the_same_bits():
     """Large inputs are read in blocks (partial sums, maxima and minima combined): blocks
     of two lines give the bits of one block, in both layouts (the double-rounding row's
     smallest term sits in its last block)."""
-    certified = importlib.import_module("fpsim.exact.certified")  # the package's
-    rows = np.concatenate([_window_rows(np.random.default_rng(9), 8),   # "certified" is
-                           _double_rounding_row()[None]])               # a function
+    rows = np.concatenate([_window_rows(np.random.default_rng(9), 8),
+                           _double_rounding_row()[None]])
     want, _ = exact_rows_sum(rows, FP32, force_fallback=True)
     for layout, block in ((rows, 16), (np.asfortranarray(rows), 2 * len(rows))):
-        monkeypatch.setattr(certified, "_PATTERN_BLOCK", block)
-        assert same_bits(exact_rows_sum(layout, FP32)[0], want)
+        with backend.use_tuning(certified_pattern_block=block):
+            assert same_bits(exact_rows_sum(layout, FP32)[0], want)
 
 
 def test_exponent_window_is_tight_where_float64_double_rounds():

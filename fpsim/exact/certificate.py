@@ -67,19 +67,13 @@ from __future__ import annotations
 
 import math
 
-from ..backend import xp
-
-from ..backend import scratch
+from ..backend import (astype, bits, from_bits, is_contiguous, scratch, size, tuning,
+                       xp)
 from .sums import zero_sum
 
 __all__ = ["error_factor", "tight_error_factor", "width_factor", "certify", "certify_fp32_open",
            "sums_exactly", "line_quanta", "lowest_bit_patterns", "quanta_from_patterns",
            "split_certify"]
-
-_CHUNK = 1 << 15    # elements per chunk of the float32 path: temporaries stay in cache
-_OPEN_CHUNK = 1 << 19   # certify_fp32_open: few, large chunks (measured faster than 2**15-2**17)
-_EINSUM_FROM = 1 << 15  # chunk size from which the einsum outer product pays its call cost
-_RECHECK_SHARE = 16     # certify_fp32_open: open share of a chunk from which w is re-taken
 
 
 def error_factor(terms: int) -> float:
@@ -114,7 +108,8 @@ def certify(approx: xp.ndarray, width: xp.ndarray, width_cols: xp.ndarray | None
     ``width_cols`` when given (broadcasting against ``approx[i]``), the product rounded once:
     pass N's two factors, one already times ``width_factor``. ``round_end`` maps float64
     arrays to rounded arrays (``round_to`` in any mode but stochastic); None is the float32
-    cast, computed chunk by chunk so the temporaries stay in cache: ``low`` and
+    cast, computed chunk by chunk (``tuning().certificate_chunk`` elements) so the
+    temporaries stay in cache: ``low`` and
     ``certified`` then live in this thread's reused buffers, valid until the next call, and
     ``high`` is a fresh float32 array. ``approx`` has at least one axis.
     """
@@ -123,10 +118,11 @@ def certify(approx: xp.ndarray, width: xp.ndarray, width_cols: xp.ndarray | None
             w = width if width_cols is None else width * width_cols
             low, high = round_end(approx - w), round_end(approx + w)
         return low, high, _same_bits(low, high)
-    low = scratch("certify.low", xp.float32, approx.size).reshape(approx.shape)
+    count = size(approx)
+    low = xp.reshape(scratch("certify.low", xp.float32, count), approx.shape)
     high = xp.empty(approx.shape, xp.float32)
-    certified = scratch("certify.same", bool, approx.size).reshape(approx.shape)
-    if approx.ndim > 2 and approx[0].size >= _CHUNK:      # big matrices: one at a time
+    certified = xp.reshape(scratch("certify.same", bool, count), approx.shape)
+    if approx.ndim > 2 and size(approx[0]) >= tuning().certificate_chunk:  # one at a time
         for i in range(approx.shape[0]):
             _fp32_ends(approx[i], _line(width, approx, i), _line(width_cols, approx, i),
                        low[i], high[i], certified[i])
@@ -149,9 +145,9 @@ def _fp32_ends(approx, width, width_cols, low, high, same) -> None:
     inputs' loop) and casts each result once on output, the same bits as a float64
     temporary cast afterwards."""
     lines = approx.shape[0]
-    step = max(1, _CHUNK // max(1, approx.size // max(1, lines)))
+    step = max(1, tuning().certificate_chunk // max(1, size(approx) // max(1, lines)))
     chunk = (min(step, lines),) + approx.shape[1:]
-    w_buf = scratch("certify.width", xp.float64, math.prod(chunk)).reshape(chunk)
+    w_buf = xp.reshape(scratch("certify.width", xp.float64, math.prod(chunk)), chunk)
     with xp.errstate(invalid="ignore", over="ignore"):
         for lo in range(0, lines, step):
             hi = min(lines, lo + step)
@@ -179,25 +175,29 @@ def certify_fp32_open(approx: xp.ndarray, width_rows: xp.ndarray, width_cols: xp
     monotonic), so where its ends agree they enclose s as well and fl32(fl64(approx +- W))
     is the common value, the same as fl32(fl64(approx +- w)) between them; only the few
     elements where they differ are taken again with their own w (gathered), and the result
-    is the same as with w throughout. Where W leaves more than 1/``_RECHECK_SHARE`` of a
-    chunk (widths of very different sizes), the chunk is taken again with w throughout."""
+    is the same as with w throughout. Where W leaves more than 1/``recheck_share`` of a
+    chunk (widths of very different sizes), the chunk is taken again with w throughout.
+    Chunk sizes and thresholds: ``tuning()``'s ``certificate_open_chunk``, ``einsum_from``,
+    ``recheck_share``."""
+    settings = tuning()
+    recheck_share = settings.recheck_share
     lines, n = approx.shape
-    step = max(1, _OPEN_CHUNK // max(1, n))
+    step = max(1, settings.certificate_open_chunk // max(1, n))
     rows = min(step, lines)
-    if rows * n >= _EINSUM_FROM:
+    if rows * n >= settings.einsum_from:
         # One rounded product per element: an einsum outer product is faster per element
         # than NumPy's broadcast multiply here, the multiply faster per call (small
         # matrices). Large work arrays are reused (fresh pages cost more than the work);
         # small ones are cheaper to allocate than to look up.
         outer = _outer_einsum
-        low_buf = scratch("certify.open.low", xp.float32, rows * n).reshape(rows, n)
-        open_buf = scratch("certify.open.mask", bool, rows * n).reshape(rows, n)
+        low_buf = xp.reshape(scratch("certify.open.low", xp.float32, rows * n), (rows, n))
+        open_buf = xp.reshape(scratch("certify.open.mask", bool, rows * n), (rows, n))
     else:
         outer = _outer_multiply
         low_buf = xp.empty((rows, n), xp.float32)
         open_buf = xp.empty((rows, n), bool)
     # one width per chunk only where chunks are large (below, the outer product is cheap)
-    widest_col = float(width_cols.max()) if outer is _outer_einsum else None
+    widest_col = float(xp.max(width_cols)) if outer is _outer_einsum else None
     found = []
     with xp.errstate(invalid="ignore", over="ignore"):
         for lo in range(0, lines, step):
@@ -206,35 +206,34 @@ def certify_fp32_open(approx: xp.ndarray, width_rows: xp.ndarray, width_cols: xp
             if widest_col is None:
                 wide = outer(width_rows[lo:hi], width_cols, _w_buffer(False, hi - lo, n))
             else:
-                wide = float(width_rows[lo:hi].max()) * widest_col     # W, rounded once
+                wide = float(xp.max(width_rows[lo:hi])) * widest_col   # W, rounded once
             low = xp.subtract(x, wide, out=low_buf[:hi - lo])
             xp.add(x, wide, out=top)
-            differ = xp.not_equal(low.view(xp.uint32), top.view(xp.uint32),
-                                  out=open_buf[:hi - lo])
-            if not differ.any():
+            differ = xp.not_equal(bits(low), bits(top), out=open_buf[:hi - lo])
+            if not xp.any(differ):
                 continue
             where = xp.flatnonzero(differ)
             if widest_col is None:
-                found.append((where + lo * n, low.reshape(-1)[where], top.reshape(-1)[where]))
+                found.append((where + lo * n, _flat(low)[where], _flat(top)[where]))
                 continue
-            if where.size * _RECHECK_SHARE > differ.size:               # w over the chunk
+            if size(where) * recheck_share > size(differ):              # w over the chunk
                 w = outer(width_rows[lo:hi], width_cols,
                           _w_buffer(outer is _outer_einsum, rows, n)[:hi - lo])
                 low = xp.subtract(x, w, out=low)
                 xp.add(x, w, out=top)
-                differ = xp.not_equal(low.view(xp.uint32), top.view(xp.uint32), out=differ)
+                differ = xp.not_equal(bits(low), bits(top), out=differ)
                 where = xp.flatnonzero(differ)
-                found.append((where + lo * n, low.reshape(-1)[where], top.reshape(-1)[where]))
+                found.append((where + lo * n, _flat(low)[where], _flat(top)[where]))
                 continue
             line, col = xp.divmod(where, n)                             # w where W failed
             w = width_rows[lo:hi][line] * width_cols[col]
-            value = x.reshape(-1)[where]
-            low = (value - w).astype(xp.float32)
-            up = (value + w).astype(xp.float32)
-            top.reshape(-1)[where] = up
-            keep = xp.flatnonzero(low.view(xp.uint32) != up.view(xp.uint32))
+            value = _flat(x)[where]
+            low = astype(value - w, xp.float32)
+            up = astype(value + w, xp.float32)
+            _flat(top)[where] = up
+            keep = xp.flatnonzero(bits(low) != bits(up))
             found.append((where[keep] + lo * n, low[keep], up[keep]))
-    found = [part for part in found if part[0].size]
+    found = [part for part in found if size(part[0])]
     if not found:
         return xp.zeros(0, xp.intp), xp.zeros(0, xp.float32), xp.zeros(0, xp.float32)
     if len(found) == 1:
@@ -245,8 +244,13 @@ def certify_fp32_open(approx: xp.ndarray, width_rows: xp.ndarray, width_cols: xp
 def _w_buffer(reused: bool, rows: int, n: int) -> xp.ndarray:
     """The outer product's work array: reused where large, fresh where small."""
     if reused:
-        return scratch("certify.width", xp.float64, rows * n).reshape(rows, n)
+        return xp.reshape(scratch("certify.width", xp.float64, rows * n), (rows, n))
     return xp.empty((rows, n), xp.float64)
+
+
+def _flat(x):
+    """The C-ordered x as one axis (a view: assigning into it writes x)."""
+    return xp.reshape(x, (-1,))
 
 
 def _outer_einsum(rows, cols, out):
@@ -263,8 +267,7 @@ def _rows(x, approx, lo, hi):
 
 
 def _same_bits(low: xp.ndarray, high: xp.ndarray, out=None) -> xp.ndarray:
-    uint = xp.uint32 if low.dtype == xp.float32 else xp.uint64
-    return xp.equal(low.view(uint), high.view(uint), out=out)
+    return xp.equal(bits(low), bits(high), out=out)
 
 
 def sums_exactly(upper: xp.ndarray, lowest_bit: xp.ndarray) -> xp.ndarray:
@@ -291,31 +294,33 @@ def lowest_bit_patterns(x: xp.ndarray, axis: int) -> xp.ndarray:
     """Per line of the finite float32 ``x`` along ``axis``: the smallest lowest-bit
     difference of its elements as a uint32 pattern, less 1 (zeros wrap to the top); the
     minimum of these over parts of a line is the whole line's (``line_quanta``)."""
+    # Python int operands take the uint32 patterns' dtype (weak scalars)
     mag = _like(x, "quanta.mag", xp.uint32)
-    xp.bitwise_and(x.view(xp.uint32), xp.uint32(0x7FFFFFFF), out=mag)
+    xp.bitwise_and(bits(x), 0x7FFFFFFF, out=mag)
     low = _like(x, "quanta.low", xp.uint32)
-    xp.subtract(mag, xp.uint32(1), out=low)            # zeros wrap; they give 0 below
+    xp.subtract(mag, 1, out=low)                       # zeros wrap; they give 0 below
     xp.bitwise_and(low, mag, out=low)
-    xp.subtract(mag.view(xp.float32), low.view(xp.float32), out=low.view(xp.float32))
-    low -= xp.uint32(1)
-    return low.min(axis=axis)
+    xp.subtract(from_bits(mag), from_bits(low), out=from_bits(low))
+    low -= 1
+    return xp.min(low, axis=axis)
 
 
 def quanta_from_patterns(patterns: xp.ndarray) -> xp.ndarray:
     """``line_quanta`` from the lines' ``lowest_bit_patterns`` (combined by minimum)."""
-    smallest = patterns + xp.uint32(1)                  # an all-zero line wraps back to 0
-    normal = smallest >= xp.uint32(0x00800000)          # subnormal differences: powers of two
-    smallest[normal] &= xp.uint32(0xFF800000)
-    quanta = smallest.view(xp.float32).astype(xp.float64)
+    smallest = patterns + 1                             # an all-zero line wraps back to 0
+    normal = smallest >= 0x00800000                     # subnormal differences: powers of two
+    smallest[normal] &= 0xFF800000
+    quanta = astype(from_bits(smallest), xp.float64)
     quanta[quanta == 0] = 1.0
     return quanta
 
 
 def _like(x: xp.ndarray, name: str, dtype) -> xp.ndarray:
     """A reused work array shaped like the 2-D x, in x's memory order."""
-    if x.flags.f_contiguous and not x.flags.c_contiguous:
-        return scratch(name, dtype, x.size).reshape(x.shape[::-1]).T
-    return scratch(name, dtype, x.size).reshape(x.shape)
+    work = scratch(name, dtype, size(x))
+    if is_contiguous(x, "F") and not is_contiguous(x, "C"):
+        return xp.reshape(work, x.shape[::-1]).T
+    return xp.reshape(work, x.shape)
 
 
 def split_certify(terms: xp.ndarray, upper: xp.ndarray) -> tuple[xp.ndarray, xp.ndarray]:
@@ -330,21 +335,21 @@ def split_certify(terms: xp.ndarray, upper: xp.ndarray) -> tuple[xp.ndarray, xp.
     column = sigma[:, None]
     parts = xp.add(terms, column)
     parts -= column                                        # the hi parts, exact
-    tau = parts.sum(axis=1)                                # exact, any order
+    tau = xp.sum(parts, axis=1)                            # exact, any order
     xp.subtract(terms, parts, out=parts)                   # the lo parts, exact
     with xp.errstate(over="ignore", invalid="ignore"):
-        r = tau + parts.sum(axis=1)
+        r = tau + xp.sum(parts, axis=1)
         w = xp.abs(r) * 2.0 ** -50
         w += sigma * (float(k * k) * 2.0 ** -103)
-        low = (r - w).astype(xp.float32)
-        high = (r + w).astype(xp.float32)
+        low = astype(r - w, xp.float32)
+        high = astype(r + w, xp.float32)
     known = _same_bits(low, high)
-    if not known.all():
+    if not xp.all(known):
         where = xp.flatnonzero(~known)
-        where = where[~parts[where].any(axis=1)]           # every lo part zero: tau is s
+        where = where[~xp.any(parts[where], axis=1)]       # every lo part zero: tau is s
         with xp.errstate(over="ignore"):
-            high[where] = tau[where]
+            high[where] = astype(tau[where], xp.float32)
         zero = where[tau[where] == 0]
-        high[zero] = zero_sum(terms[zero])
+        high[zero] = astype(zero_sum(terms[zero]), xp.float32)
         known[where] = True
     return high, known

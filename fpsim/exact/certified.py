@@ -13,12 +13,11 @@ summation order or its thread count: only certified or exactly computed values a
 """
 from __future__ import annotations
 
-from ..backend import xp
-
+from ..backend import (astype, bits, from_bits, is_contiguous, round_to, scratch, size, tuning,
+                       xp)
 from ..formats import FP32
-from ..backend import round_to, scratch
 from .certificate import certify, error_factor, sums_exactly, width_factor
-from .sums import ELEMENTS_PER_CHUNK, round_to_odd_sum, zero_sum
+from .sums import round_to_odd_sum, zero_sum
 
 __all__ = ["exact_matmul", "exact_rows_sum", "exponent_window_open", "lowest_bit_exponent",
            "per_line_lowest_bit", "cauchy_schwarz_bound"]
@@ -28,7 +27,7 @@ def _round_acc(x: xp.ndarray, acc) -> xp.ndarray:
     """float64 -> float64 values of ``acc`` (nearest even); fp32 by the hardware cast."""
     if acc == FP32:     # IEEE binary32 nearest-even cast: subnormals, overflow to inf
         with xp.errstate(over="ignore", invalid="ignore"):
-            return x.astype(xp.float32).astype(xp.float64)
+            return astype(astype(x, xp.float32), xp.float64)
     return round_to(x, acc)
 
 
@@ -36,7 +35,7 @@ def _certify_acc(approx, width, width_cols, acc):
     """(approx's rounding to ``acc`` where certified, as float64; certified mask)."""
     if acc == FP32:
         _, high, certified = certify(approx, width, width_cols)
-        return high.astype(xp.float64), certified
+        return astype(high, xp.float64), certified
     _, high, certified = certify(approx, width, width_cols, lambda x: round_to(x, acc))
     return high, certified
 
@@ -51,9 +50,9 @@ def exact_matmul(a3: xp.ndarray, b3: xp.ndarray, acc, *, force_fallback: bool = 
     nb, m, k = a3.shape
     n = b3.shape[2]
     finite_a, finite_b = xp.isfinite(a3), xp.isfinite(b3)
-    all_finite = bool(finite_a.all() and finite_b.all())
-    a64 = a3.astype(xp.float64) if all_finite else xp.where(finite_a, a3, 0).astype(xp.float64)
-    b64 = b3.astype(xp.float64) if all_finite else xp.where(finite_b, b3, 0).astype(xp.float64)
+    all_finite = bool(xp.all(finite_a)) and bool(xp.all(finite_b))
+    a64 = astype(a3 if all_finite else xp.where(finite_a, a3, 0.0), xp.float64)
+    b64 = astype(b3 if all_finite else xp.where(finite_b, b3, 0.0), xp.float64)
     if force_fallback:
         out = xp.empty((nb, m, n), xp.float64)
         todo = xp.ones((nb, m, n), bool)
@@ -65,7 +64,7 @@ def exact_matmul(a3: xp.ndarray, b3: xp.ndarray, acc, *, force_fallback: bool = 
                                       col_norm[:, None, :], acc)
         zero_sum = (row_norm[:, :, None] == 0) | (col_norm[:, None, :] == 0)
         todo = ~certified & ~zero_sum
-        if todo.any():                                 # second certificate: approx is exact
+        if xp.any(todo):                               # second certificate: approx is exact
             b_i, m_i, n_i = xp.nonzero(todo)
             qa = per_line_lowest_bit(b_i * m + m_i, lambda u: a3[u // m, u % m, :],
                            lambda: lowest_bit_exponent(a3, axis=2), nb * m)
@@ -78,10 +77,10 @@ def exact_matmul(a3: xp.ndarray, b3: xp.ndarray, acc, *, force_fallback: bool = 
             todo[hit] = False
             zero_sum[hit] = approx[hit] == 0
         _fix_zero_signs(out, zero_sum, a3, b3)         # exact zeros: IEEE sign rule
-    count = int(todo.sum())
+    count = int(xp.count_nonzero(todo))
     if count:
         where = xp.nonzero(todo)
-        step = max(1, ELEMENTS_PER_CHUNK // max(k, 1))
+        step = max(1, tuning().sums_chunk // max(k, 1))
         for lo in range(0, count, step):
             b_i, m_i, n_i = (w[lo:lo + step] for w in where)
             products = a64[b_i, m_i, :] * b64[b_i, :, n_i]
@@ -103,26 +102,26 @@ def exact_rows_sum(rows: xp.ndarray, acc, *, force_fallback: bool = False
     ``_rows_sum_certified``.
     """
     k = rows.shape[1]
-    if force_fallback or not rows.size:
+    if force_fallback or not size(rows):
         return _rows_sum_certified(rows, acc, force_fallback)
     with xp.errstate(invalid="ignore", over="ignore"):
         approx, top, low = _sums_and_patterns(rows)
-        out = approx.astype(xp.float32).astype(xp.float64) if acc == FP32 else \
+        out = astype(astype(approx, xp.float32), xp.float64) if acc == FP32 else \
             round_to(approx, acc)                       # as _round_acc
-    if not top.all():                                  # a row of zeros (+0 or -0)
-        zero = top == 0
+    zero = top == 0
+    if xp.any(zero):                                   # a row of zeros (+0 or -0)
         out[zero] = zero_sum(rows[zero])
     open_rows = exponent_window_open(top, low, k)
-    if not open_rows.any():
+    if not xp.any(open_rows):
         return out, 0
     idx = xp.nonzero(open_rows)[0]
     out[idx], count = _rows_sum_certified(rows[idx], acc, False)
     return out, count
 
 
-_EXPONENT_SHIFT = xp.asarray(24, dtype=xp.uint32)   # 2|x|'s pattern >> 24: the exponent field
-_LARGEST_FINITE_EXPONENT = xp.asarray(254, dtype=xp.uint32)
-_ONE = xp.asarray(1, dtype=xp.uint32)
+# Python ints: they take the uint32 patterns' dtype (weak scalars in every array library)
+_EXPONENT_SHIFT = 24            # 2|x|'s pattern >> 24: the exponent field
+_LARGEST_FINITE_EXPONENT = 254
 
 
 def exponent_window_open(top: xp.ndarray, low: xp.ndarray, terms: int) -> xp.ndarray:
@@ -153,7 +152,7 @@ def exponent_window_open(top: xp.ndarray, low: xp.ndarray, terms: int) -> xp.nda
         return xp.ones(top.shape, bool)
     # The bound is capped at 254, the largest finite exponent: a line holding inf or NaN
     # (top >> 24 = 255) is open too.
-    bound = xp.add(low >> _EXPONENT_SHIFT, xp.asarray(limit, dtype=xp.uint32))
+    bound = xp.add(low >> _EXPONENT_SHIFT, limit)
     return (top >> _EXPONENT_SHIFT) > xp.minimum(bound, _LARGEST_FINITE_EXPONENT, out=bound)
 
 
@@ -165,11 +164,11 @@ def _rows_sum_certified(rows: xp.ndarray, acc, force_fallback: bool
     approx, magnitude = _float64_sums(rows)
     # Finite float32 values cannot overflow a float64 sum (K 2**128 < 2**1024): the sum of
     # magnitudes is finite exactly when every value is.
-    all_finite = bool(xp.isfinite(magnitude.sum()))
+    all_finite = bool(xp.isfinite(xp.sum(magnitude)))
     terms = rows
     if not all_finite:
         finite = xp.isfinite(rows)
-        terms = xp.where(finite, rows, xp.float32(0))
+        terms = xp.where(finite, rows, 0.0)
         approx, magnitude = _float64_sums(terms)
     if force_fallback:
         out = xp.empty(count_rows, xp.float64)
@@ -178,57 +177,50 @@ def _rows_sum_certified(rows: xp.ndarray, acc, force_fallback: bool
         g = error_factor(k)
         out, certified = _certify_acc(approx, magnitude * width_factor(k), None, acc)
         zero = magnitude == 0
-        if zero.any():
+        if xp.any(zero):
             out[zero] = zero_sum(rows[zero])
             certified |= zero
         todo = ~certified
-        if todo.any():
+        if xp.any(todo):
             idx = xp.nonzero(todo)[0]
             lowest = lowest_bit_exponent(rows[idx], axis=1)
             idx = idx[sums_exactly(magnitude[idx] * (1 + 2 * g), lowest)]
             out[idx] = xp.where(approx[idx] == 0, 0.0, _round_acc(approx[idx], acc))
             todo[idx] = False
-    count = int(todo.sum())
+    count = int(xp.count_nonzero(todo))
     if count:
-        out[todo] = _round_acc(round_to_odd_sum(terms[todo].astype(xp.float64)), acc)
+        out[todo] = _round_acc(round_to_odd_sum(astype(terms[todo], xp.float64)), acc)
     if not all_finite:
-        special = xp.where(finite, 0.0, rows.astype(xp.float64))
+        special = xp.where(finite, 0.0, astype(rows, xp.float64))
         with xp.errstate(invalid="ignore"):
-            special = special.sum(axis=1)              # IEEE: NaN wins, +inf + -inf is NaN
-        bad = ~finite.all(axis=1)
+            special = xp.sum(special, axis=1)          # IEEE: NaN wins, +inf + -inf is NaN
+        bad = ~xp.all(finite, axis=1)
         out[bad] = special[bad]
     return out, count
-
-
-_BLOCK = 1 << 15    # float64 elements per block of _float64_sums: 256 KiB, stays in cache
-
-
-_PATTERN_BLOCK = 1 << 18   # uint32 elements per block of _sums_and_patterns (1 MiB: fewer
-#                            blocks beat smaller ones here, measured 240 vs 330 us at 262K)
 
 
 def _sums_and_patterns(rows: xp.ndarray):
     """(fl64 sum, ``top``, ``low``) of each row of float32 ``rows``, as
     ``exponent_window_open`` reads them: top = max of 2|x|'s pattern, low = min of it less 1
     (zeros wrap to 2**32 - 1, out of the minimum). Block by block in memory order through a
-    reused buffer, as ``_float64_sums``; the sums are NumPy's float64 sums of the widened
-    values (any order: see the certificates). Call under errstate(invalid="ignore")."""
-    across = rows.flags.f_contiguous and not rows.flags.c_contiguous
+    reused buffer, as ``_float64_sums``; the sums are float64 sums of the widened values
+    (any order: see the certificates). Call under errstate(invalid="ignore")."""
+    across = is_contiguous(rows, "F") and not is_contiguous(rows, "C")
     lines = rows.T if across else rows      # across: the sums run across the lines
     count, width = lines.shape
-    step = max(1, _PATTERN_BLOCK // width)
+    # uint32 elements per block (tuning().certified_pattern_block)
+    step = max(1, tuning().certified_pattern_block // width)
     doubled = scratch("rows_sum.patterns", xp.uint32, min(step, count) * width)
-    one = _ONE
     axis = 0 if across else 1
     parts = []
     for lo in range(0, count, step):
         hi = min(lo + step, count)
         part = lines[lo:hi]
-        pattern = doubled[:(hi - lo) * width].reshape(hi - lo, width)
-        xp.left_shift(part.view(xp.uint32), one, out=pattern)
+        pattern = xp.reshape(doubled[:(hi - lo) * width], (hi - lo, width))
+        xp.left_shift(bits(part), 1, out=pattern)
         approx = xp.sum(part, axis=axis, dtype=xp.float64)
-        top = pattern.max(axis=axis)
-        parts.append((approx, top, xp.subtract(pattern, one, out=pattern).min(axis=axis)))
+        top = xp.max(pattern, axis=axis)
+        parts.append((approx, top, xp.min(xp.subtract(pattern, 1, out=pattern), axis=axis)))
     if len(parts) == 1:
         return parts[0]
     if not across:
@@ -247,24 +239,25 @@ def _float64_sums(rows: xp.ndarray) -> tuple[xp.ndarray, xp.ndarray]:
     Column-major rows (a bias gradient's columns) are summed as the row-major array they
     are the transpose of, a block of its rows at a time, the partial sums added up: another
     order of the same additions, which the certificate covers (any order)."""
-    across = rows.flags.f_contiguous and not rows.flags.c_contiguous
+    across = is_contiguous(rows, "F") and not is_contiguous(rows, "C")
     lines = rows.T if across else rows      # across: the sums run across the lines
     count, width = lines.shape
-    step = max(1, _BLOCK // max(1, width))
+    # float64 elements per block (tuning().certified_block: in cache)
+    step = max(1, tuning().certified_block // max(1, width))
     buffer = scratch("rows_sum.block", xp.float64, min(step, count) * width)
     sums = xp.zeros((2, width if across else count), xp.float64)
     approx, magnitude = sums
     with xp.errstate(invalid="ignore"):     # inf - inf: the caller starts again without
         for lo in range(0, count, step):
             hi = min(lo + step, count)
-            block = buffer[:(hi - lo) * width].reshape(hi - lo, width)
+            block = xp.reshape(buffer[:(hi - lo) * width], (hi - lo, width))
             xp.copyto(block, lines[lo:hi])
             if across:
-                approx += block.sum(axis=0)
-                magnitude += xp.abs(block, out=block).sum(axis=0)
+                approx += xp.sum(block, axis=0)
+                magnitude += xp.sum(xp.abs(block, out=block), axis=0)
             else:
-                approx[lo:hi] = block.sum(axis=1)
-                magnitude[lo:hi] = xp.abs(block, out=block).sum(axis=1)
+                approx[lo:hi] = xp.sum(block, axis=1)
+                magnitude[lo:hi] = xp.sum(xp.abs(block, out=block), axis=1)
     return approx, magnitude
 
 
@@ -277,15 +270,15 @@ def lowest_bit_exponent(x: xp.ndarray, axis: int) -> xp.ndarray:
     exactly that bit's value when the fraction is nonzero. For a power of two it clears an
     exponent bit instead and lowers |x| by at least |x| / 2: one bit low, still a bound.
     """
-    bits = xp.ascontiguousarray(x).view(xp.uint32) & xp.uint32(0x7FFFFFFF)
-    cleared = bits - xp.uint32(1)          # zeros wrap around; they are masked out below
-    cleared &= bits
-    low = bits.view(xp.float32) - cleared.view(xp.float32)      # exact (Sterbenz)
+    magnitude = bits(xp.ascontiguousarray(x)) & 0x7FFFFFFF
+    cleared = magnitude - 1                # zeros wrap around; they are masked out below
+    cleared &= magnitude
+    low = from_bits(magnitude) - from_bits(cleared)             # exact (Sterbenz)
     if low.shape[axis] == 0:
-        return xp.full(xp.delete(low.shape, axis), 2000, xp.int64)
+        return xp.full(low.shape[:axis] + low.shape[axis + 1:], 2000, xp.int64)
     # a plain where + min (not ufunc.reduce(where=, initial=)): every array library has both
-    smallest = xp.where(bits != 0, low, xp.float32(xp.inf)).min(axis=axis)
-    exponent = xp.frexp(smallest)[1].astype(xp.int64) - 1
+    smallest = xp.min(xp.where(magnitude != 0, low, xp.inf), axis=axis)
+    exponent = astype(xp.frexp(smallest)[1], xp.int64) - 1
     return xp.where(xp.isinf(smallest), 2000, exponent)
 
 
@@ -293,8 +286,8 @@ def per_line_lowest_bit(keys: xp.ndarray, lines, all_lines, total: int) -> xp.nd
     """lowest_bit_exponent of the line named by each key: over the distinct lines gathered
     (few of them) or over every line at once (many), whichever reads less memory."""
     unique, inverse = xp.unique(keys, return_inverse=True)
-    if unique.size * 8 > total:
-        return all_lines().reshape(-1)[keys]
+    if size(unique) * 8 > total:
+        return xp.reshape(all_lines(), (-1,))[keys]
     return lowest_bit_exponent(lines(unique), axis=1)[inverse]
 
 
@@ -315,14 +308,14 @@ def cauchy_schwarz_bound(row_norm, col_norm, g: float) -> xp.ndarray:
 def _fix_zero_signs(out, all_zero, a3, b3) -> None:
     """Where the exact sum is zero, it is -0 exactly when every product is -0: a zero sum
     with a product of positive sign is +0 (a nonzero one cancels; all zero: +0 + -0)."""
-    if not all_zero.any():
+    if not xp.any(all_zero):
         return
     for batch in xp.unique(xp.nonzero(all_zero)[0]):
         mask = all_zero[batch]
-        rows, cols = xp.nonzero(mask.any(axis=1))[0], xp.nonzero(mask.any(axis=0))[0]
+        rows, cols = xp.nonzero(xp.any(mask, axis=1))[0], xp.nonzero(xp.any(mask, axis=0))[0]
         dtype = xp.float32 if a3.shape[2] < 1 << 24 else xp.float64  # exact counts
-        sign_a = xp.signbit(a3[batch][rows]).astype(dtype)               # (r, K)
-        sign_b = xp.signbit(b3[batch][:, cols]).astype(dtype)            # (K, c)
+        sign_a = astype(xp.signbit(a3[batch][rows]), dtype)              # (r, K)
+        sign_b = astype(xp.signbit(b3[batch][:, cols]), dtype)           # (K, c)
         # Count the products with a positive sign.
         positive = (1 - sign_a) @ (1 - sign_b) + sign_a @ sign_b
         negative_zero = (positive == 0) & (a3.shape[2] > 0)
@@ -334,8 +327,8 @@ def _fix_zero_signs(out, all_zero, a3, b3) -> None:
 
 def _apply_non_finite(out, a3, b3, finite_a, finite_b) -> None:
     """IEEE results for every element whose row of a or column of b holds inf or NaN."""
-    bad_rows = ~finite_a.all(axis=2)                   # (nb, M)
-    bad_cols = ~finite_b.all(axis=1)                   # (nb, N)
+    bad_rows = ~xp.all(finite_a, axis=2)               # (nb, M)
+    bad_cols = ~xp.all(finite_b, axis=1)               # (nb, N)
     with xp.errstate(invalid="ignore"):
         f = xp.float32
         a_inf, b_inf = xp.isinf(a3), xp.isinf(b3)
@@ -345,15 +338,15 @@ def _apply_non_finite(out, a3, b3, finite_a, finite_b) -> None:
         a_zero, b_zero = (a3 == 0), (b3 == 0)
 
     def count(pairs):                                  # sum of indicator matmuls, exact
-        return sum(xp.matmul(x.astype(f), y.astype(f)) for x, y in pairs)
+        return sum(xp.matmul(astype(x, f), astype(y, f)) for x, y in pairs)
 
     positive_inf = count([(a_inf & a_pos, b_pos), (a_inf & a_neg, b_neg),
                           (~a_inf & a_pos, b_inf & b_pos), (~a_inf & a_neg, b_inf & b_neg)])
     negative_inf = count([(a_inf & a_pos, b_neg), (a_inf & a_neg, b_pos),
                           (~a_inf & a_pos, b_inf & b_neg), (~a_inf & a_neg, b_inf & b_pos)])
-    nan = count([(a_inf, b_zero), (a_zero, b_inf)])
-    nan = nan + a_nan.any(axis=2)[:, :, None] + b_nan.any(axis=1)[:, None, :]
+    nan = ((count([(a_inf, b_zero), (a_zero, b_inf)]) > 0)
+           | xp.any(a_nan, axis=2)[:, :, None] | xp.any(b_nan, axis=1)[:, None, :])
     result = xp.where(positive_inf > 0, xp.inf, -xp.inf)
-    result[(nan > 0) | ((positive_inf > 0) & (negative_inf > 0))] = xp.nan
+    result[nan | ((positive_inf > 0) & (negative_inf > 0))] = xp.nan
     affected = bad_rows[:, :, None] | bad_cols[:, None, :]
     out[affected] = result[affected]

@@ -73,10 +73,8 @@ from __future__ import annotations
 
 import math
 
-from ..backend import xp
-
+from ..backend import bits, is_contiguous, round_to, scratch, size, tuning, xp
 from ..formats import FP32
-from ..backend import round_to, scratch
 from . import underflow
 from .certificate import (certify_fp32_open, error_factor, lowest_bit_patterns,
                           quanta_from_patterns, width_factor)
@@ -88,11 +86,7 @@ __all__ = ["matmul_2d", "round_out"]
 _ROW_FLOOR = 2.0 ** -600  # width floors: w > 0 for all-zero lines, below any nonzero one's
 _COL_FLOOR = 2.0 ** -400
 _EXACT_BELOW = 2.0 ** 53  # products' sum bound, in units of their common quantum
-_WIDEN_CHUNK = 1 << 17   # elements widened per chunk with quanta: their passes read cache
-_PLAIN_FACTOR = 4        # times larger chunks without quanta (two passes: measured faster)
-_EXACT_MIN_SAVING = 0    # output elements beyond K (M + N) that pay for the exact-row passes
-_DOT_FROM = 16           # row length from which row norms are BLAS dot products
-_WIDE_BITS = xp.uint32(0xFF)   # float32 fraction bits below 15: set in nearly every fp32 value
+_WIDE_BITS = 0xFF        # float32 fraction bits below 15: set in nearly every fp32 value
 
 
 def round_out(x32: xp.ndarray, fmt) -> xp.ndarray:
@@ -118,7 +112,7 @@ def matmul_2d(a: xp.ndarray, b: xp.ndarray, out_fmt, bias: xp.ndarray | None = N
     # overflow to inf and inf - inf are the arithmetic the proof reads.
     with xp.errstate(over="ignore", invalid="ignore"):
         # float32 values cannot overflow a float64 sum: finite exactly when every one is
-        if bias is not None and not xp.isfinite(bias.sum(dtype=xp.float64)):
+        if bias is not None and not xp.isfinite(xp.sum(bias, dtype=xp.float64)):
             return None
         return _matmul_2d(a, b, out_fmt, bias, note, m, k, n)
 
@@ -130,7 +124,7 @@ def _matmul_2d(a, b, out_fmt, bias, note, m, k, n):
     # Squares of float32 values cannot overflow a float64 sum (K 2**256 < 2**1024), so the
     # norms (and their sums, below 2**256 (M + N)) are finite exactly when a and b are: one
     # check, no extra pass over the operands.
-    if not xp.isfinite(row_norm.sum() + col_norm.sum()):
+    if not xp.isfinite(xp.sum(row_norm) + xp.sum(col_norm)):
         return None
     approx = xp.matmul(a64, b64, out=_scratch("approx", (m, n), xp.float64))
     fp32_out = out_fmt == FP32
@@ -151,7 +145,7 @@ def _matmul_2d(a, b, out_fmt, bias, note, m, k, n):
     if bias is not None:
         pre += bias                             # the fp32 epilogue: one float32 addition
     out = pre if fp32_out else round_to(pre, out_fmt)     # acc = hi32 wherever certified
-    if opened.size:
+    if size(opened):
         _settle_open(a, b, a64, b64, row_norm, col_norm, approx, opened, low32, pre, out,
                      bias, out_fmt, fp32_out)
     if note:
@@ -162,11 +156,12 @@ def _matmul_2d(a, b, out_fmt, bias, note, m, k, n):
 def _exact_rows_worth_trying(a, b, m, k, n) -> bool:
     """Whether to look for exact rows (the line quanta then come with the widening): where
     the output outweighs the operands (a pass over a and b costs about what it saves on as
-    many output elements) and a's first row and b's first column hold no value of more
-    than 16 significant bits (fp32 data: their rows are almost never exact)."""
-    return not (m * n < _EXACT_MIN_SAVING + k * (m + n)
-                or xp.bitwise_and(a[0].view(xp.uint32), _WIDE_BITS).any()
-                or xp.bitwise_and(b[:, 0].view(xp.uint32), _WIDE_BITS).any())
+    many output elements, ``tuning().exact_min_saving``) and a's first row and b's first
+    column hold no value of more than 16 significant bits (fp32 data: their rows are almost
+    never exact)."""
+    return not (m * n < tuning().exact_min_saving + k * (m + n)
+                or xp.any(xp.bitwise_and(bits(a[0]), _WIDE_BITS) != 0)
+                or xp.any(xp.bitwise_and(bits(b[:, 0]), _WIDE_BITS) != 0))
 
 
 def _exact_rows(row_norm, col_norm, row_quanta, col_quanta, k):
@@ -176,8 +171,8 @@ def _exact_rows(row_norm, col_norm, row_quanta, col_quanta, k):
     pass (the first certificate alone is then cheaper)."""
     rho = row_norm / row_quanta
     sigma = col_norm / col_quanta
-    exact = cauchy_schwarz_bound(rho, sigma.max(), error_factor(k)) < _EXACT_BELOW
-    return exact if 2 * xp.count_nonzero(exact) >= rho.size else None
+    exact = cauchy_schwarz_bound(rho, xp.max(sigma), error_factor(k)) < _EXACT_BELOW
+    return exact if 2 * xp.count_nonzero(exact) >= size(rho) else None
 
 
 def _certify_exact_rows(approx, exact_rows, row_width, col_width, pre, a, b):
@@ -188,13 +183,13 @@ def _certify_exact_rows(approx, exact_rows, row_width, col_width, pre, a, b):
     n = approx.shape[1]
     xp.copyto(pre, approx)                  # overflow to inf: the caller's error state
     zeros = xp.flatnonzero(xp.equal(pre, 0, out=_scratch("zeros", pre.shape, bool)))
-    zeros = zeros[exact_rows[zeros // n] & (approx.reshape(-1)[zeros] == 0)]
-    if zeros.size:
-        pre.reshape(-1)[zeros] = exact_zero_signs(a, b, *xp.divmod(zeros, n))
-    if exact_rows.all():
+    zeros = zeros[exact_rows[zeros // n] & (_flat(approx)[zeros] == 0)]
+    if size(zeros):
+        _flat(pre)[zeros] = exact_zero_signs(a, b, *xp.divmod(zeros, n))
+    if xp.all(exact_rows):
         return xp.zeros(0, xp.intp), xp.zeros(0, xp.float32), xp.zeros(0, xp.float32)
     rest = xp.flatnonzero(xp.logical_not(exact_rows))
-    high = xp.empty((rest.size, n), xp.float32)
+    high = xp.empty((size(rest), n), xp.float32)
     opened, low32, high32 = certify_fp32_open(approx[rest], row_width[rest], col_width, high)
     pre[rest] = high
     return rest[opened // n] * n + opened % n, low32, high32
@@ -203,7 +198,12 @@ def _certify_exact_rows(approx, exact_rows, row_width, col_width, pre, a, b):
 def _scratch(name: str, shape: tuple, dtype) -> xp.ndarray:
     """A reused per-thread work array: ``round_to``'s per-thread buffers (fresh large arrays
     cost page faults on every call), under names of their own."""
-    return scratch(name, dtype, math.prod(shape)).reshape(shape)
+    return xp.reshape(scratch(name, dtype, math.prod(shape)), shape)
+
+
+def _flat(x) -> xp.ndarray:
+    """The C-ordered x as one axis (a view: assigning into it writes x)."""
+    return xp.reshape(x, (-1,))
 
 
 def _widen_with_norms(x: xp.ndarray, name: str, axis: int, quanta: bool = False):
@@ -214,8 +214,10 @@ def _widen_with_norms(x: xp.ndarray, name: str, axis: int, quanta: bool = False)
     copy and the norms alone run faster so on large operands). A norm's sum runs in some order (in
     partial sums per chunk where a line crosses chunks); the (K/2 + 2) u bound on its error
     (``cauchy_schwarz_bound``) holds for every order; the quanta's minimum is one
-    (``lowest_bit_patterns`` per chunk, combined)."""
-    if x.flags.f_contiguous and not x.flags.c_contiguous:
+    (``lowest_bit_patterns`` per chunk, combined). Chunk sizes: ``tuning().widen_chunk``
+    elements with quanta, ``plain_factor`` times more without."""
+    settings = tuning()
+    if is_contiguous(x, "F") and not is_contiguous(x, "C"):
         src, along_rows = x.T, axis == 0                # src is C-ordered
         wide = _scratch(name, src.shape, xp.float64)
         out = wide.T
@@ -223,11 +225,13 @@ def _widen_with_norms(x: xp.ndarray, name: str, axis: int, quanta: bool = False)
         src, along_rows = x, axis == 1
         wide = out = _scratch(name, x.shape, xp.float64)
     lines, width = src.shape
-    step = max(1, _WIDEN_CHUNK * (1 if quanta else _PLAIN_FACTOR) // max(1, width))
+    step = max(1, settings.widen_chunk * (1 if quanta else settings.plain_factor)
+               // max(1, width))
     across = 1 if along_rows else 0
     if step >= lines:                                   # one chunk
         xp.copyto(wide, src)
-        squares = _row_squares(wide) if along_rows else xp.einsum("pq,pq->q", wide, wide)
+        squares = (_row_squares(wide, settings.dot_from) if along_rows
+                   else xp.einsum("pq,pq->q", wide, wide))
         patterns = lowest_bit_patterns(src, across) if quanta else None
     else:
         squares = xp.empty(lines, xp.float64) if along_rows else xp.zeros(width, xp.float64)
@@ -236,7 +240,7 @@ def _widen_with_norms(x: xp.ndarray, name: str, axis: int, quanta: bool = False)
             part = wide[lo:lo + step]
             xp.copyto(part, src[lo:lo + step])
             if along_rows:
-                _row_squares(part, squares[lo:lo + step])
+                _row_squares(part, settings.dot_from, squares[lo:lo + step])
             else:
                 squares += xp.einsum("pq,pq->q", part, part)
             if not quanta:
@@ -252,16 +256,16 @@ def _widen_with_norms(x: xp.ndarray, name: str, axis: int, quanta: bool = False)
     return out, norms, None if patterns is None else quanta_from_patterns(patterns)
 
 
-def _row_squares(x: xp.ndarray, out: xp.ndarray | None = None) -> xp.ndarray:
+def _row_squares(x: xp.ndarray, dot_from: int, out: xp.ndarray | None = None) -> xp.ndarray:
     """Each row's sum of squares of the C-ordered float64 x, as a stack of 1 x K by K x 1
     matrix products (BLAS dot products: about twice as fast as einsum's loop for long
-    rows, slower below ``_DOT_FROM`` elements; any summation order keeps the norms'
-    bound)."""
+    rows, slower below ``dot_from`` elements (``tuning().dot_from``); any summation order
+    keeps the norms' bound)."""
     lines = x.shape[0]
-    if x.shape[1] < _DOT_FROM:
+    if x.shape[1] < dot_from:
         return xp.einsum("pq,pq->p", x, x, out=out)
-    into = None if out is None else out.reshape(lines, 1, 1)
-    return xp.matmul(x[:, None, :], x[:, :, None], out=into).reshape(lines)
+    into = None if out is None else xp.reshape(out, (lines, 1, 1))
+    return xp.reshape(xp.matmul(x[:, None, :], x[:, :, None], out=into), (lines,))
 
 
 def _settle_open(a, b, a64, b64, row_norm, col_norm, approx, opened, low32, pre, out, bias,
@@ -276,19 +280,18 @@ def _settle_open(a, b, a64, b64, row_norm, col_norm, approx, opened, low32, pre,
     n = pre.shape[1]
     if bias is not None or not fp32_out:
         pre_low = low32 if bias is None else low32 + bias[opened % n]
-        ok = _f_agree(pre_low, pre.reshape(-1)[opened], out.reshape(-1)[opened], out_fmt,
-                      fp32_out)
+        ok = _f_agree(pre_low, _flat(pre)[opened], _flat(out)[opened], out_fmt, fp32_out)
         opened = opened[xp.logical_not(ok, out=ok)]
-        if not opened.size:
+        if not size(opened):
             return
     rows, cols = xp.divmod(opened, n)
     acc = exact_elements(gather_source(a, a64), gather_source(b, b64), row_norm, col_norm,
-                         rows, cols, approx.reshape(-1)[opened])
+                         rows, cols, _flat(approx)[opened])
     if bias is not None:
         acc += bias[cols]
-    pre.reshape(-1)[opened] = acc
+    _flat(pre)[opened] = acc
     if not fp32_out:
-        out.reshape(-1)[opened] = round_to(acc, out_fmt)
+        _flat(out)[opened] = round_to(acc, out_fmt)
 
 
 def _f_agree(pre_low, pre_high, out_high, out_fmt, fp32_out) -> xp.ndarray:
@@ -299,5 +302,5 @@ def _f_agree(pre_low, pre_high, out_high, out_fmt, fp32_out) -> xp.ndarray:
     same = xp.greater(pre_low, 0)
     same |= xp.less(pre_high, 0)
     out_low = pre_low if fp32_out else round_to(pre_low, out_fmt)
-    same &= out_low.view(xp.uint32) == out_high.view(xp.uint32)
+    same &= bits(out_low) == bits(out_high)
     return same

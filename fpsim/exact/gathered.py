@@ -5,13 +5,13 @@
 the IEEE sign of an exact zero (-0 exactly when every product is -0, IEEE 754-2019 6.3):
 
 * an element whose BLAS value is +-0 (every product zero gives exactly that) and whose row of
-  a is sparse (at most ``_SUPPORT`` nonzeros: a unit that fired for few samples of a
+  a is sparse (at most ``tuning().support`` nonzeros: a unit that fired for few samples of a
   batch, in a weight gradient g^T x) is settled from that support alone when b is zero on
   it: then every product is zero (a_ik = +-0 off the support, b_kj = +-0 on it), and the
   sign comes from ``exact_zero_signs`` (any sum known to be zero: -0 exactly when
   signbit(a_ik) != signbit(b_kj) for every k) or, where no element of b has its sign bit
   set (relu activations), from a's row alone: -0 exactly when every a_ik has its sign bit.
-  Tried where such elements hold at least ``_SPARSE_FROM`` products: below, gathering them
+  Tried where such elements hold at least ``tuning().sparse_from`` products: below, gathering them
   costs less than the test;
 * the others gather their K products (exact in float64): every product zero gives the
   zero sum (``sums.zero_sum``), else the split certificate (``certificate.split_certify``),
@@ -21,82 +21,82 @@ Operands are float32 C- or F-ordered arrays, or their float64 copies (``gather_s
 """
 from __future__ import annotations
 
-from ..backend import xp
+from ..backend import astype, bits, is_contiguous, size, tuning, xp
 
 from .certificate import error_factor, split_certify
 from .certified import cauchy_schwarz_bound
-from .sums import ELEMENTS_PER_CHUNK, round_to_odd_sum, zero_sum
+from .sums import round_to_odd_sum, zero_sum
 
 __all__ = ["exact_elements", "exact_zero_signs", "gather_source"]
-
-_SUPPORT = 16    # nonzeros of a's row up to which a zero sum is settled from its support
-_PROBES = 8      # sign probes before a zero sum's whole lines are compared
-_SPARSE_FROM = 1 << 12   # products of zero sums from which the support test pays its cost
 
 
 def exact_elements(a, b, row_norm, col_norm, rows, cols, approx) -> xp.ndarray:
     """float32 exact sums of elements (rows, cols) of a @ b, rounded once to fp32 (module
     docstring); ``approx``: their float64 BLAS values (only where they are zero matters)."""
-    out = xp.empty(rows.size, xp.float32)
-    todo = xp.arange(rows.size)
+    count = size(rows)
+    out = xp.empty(count, xp.float32)
+    todo = xp.arange(count)
     zero = xp.flatnonzero(approx == 0)
-    if zero.size * a.shape[1] >= _SPARSE_FROM:
-        settled, value = _zero_sums_of_sparse_rows(a, b, rows[zero], cols[zero])
-        if settled.any():
+    settings = tuning()
+    if size(zero) * a.shape[1] >= settings.sparse_from:
+        settled, value = _zero_sums_of_sparse_rows(a, b, rows[zero], cols[zero],
+                                                   settings.support)
+        if xp.any(settled):
             out[zero[settled]] = value[settled]
-            left = xp.ones(rows.size, bool)
+            left = xp.ones(count, bool)
             left[zero[settled]] = False
             todo = todo[left]
     g = error_factor(a.shape[1])
-    step = max(1, ELEMENTS_PER_CHUNK // a.shape[1])
-    for lo in range(0, todo.size, step):
+    step = max(1, settings.sums_chunk // a.shape[1])
+    for lo in range(0, size(todo), step):
         part = todo[lo:lo + step]
         r, c = rows[part], cols[part]
         products = xp.multiply(_rows_of(a, r), _cols_of(b, c), dtype=xp.float64)
-        live = products.any(axis=1)
-        if not live.all():          # every product zero (disjoint supports): no sum to take
-            out[part[~live]] = zero_sum(products[~live])
+        live = xp.any(products, axis=1)
+        if not xp.all(live):        # every product zero (disjoint supports): no sum to take
+            out[part[~live]] = astype(zero_sum(products[~live]), xp.float32)
             products, r, c, part = products[live], r[live], c[live], part[live]
         upper = cauchy_schwarz_bound(row_norm[r], col_norm[c], g)     # >= sum |a_ik b_kj|
         acc, known = split_certify(products, upper)
         rest = xp.flatnonzero(~known)
-        if rest.size:
-            acc[rest] = round_to_odd_sum(products[rest])   # round-to-odd, one fp32 cast
+        if size(rest):              # round-to-odd, one fp32 cast
+            acc[rest] = astype(round_to_odd_sum(products[rest]), xp.float32)
         out[part] = acc
     return out
 
 
-def _zero_sums_of_sparse_rows(a, b, rows, cols):
-    """(settled, value): where the row of a has at most _SUPPORT nonzeros and b is zero on
-    them (every product zero), the IEEE zero sum (float32 +-0; module docstring)."""
+def _zero_sums_of_sparse_rows(a, b, rows, cols, support_max: int):
+    """(settled, value): where the row of a has at most ``support_max`` nonzeros and b is
+    zero on them (every product zero), the IEEE zero sum (float32 +-0; module docstring)."""
     marked = xp.zeros(a.shape[0], bool)      # the distinct rows, without a sort
     marked[rows] = True
     unique_rows = xp.flatnonzero(marked)
     which = (xp.cumsum(marked) - 1)[rows]      # each element's place in unique_rows
     lines = _rows_of(a, unique_rows)                       # (R, K)
     nonzero = lines != 0
-    counts = nonzero.sum(axis=1)
-    sparse = counts <= _SUPPORT
-    value = xp.zeros(rows.size, xp.float32)
-    if not sparse.any():
-        return xp.zeros(rows.size, bool), value
-    width = max(1, int(counts[sparse].max()))
+    counts = xp.count_nonzero(nonzero, axis=1)
+    sparse = counts <= support_max
+    value = xp.zeros(size(rows), xp.float32)
+    if not xp.any(sparse):
+        return xp.zeros(size(rows), bool), value
+    width = max(1, int(xp.max(counts[sparse])))
     # each row's nonzero positions first (a stable sort of "is zero"), padded past its count
     support = xp.argsort(xp.logical_not(nonzero), axis=1, kind="stable")[:, :width]
     on_support = xp.arange(width) < counts[:, None]
     b_there = _values_of(b, support[which], cols[:, None])          # (E, width)
-    settled = sparse[which] & ~((b_there != 0) & on_support[which]).any(axis=1)
+    settled = sparse[which] & ~xp.any((b_there != 0) & on_support[which], axis=1)
     if _has_sign_bits(b):
         value[settled] = exact_zero_signs(a, b, rows[settled], cols[settled])
     else:                       # -0 exactly where every a_ik has its sign bit (module docstring)
-        value[settled & xp.signbit(lines).all(axis=1)[which]] = -0.0
+        value[settled & xp.all(xp.signbit(lines), axis=1)[which]] = -0.0
     return settled, value
 
 
 def _has_sign_bits(x) -> bool:
-    """Whether any element of the float32 or float64 ``x`` has its sign bit set (-0 too)."""
-    sign = 1 << (8 * x.itemsize - 1)
-    return int(x.view(xp.uint32 if x.itemsize == 4 else xp.uint64).max()) >= sign
+    """Whether any element of the float32 or float64 ``x`` has its sign bit set (-0 too):
+    its largest bit pattern, read as an unsigned integer, has the top bit."""
+    sign = 1 << (31 if x.dtype == xp.float32 else 63)
+    return int(xp.max(bits(x))) >= sign
 
 
 def exact_zero_signs(a, b, rows, cols) -> xp.ndarray:
@@ -104,40 +104,41 @@ def exact_zero_signs(a, b, rows, cols) -> xp.ndarray:
     exactly when every product is -0, that is (the sum being zero) when signbit(a_ik) !=
     signbit(b_kj) for every k (every product is then <= 0, so each is -0). A few probes
     first, the whole lines only where every probe differs."""
-    value = xp.zeros(rows.size, xp.float32)
+    value = xp.zeros(size(rows), xp.float32)
     k = a.shape[1]
-    probes = xp.arange(0, k, max(1, k // _PROBES))[:_PROBES]
+    count = tuning().probes         # sign probes before the whole lines are compared
+    probes = xp.arange(0, k, max(1, k // count))[:count]
     differ = (xp.signbit(_values_of(a, rows[:, None], probes))
               != xp.signbit(_values_of(b, probes, cols[:, None])))
-    candidates = xp.flatnonzero(differ.all(axis=1))
-    if candidates.size:
+    candidates = xp.flatnonzero(xp.all(differ, axis=1))
+    if size(candidates):
         differ = (xp.signbit(_rows_of(a, rows[candidates]))
                   != xp.signbit(_cols_of(b, cols[candidates])))
-        value[candidates[differ.all(axis=1)]] = -0.0
+        value[candidates[xp.all(differ, axis=1)]] = -0.0
     return value
 
 
 def gather_source(x32, x64):
     """The operand to gather from: the float32 original where it is C- or F-ordered (half
     the bytes), else its float64 copy (always one of the two)."""
-    return x32 if x32.flags.c_contiguous or x32.flags.f_contiguous else x64
+    return x32 if is_contiguous(x32, "C") or is_contiguous(x32, "F") else x64
 
 
 def _rows_of(a, rows) -> xp.ndarray:
     """(len(rows), K) rows of a, gathered by ``take`` along its contiguous axis (on a
     C-ordered array: ``take`` would first copy any other whole)."""
-    return xp.take(a, rows, axis=0) if a.flags.c_contiguous else xp.take(a.T, rows, axis=1).T
+    return xp.take(a, rows, axis=0) if is_contiguous(a, "C") else xp.take(a.T, rows, axis=1).T
 
 
 def _cols_of(b, cols) -> xp.ndarray:
     """(len(cols), K) columns of b, gathered as ``_rows_of`` gathers rows: the layouts of the
     two agree wherever the operands' orders allow it."""
-    return xp.take(b.T, cols, axis=0) if b.flags.f_contiguous else xp.take(b, cols, axis=1).T
+    return xp.take(b.T, cols, axis=0) if is_contiguous(b, "F") else xp.take(b, cols, axis=1).T
 
 
 def _values_of(x, rows, cols) -> xp.ndarray:
     """x[rows, cols] (broadcast index arrays) of a C- or F-ordered x, through its flat
     buffer."""
-    if x.flags.c_contiguous:
-        return xp.take(x.reshape(-1), rows * x.shape[1] + cols)
-    return xp.take(x.T.reshape(-1), cols * x.shape[0] + rows)
+    if is_contiguous(x, "C"):
+        return xp.take(xp.reshape(x, (-1,)), rows * x.shape[1] + cols)
+    return xp.take(xp.reshape(x.T, (-1,)), cols * x.shape[0] + rows)

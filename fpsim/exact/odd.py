@@ -16,7 +16,7 @@ True
 """
 from __future__ import annotations
 
-from ..backend import xp
+from ..backend import astype, bits, copy, from_bits, xp
 
 __all__ = ["round_to_odd", "add_round_to_odd"]
 
@@ -32,12 +32,12 @@ def round_to_odd(near, residual) -> xp.ndarray:
     near = xp.asarray(near, xp.float64)
     with xp.errstate(invalid="ignore"):
         inexact = (residual != 0) & xp.isfinite(near)
-    if not inexact.any():
+    if not xp.any(inexact):
         return near
-    bits = near.copy().view(xp.uint64)
-    bits -= (inexact & (xp.signbit(residual) != xp.signbit(near))).astype(xp.uint64)
-    bits |= inexact.astype(xp.uint64)
-    return bits.view(xp.float64)
+    pattern = bits(copy(near))
+    pattern -= astype(inexact & (xp.signbit(residual) != xp.signbit(near)), xp.uint64)
+    pattern |= astype(inexact, xp.uint64)
+    return from_bits(pattern)
 
 
 def add_round_to_odd(x, y) -> xp.ndarray:

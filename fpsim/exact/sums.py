@@ -26,17 +26,17 @@ multiples of 2**-298), so the result is never a float64 subnormal.
 """
 from __future__ import annotations
 
-from ..backend import xp
+from ..backend import astype, bitcast, tuning, xp
 
 from .odd import round_to_odd
 
-__all__ = ["round_to_odd_sum", "zero_sum", "ELEMENTS_PER_CHUNK"]
+__all__ = ["round_to_odd_sum", "zero_sum"]
 
 _LIMB = 32
 _HEADROOM = 4                         # limbs above the top term's: 2**40 terms' carries, sign
 _TERMS_PER_PASS = 1 << 20             # bincount weights < 2**32: 2**20 of them sum below 2**52
-ELEMENTS_PER_CHUNK = 1 << 20         # rows * terms per chunk: bounds the scratch memory
-_MASK32 = xp.int64(0xFFFFFFFF)
+# A Python int: it takes the int64 limbs' dtype (a weak scalar in every array library)
+_MASK32 = 0xFFFFFFFF
 
 
 def round_to_odd_sum(terms: xp.ndarray) -> xp.ndarray:
@@ -54,7 +54,8 @@ def round_to_odd_sum(terms: xp.ndarray) -> xp.ndarray:
         raise ValueError("round_to_odd_sum takes finite terms; handle inf/NaN before calling")
     rows, width = terms.shape
     out = xp.empty(rows, xp.float64)
-    rows_per_chunk = max(1, ELEMENTS_PER_CHUNK // max(1, min(width, _TERMS_PER_PASS)))
+    # rows * terms per chunk (tuning().sums_chunk) bounds the scratch memory
+    rows_per_chunk = max(1, tuning().sums_chunk // max(1, min(width, _TERMS_PER_PASS)))
     for lo in range(0, rows, rows_per_chunk):
         hi = min(rows, lo + rows_per_chunk)
         out[lo:hi] = _rows_round_to_odd(terms[lo:hi])
@@ -64,13 +65,13 @@ def round_to_odd_sum(terms: xp.ndarray) -> xp.ndarray:
 def _rows_round_to_odd(terms: xp.ndarray) -> xp.ndarray:
     rows, width = terms.shape
     value = xp.zeros(rows, xp.float64)
-    fields = (terms.view(xp.int64) >> 52) & 0x7FF
+    fields = (bitcast(terms, xp.int64) >> 52) & 0x7FF
     nonzero = terms != 0
-    if nonzero.any():
+    if xp.any(nonzero):
         # Only the limbs this chunk's exponents reach: first .. last + 2, plus headroom.
         index = xp.maximum(fields, 1) >> 5
-        first = int(index[nonzero].min())
-        count = int(index[nonzero].max()) - first + 3 + _HEADROOM
+        first = int(xp.min(index[nonzero]))
+        count = int(xp.max(index[nonzero])) - first + 3 + _HEADROOM
         limbs = xp.zeros((rows, count), xp.int64)
         for start in range(0, width, _TERMS_PER_PASS):
             stop = start + _TERMS_PER_PASS
@@ -78,13 +79,13 @@ def _rows_round_to_odd(terms: xp.ndarray) -> xp.ndarray:
                                 xp.ascontiguousarray(fields[:, start:stop]), first, count)
             _propagate_carries(limbs)
         negative = limbs[:, -1] < 0
-        if negative.any():
+        if xp.any(negative):
             limbs[negative] = -limbs[negative]
             _propagate_carries(limbs)
         value = _limbs_to_float_round_to_odd(limbs, first)
-        xp.negative(value, out=value, where=negative)
+        value = xp.where(negative, -value, value)
     zero = value == 0
-    if zero.any():
+    if xp.any(zero):
         value[zero] = zero_sum(terms[zero])
     return value
 
@@ -100,10 +101,10 @@ def _limb_sums(part: xp.ndarray, field: xp.ndarray, first: int, count: int) -> x
     """Per row, the sum of every term's three limbs (limb j holds bits 32j.. of the
     integer m * 2**(E - 1), offset by ``first`` limbs), as exact integers (int64)."""
     rows, width = part.shape
-    bits = part.view(xp.int64)
-    mantissa = bits & ((1 << 52) - 1)
-    mantissa |= (field > 0).astype(xp.int64) << 52
-    sign = bits >> 63                          # 0 or -1
+    pattern = bitcast(part, xp.int64)
+    mantissa = pattern & ((1 << 52) - 1)
+    mantissa |= astype(field > 0, xp.int64) << 52
+    sign = pattern >> 63                       # 0 or -1
     mantissa ^= sign
     mantissa -= sign                           # signed significand, |m| < 2**53
     exponent = xp.maximum(field, 1)
@@ -114,7 +115,7 @@ def _limb_sums(part: xp.ndarray, field: xp.ndarray, first: int, count: int) -> x
     index[mantissa == 0] = rows * count        # zeros go to a spare bin (no valid index)
     total = rows * count + 3
 
-    low = (mantissa & ((xp.int64(1) << rest) - 1)) << shift
+    low = (mantissa & ((1 << rest) - 1)) << shift
     sums = _binned(index, low, total)
     mid = (mantissa >> rest) & _MASK32
     index += 1
@@ -122,14 +123,14 @@ def _limb_sums(part: xp.ndarray, field: xp.ndarray, first: int, count: int) -> x
     high = (mantissa >> _LIMB) >> rest
     index += 1
     sums += _binned(index, high, total)
-    return sums[:rows * count].reshape(rows, count)
+    return xp.reshape(sums[:rows * count], (rows, count))
 
 
 def _binned(index: xp.ndarray, weights: xp.ndarray, total: int) -> xp.ndarray:
     # float64 bincount is exact here: integer weights below 2**32, at most 2**20 per bin.
-    sums = xp.bincount(index.ravel(), weights=weights.ravel().astype(xp.float64),
-                       minlength=total)
-    return sums.astype(xp.int64)
+    sums = xp.bincount(xp.reshape(index, (-1,)),
+                       weights=astype(xp.reshape(weights, (-1,)), xp.float64), minlength=total)
+    return astype(sums, xp.int64)
 
 
 def _propagate_carries(limbs: xp.ndarray) -> None:
@@ -143,8 +144,9 @@ def _limbs_to_float_round_to_odd(limbs: xp.ndarray, first: int) -> xp.ndarray:
     """Nonnegative normalised limbs (each in [0, 2**32)) to float64, rounded to odd."""
     rows, count = limbs.shape
     nonzero = limbs != 0
-    any_nonzero = nonzero.any(axis=1)
-    top_index = count - 1 - xp.argmax(nonzero[:, ::-1], axis=1)
+    any_nonzero = xp.any(nonzero, axis=1)
+    # the highest nonzero limb (0 in an all-zero row, whose value is set to 0 below)
+    top_index = xp.max(xp.where(nonzero, xp.arange(count), 0), axis=1)
     padded = xp.concatenate([xp.zeros((rows, 2), xp.int64), limbs], axis=1)
     row = xp.arange(rows)
     top = padded[row, top_index + 2]
@@ -154,24 +156,24 @@ def _limbs_to_float_round_to_odd(limbs: xp.ndarray, first: int) -> xp.ndarray:
     below_third = xp.where(top_index >= 3, below[row, xp.maximum(top_index - 3, 0)], 0)
     sticky = below_third > 0
 
-    top_bits = xp.frexp(xp.maximum(top, 1).astype(xp.float64))[1].astype(xp.int64)  # 1..32
+    top_bits = astype(xp.frexp(astype(xp.maximum(top, 1), xp.float64))[1], xp.int64)  # 1..32
     drop = top_bits + 11                        # bits of the 96-bit (top, second, third) window
     wide = drop >= _LIMB                        # below the 53 kept: 12..43
-    far = xp.where(wide, drop - _LIMB, 0).astype(xp.uint64)
-    near = xp.where(wide, _LIMB, drop).astype(xp.uint64)
-    u32 = xp.uint64(_LIMB)
-    head = (top.astype(xp.uint64) << u32) | second.astype(xp.uint64)   # below 2**64
-    third = third.astype(xp.uint64)
-    one = xp.uint64(1)
+    far = astype(xp.where(wide, drop - _LIMB, 0), xp.uint64)
+    near = astype(xp.where(wide, _LIMB, drop), xp.uint64)
+    # uint64 from here on; Python ints mix with it as uint64 (weak scalars)
+    head = (astype(top, xp.uint64) << _LIMB) | astype(second, xp.uint64)   # below 2**64
+    third = astype(third, xp.uint64)
     kept_wide = head >> far
-    kept_near = (head << xp.where(wide, xp.uint64(0), u32 - near)) | (third >> near)
+    kept_near = (head << xp.where(wide, 0, _LIMB - near)) | (third >> near)
     kept = xp.where(wide, kept_wide, kept_near)
-    lost_wide = ((head & ((one << far) - one)) != 0) | (third != 0)
-    lost_near = (third & ((one << near) - one)) != 0
+    lost_wide = ((head & ((1 << far) - 1)) != 0) | (third != 0)
+    lost_near = (third & ((1 << near) - 1)) != 0
     sticky |= xp.where(wide, lost_wide, lost_near)
     exponent = _LIMB * (top_index - 2 + first) + drop - 1075
     # kept holds exactly 53 bits and the result is normal (module docstring), so the float's
     # last bit is kept's: the truncation plus the sticky bit is the round-to-odd value.
-    value = round_to_odd(xp.ldexp(kept.astype(xp.float64), exponent), sticky.astype(xp.float64))
+    value = round_to_odd(xp.ldexp(astype(kept, xp.float64), exponent),
+                         astype(sticky, xp.float64))
     value[~any_nonzero] = 0.0
     return value
