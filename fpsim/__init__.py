@@ -1,7 +1,7 @@
 """fpsim: a bit-exact NumPy reference simulator of reduced-precision training.
 
 Layers, lowest first: ``formats`` (what a number type is; beside it ``files``, atomic
-output files), ``rounding`` (values to a format),
+output files, and ``options``, the checks every option goes through), ``rounding`` (values to a format),
 ``encoding`` (values to bit patterns and back), ``describe`` (a value taken apart, for
 teaching), ``backend`` (the kernel interface: where array libraries differ), ``exact`` (exact dot products and sums rounded
 once, accumulation models, the gradient-underflow counter), ``autograd`` (tensors, ops,

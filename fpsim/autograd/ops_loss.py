@@ -25,6 +25,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from .. import backend
+from ..options import check_choice
 from ..backend import round_to, xp
 from ..exact import certify, cr_cross_entropy, round_to_odd_sum, width_factor
 from ..exact import elementary as f64
@@ -48,8 +49,7 @@ def _reduce(values, reduction):
 
 
 def _check_reduction(reduction, op):
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"{op}: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    check_choice(f"{op} reduction", reduction, _REDUCTIONS)
 
 
 def _labels(labels, n, classes):

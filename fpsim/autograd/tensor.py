@@ -39,6 +39,7 @@ array([2., 4., 6.], dtype=float32)
 from __future__ import annotations
 
 from .. import backend
+from ..options import check_flag
 from ..backend import xp
 from ..exact import underflow
 from .context import current_policy, is_grad_enabled
@@ -76,8 +77,7 @@ class Tensor:
     __array_ufunc__ = None  # ndarray (op) Tensor defers to Tensor's reflected operators
 
     def __init__(self, data, fmt=None, requires_grad: bool = False, *, name: str | None = None):
-        if not isinstance(requires_grad, (bool, xp.bool_)):     # bool('no') is True
-            raise TypeError(f"requires_grad must be True or False, got {requires_grad!r}")
+        requires_grad = check_flag("requires_grad", requires_grad)     # bool('no') is True
         policy = current_policy()
         fmt = policy.input if fmt is None else resolve(fmt)
         if isinstance(data, Tensor):

@@ -17,6 +17,7 @@ when they run says (``fpsim.autograd.policy``).
 from __future__ import annotations
 
 from .. import backend
+from ..options import check_choice, check_count
 from ..backend import xp
 
 from .. import autograd as ag
@@ -27,12 +28,6 @@ __all__ = ["Linear", "Embedding", "Sequential", "ReLU", "Tanh", "Sigmoid", "GELU
            "ACTIVATIONS"]
 
 
-def check_size(name: str, value) -> None:
-    """Refuse anything but a positive integer (8.9 or '8' would be read as 8 by int())."""
-    if isinstance(value, bool) or not isinstance(value, (int, xp.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
 class Linear(Module):
     """y = x @ weight.T + bias, weight (out, in) initialised U(+-1/sqrt(in)) like PyTorch;
     one fused op (``autograd.linear``: bias added in the fp32 accumulator)."""
@@ -40,8 +35,8 @@ class Linear(Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, rng=None,
                  accumulation=None):
         super().__init__()
-        check_size("in_features", in_features)
-        check_size("out_features", out_features)
+        check_count("in_features", in_features, 1)
+        check_count("out_features", out_features, 1)
         rng = init.as_rng(rng)
         self.in_features, self.out_features = in_features, out_features
         self.accumulation = accumulation
@@ -64,8 +59,8 @@ class Embedding(Module):
 
     def __init__(self, num_embeddings: int, embedding_dim: int, *, rng=None):
         super().__init__()
-        check_size("num_embeddings", num_embeddings)
-        check_size("embedding_dim", embedding_dim)
+        check_count("num_embeddings", num_embeddings, 1)
+        check_count("embedding_dim", embedding_dim, 1)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.weight = parameter(init.normal(rng, (num_embeddings, embedding_dim)))
 
@@ -144,11 +139,9 @@ def MLP(sizes, activation: str = "relu", *, rng=None, bias: bool = True,
     if len(sizes) < 2:
         raise ValueError(f"MLP needs at least two sizes (inputs, outputs), got {sizes}")
     for i, size in enumerate(sizes):
-        check_size(f"MLP sizes[{i}]", size)
+        check_count(f"MLP sizes[{i}]", size, 1)
     sizes = [int(s) for s in sizes]
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"unknown activation {activation!r}; accepted: "
-                         f"{', '.join(ACTIVATIONS)}")
+    check_choice("activation", activation, tuple(ACTIVATIONS))
     rng = init.as_rng(rng)
     layers = []
     for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):

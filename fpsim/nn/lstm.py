@@ -26,7 +26,7 @@ from ..backend import xp
 
 from .. import autograd as ag
 from . import init
-from .layers import check_size
+from ..options import check_count
 from .module import Module, parameter
 
 __all__ = ["LSTM"]
@@ -43,8 +43,8 @@ class LSTM(Module):
 
     def __init__(self, input_size: int, hidden_size: int, *, rng=None, accumulation=None):
         super().__init__()
-        check_size("input_size", input_size)
-        check_size("hidden_size", hidden_size)
+        check_count("input_size", input_size, 1)
+        check_count("hidden_size", hidden_size, 1)
         rng = init.as_rng(rng)
         self.input_size, self.hidden_size = input_size, hidden_size
         self.accumulation = accumulation

@@ -37,6 +37,7 @@ from numbers import Rational, Real
 import numpy as np
 
 from ..formats import BF16, FP16, Format, get
+from ..options import check_choice
 from ._kernels import (Rules, magic_applies, round_any_mode, round_nearest_even_magic,
                        thread_scratch)
 from ._philox import check_seed, philox4x32, philox_uniforms
@@ -115,17 +116,7 @@ def round_to(x, fmt: "Format | str", mode: str = "nearest_even", *, seed=None, o
             kernel(x.reshape(-1), out.reshape(-1))
             return out
     fmt = get(fmt)
-    if mode not in MODES:
-        raise ValueError(f"unknown rounding mode {mode!r}; accepted: {', '.join(MODES)}")
-    if mode == "stochastic":
-        seed, offset = _stochastic_key(seed, offset, rng)
-    elif seed is not None or offset is not None or rng is not None:
-        raise ValueError(f"seed, offset and rng are only used by mode='stochastic', "
-                         f"not by mode={mode!r}")
-    for label, flag in (("subnormals", subnormals), ("saturate", saturate), ("daz", daz)):
-        if flag is not None and not isinstance(flag, (bool, np.bool_)):
-            raise TypeError(f"{label} must be True, False or None (the format's own rule), got "
-                            f"{flag!r}")
+    seed, offset = check_options(mode, seed, offset, rng, subnormals, saturate, daz)
     array, wrap = _as_container(x, mode)
     rules, kernel = _plan(fmt, fmt.subnormals if subnormals is None else bool(subnormals),
                           fmt.saturate if saturate is None else bool(saturate), bool(daz),
@@ -205,6 +196,27 @@ def _small_by_float16_cast(src: np.ndarray, dst: np.ndarray, magic) -> None:
         dst[nans] = settled
 
 
+def check_options(mode: str, seed=None, offset=None, rng=None, subnormals=None,
+                  saturate=None, daz=False) -> tuple:
+    """``round_to``'s checks of its options, shared with every other implementation of its
+    contract (``fpsim.rounding.portable``), so that all refuse the same calls with the same
+    messages: a mode of ``MODES``; for ``"stochastic"`` exactly one of seed and rng, else
+    none of seed, offset, rng; flags True, False or None. Returns ``(seed, offset)``: the
+    Philox key and first counter of a stochastic call (Python ints; rng draws the key), the
+    arguments as given otherwise."""
+    check_choice("rounding mode", mode, MODES)
+    if mode == "stochastic":
+        seed, offset = _stochastic_key(seed, offset, rng)
+    elif seed is not None or offset is not None or rng is not None:
+        raise ValueError(f"seed, offset and rng are only used by mode='stochastic', "
+                         f"not by mode={mode!r}")
+    for label, flag in (("subnormals", subnormals), ("saturate", saturate), ("daz", daz)):
+        if flag is not None and not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"{label} must be True, False or None (the format's own rule), got "
+                            f"{flag!r}")
+    return seed, offset
+
+
 def _stochastic_key(seed, offset, rng) -> tuple[int, int]:
     if (seed is None) == (rng is None):
         raise ValueError("mode='stochastic' needs exactly one of seed=int (with optional "
@@ -228,12 +240,12 @@ def _as_container(x, mode):
         if x.dtype.kind == "f" and x.dtype.itemsize in (4, 8) and not x.dtype.isnative:
             x = x.astype(x.dtype.newbyteorder("="))   # big-endian data: same values, our order
         if x.dtype not in (np.float32, np.float64):
-            raise TypeError(_dtype_message(x.dtype))
+            raise TypeError(dtype_message(x.dtype))
         return x, lambda out: out
     if isinstance(x, (np.float32, np.float64)):
         return np.asarray(x), lambda out: out[()]
     if isinstance(x, np.generic):
-        raise TypeError(_dtype_message(x.dtype))
+        raise TypeError(dtype_message(x.dtype))
     if isinstance(x, Rational) and not isinstance(x, bool):
         # int, Fraction: float64 may not hold them; rounded to odd, they still round once
         # (``rational``), in every deterministic mode
@@ -248,8 +260,14 @@ def _as_container(x, mode):
                     f"got {type(x).__name__}")
 
 
-def _dtype_message(dtype) -> str:
-    return (f"round_to takes float32 or float64 data, got {np.dtype(dtype).name}; convert first "
+def dtype_message(dtype) -> str:
+    """What ``round_to`` (and ``fpsim.rounding.portable``) says of data neither float32 nor
+    float64; ``dtype`` may be another array library's (``torch.float16``)."""
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        name = str(dtype)
+    return (f"round_to takes float32 or float64 data, got {name}; convert first "
             f"(float16/bfloat16/float8 to float32 is exact)")
 
 

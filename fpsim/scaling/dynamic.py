@@ -50,12 +50,13 @@ there, exactly as the frameworks do.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass, field, fields
 
 from .. import backend
 from ..backend import xp
+from ..options import check_choice, check_count, check_flag, check_real
 
+from .numerics import FOUND_INF_METHODS
 from .state import Decision, LossScaleMinimumError, ScalerState
 
 __all__ = ["DynamicScaler", "PRECISIONS", "trajectory"]
@@ -64,7 +65,7 @@ PRECISIONS = ("float64_to_float32", "float32", "float64")
 BACKOFF_OPS = ("multiply", "divide")
 GROWTH_COMPARES = ("eq", "ge")
 HYSTERESIS_REFILLS = ("growth", "clean")
-OVERFLOW_CHECKS = ("nonfinite", "sum")
+OVERFLOW_CHECKS = FOUND_INF_METHODS      # how check_overflow judges (numerics.found_inf)
 UNSCALE_OPS = ("reciprocal", "divide")
 
 
@@ -258,41 +259,22 @@ def _combine(scale: float, factor: float, op: str, precision: str) -> float:
 
 
 def _validate(cfg: DynamicScaler) -> None:
-    def choice(name, options):
-        value = getattr(cfg, name)
-        if value not in options:
-            raise ValueError(f"{name}={value!r} is not accepted; use one of "
-                             f"{', '.join(map(repr, options))}")
-
-    def real(name, value, what):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"{name} must be a real number ({what}), got "
-                            f"{type(value).__name__} {value!r}")
-        if not math.isfinite(value):
-            raise ValueError(f"{name} must be finite ({what}), got {value!r}")
-
-    def integer(name, value, low):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-        if value < low:
-            raise ValueError(f"{name} must be >= {low}, got {value!r}")
-
     for name, options in (("precision", PRECISIONS), ("backoff_op", BACKOFF_OPS),
                           ("growth_compare", GROWTH_COMPARES),
                           ("hysteresis_refill", HYSTERESIS_REFILLS),
                           ("overflow_check", OVERFLOW_CHECKS), ("unscale_op", UNSCALE_OPS)):
-        choice(name, options)
-    real("init_scale", cfg.init_scale, "a positive scale")
+        check_choice(name, getattr(cfg, name), options)
+    check_real("init_scale", cfg.init_scale, "a positive scale")
     if not cfg.init_scale > 0:
         raise ValueError(f"init_scale must be > 0, got {cfg.init_scale!r}")
     stored = cfg.stored(cfg.init_scale)
     if not (math.isfinite(stored) and stored > 0):
         raise ValueError(f"init_scale={cfg.init_scale!r} is {stored!r} in {cfg.precision} "
                          f"storage; give a value that stays finite and positive")
-    real("growth_factor", cfg.growth_factor, "> 1")
+    check_real("growth_factor", cfg.growth_factor, "> 1")
     if not cfg.growth_factor > 1:
         raise ValueError(f"growth_factor must be > 1, got {cfg.growth_factor!r}")
-    real("backoff_factor", cfg.backoff_factor, "see backoff_op")
+    check_real("backoff_factor", cfg.backoff_factor, "see backoff_op")
     if cfg.backoff_op == "multiply" and not 0 < cfg.backoff_factor < 1:
         raise ValueError(f"backoff_factor must be in (0, 1) with backoff_op='multiply' (the "
                          f"scale is multiplied by it), got {cfg.backoff_factor!r}")
@@ -304,16 +286,16 @@ def _validate(cfg: DynamicScaler) -> None:
         if not (math.isfinite(stored_factor) and stored_factor > 0):
             raise ValueError(f"{name}={getattr(cfg, name)!r} is {stored_factor!r} in "
                              f"{cfg.precision} arithmetic; give a finite positive factor")
-    integer("growth_interval", cfg.growth_interval, 1)
-    integer("hysteresis", cfg.hysteresis, 1)
-    integer("tracker_start", cfg.tracker_start, -(2 ** 31))
+    check_count("growth_interval", cfg.growth_interval, 1)
+    check_count("hysteresis", cfg.hysteresis, 1)
+    check_count("tracker_start", cfg.tracker_start, -(2 ** 31))
     if cfg.tracker_start >= cfg.growth_interval:
         raise ValueError(f"tracker_start={cfg.tracker_start} must be below growth_interval="
                          f"{cfg.growth_interval}")
     for name in ("min_scale", "max_scale"):
         value = getattr(cfg, name)
         if value is not None:
-            real(name, value, "a positive scale, or None for no bound")
+            check_real(name, value, "a positive scale, or None for no bound")
             if not value > 0 or not 0 < cfg.stored(value) < math.inf:
                 raise ValueError(f"{name} must be > 0 and finite in {cfg.precision} storage "
                                  f"(None for no bound), got {value!r}")
@@ -323,5 +305,4 @@ def _validate(cfg: DynamicScaler) -> None:
         raise ValueError("raise_at_min=True needs a min_scale")
     for name in ("tracker_wraps", "finite_guard", "hysteresis_decrement_on_backoff",
                  "raise_at_min", "check_unscaled", "skip_on_overflow"):
-        if not isinstance(getattr(cfg, name), (bool, xp.bool_)):
-            raise TypeError(f"{name} must be a bool, got {getattr(cfg, name)!r}")
+        check_flag(name, getattr(cfg, name))

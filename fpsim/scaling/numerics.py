@@ -40,6 +40,7 @@ from .. import backend
 from ..backend import xp
 
 from ..backend import round_to
+from ..options import check_choice
 
 __all__ = ["scale_loss", "unscale", "found_inf", "check_overflow", "FOUND_INF_METHODS"]
 
@@ -96,9 +97,7 @@ def found_inf(grads, method: str = "nonfinite") -> bool:
     torch's CPU order differs, which can only matter when partial sums land within rounding
     of the float32 overflow threshold.
     """
-    if method not in FOUND_INF_METHODS:
-        raise ValueError(f"method={method!r} is not accepted; use one of "
-                         f"{', '.join(map(repr, FOUND_INF_METHODS))}")
+    check_choice("found_inf method", method, FOUND_INF_METHODS)
     arrays = list(grads) if isinstance(grads, (list, tuple)) else [grads]
     for grad in arrays:
         array, _ = _container(grad, "gradient")

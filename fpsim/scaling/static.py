@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from .. import backend
 from ..backend import xp
 
+from ..options import check_choice, check_flag
+from .dynamic import OVERFLOW_CHECKS, UNSCALE_OPS
 from .state import Decision, ScalerState
 
 __all__ = ["StaticScaler", "NoScaler"]
@@ -45,9 +47,7 @@ class StaticScaler:
     def __post_init__(self) -> None:
         if isinstance(self.scale, bool) or not isinstance(self.scale, numbers.Real):
             raise TypeError(f"scale must be a real number, got {type(self.scale).__name__}")
-        if self.precision not in ("float32", "float64"):
-            raise ValueError(f"precision={self.precision!r} is not accepted; use 'float32' or "
-                             f"'float64'")
+        check_choice("precision", self.precision, ("float32", "float64"))
         if not (math.isfinite(self.scale) and self.scale > 0):
             raise ValueError(f"scale must be finite and > 0, got {self.scale!r}")
         if not (math.isfinite(self._stored()) and self._stored() > 0):
@@ -89,12 +89,9 @@ class NoScaler:
 
 
 def _check_common(cfg) -> None:
-    if not isinstance(cfg.skip_on_overflow, (bool, xp.bool_)):
-        raise TypeError(f"skip_on_overflow must be a bool, got {cfg.skip_on_overflow!r}")
-    if cfg.overflow_check not in ("nonfinite", "sum"):
-        raise ValueError(f"overflow_check={cfg.overflow_check!r}; use 'nonfinite' or 'sum'")
-    if cfg.unscale_op not in ("reciprocal", "divide"):
-        raise ValueError(f"unscale_op={cfg.unscale_op!r}; use 'reciprocal' or 'divide'")
+    check_flag("skip_on_overflow", cfg.skip_on_overflow)
+    check_choice("overflow_check", cfg.overflow_check, OVERFLOW_CHECKS)
+    check_choice("unscale_op", cfg.unscale_op, UNSCALE_OPS)
 
 
 def _hold(cfg, state: ScalerState, found_inf: bool) -> ScalerState:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import backend
+from ..options import check_count
 from ..backend import xp
 
 from .._version import __version__ as _fpsim_version
@@ -128,10 +129,10 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler="r
     ``out`` must hold every step before the checkpoint's; steps after it (and a last line
     torn by a crash) are dropped, as ``TrainResult.notes`` says.
     """
-    _check_count("steps", steps, 1)
-    _check_count("batch_size", batch_size, 1)
+    check_count("steps", steps, 1)
+    check_count("batch_size", batch_size, 1)
     if checkpoint_every is not None:
-        _check_count("checkpoint_every", checkpoint_every, 1)
+        check_count("checkpoint_every", checkpoint_every, 1)
     if not isinstance(data, Dataset):
         raise TypeError(f"data must be an fpsim.train.Dataset, got {type(data).__name__}")
     if trace_layout not in ("jsonl", "csv"):
@@ -230,11 +231,6 @@ def _check_optimizer_fits(model, optimizer) -> None:
                          f"{len(theirs - own)} parameter(s) that are not this model's and "
                          f"misses {len(own - theirs)} of its {len(own)}; build it with "
                          f"Optimizer(model, rule)")
-
-
-def _check_count(name: str, value, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, xp.integer)) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
 
 
 def _dry_run(model, data: Dataset, policy) -> None:

@@ -1,0 +1,58 @@
+"""One validation vocabulary for options: each check takes the option's name and value and
+either returns the value as it will be used or raises with one sentence that says what was
+wrong and what is accepted: a TypeError for a value of the wrong type, a ValueError for one
+of the right type outside what is accepted. Python's coercions are refused on purpose:
+``int(8.9)`` is 8, ``bool('no')`` is True, so 8.9, '8' and 'yes' are errors here, not sizes
+and flags.
+
+>>> check_choice("rounding mode", "nearest_even", ("nearest_even", "toward_zero"))
+'nearest_even'
+>>> check_choice("rounding mode", "sideways", ("nearest_even", "toward_zero"))
+Traceback (most recent call last):
+ValueError: unknown rounding mode 'sideways'; accepted: nearest_even, toward_zero
+>>> check_count("hidden size", 8.9, 1)
+Traceback (most recent call last):
+TypeError: hidden size must be a positive integer, got 8.9
+"""
+from __future__ import annotations
+
+import math
+from numbers import Integral, Real
+
+__all__ = ["check_choice", "check_flag", "check_count", "check_real"]
+
+
+def check_choice(what: str, value, choices: tuple):
+    """``value`` if it is one of ``choices`` (strings), else an error naming them."""
+    if not isinstance(value, str) or value not in choices:
+        error = ValueError if isinstance(value, str) else TypeError
+        raise error(f"unknown {what} {value!r}; accepted: {', '.join(choices)}")
+    return value
+
+
+def check_flag(name: str, value) -> bool:
+    """True or False (NumPy's bool too); anything Python would read as a truth is refused."""
+    numpy_bool = getattr(value, "shape", None) == () and str(getattr(value, "dtype", "")) == "bool"
+    if not (isinstance(value, bool) or numpy_bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def check_count(name: str, value, low: int = 0) -> int:
+    """An integer >= ``low`` (NumPy's integers too; not a bool, not 8.9, not '8')."""
+    wanted = "a positive integer" if low == 1 else f"an integer >= {low}"
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"{name} must be {wanted}, got {value!r}")
+    if value < low:
+        raise ValueError(f"{name} must be {wanted}, got {value!r}")
+    return int(value)
+
+
+def check_real(name: str, value, what: str = "a finite number") -> float:
+    """A finite real number (NumPy's too; not a bool), as a Python float."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a real number ({what}), got "
+                        f"{type(value).__name__} {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite ({what}), got {value!r}")
+    return float(value)
