@@ -1,9 +1,11 @@
 """Philox4x32-10, the counter-based generator behind stochastic rounding.
 
 Salmon, Moraes, Dror, Shaw, "Parallel random numbers: as easy as 1, 2, 3" (SC11), as in
-Random123 and cuRAND. Every step is an elementwise uint32/uint64 integer op (64-bit products
-for the multiply-high, xor, wrapping adds), so any array library (CuPy, torch) computes the
-same bits; the tests check it against Random123's published known-answer vectors.
+Random123 and cuRAND. This is the NumPy backend's implementation: elementwise uint64 ops
+(64-bit products for the multiply-high, xor, masks), checked against Random123's published
+known-answer vectors. Not every array library has those ops (torch's uint32/uint64 have only
+``& | ^ == !=``); ``fpsim.rounding.portable`` computes the same bits on any backend's array
+namespace with signed 64-bit integers and 16-bit partial products, none of which overflow.
 
 Layout used by ``philox_uniforms``: key = (seed & 0xFFFFFFFF, seed >> 32); the counter of
 element i is (c0, c1, c2, c3) = (low 32 bits of offset + i, high 32 bits of offset + i, 0, 0).
@@ -59,6 +61,17 @@ def check_seed(name: str, value) -> int:
     return value
 
 
+def check_counters(seed, offset, n) -> tuple[int, int, int]:
+    """``philox_uniforms``' arguments as Python ints (seed and offset in [0, 2**64), n >= 0
+    with ``offset + n <= 2**64``), or a ValueError; shared with the portable draw."""
+    seed, offset = check_seed("seed", seed), check_seed("offset", offset)
+    n = int(n)
+    if n < 0 or offset + n > 2**64:
+        raise ValueError(f"counters offset..offset+n-1 must stay below 2**64 "
+                         f"(offset={offset}, n={n})")
+    return seed, offset, n
+
+
 def philox_uniforms(seed: int, offset: int, n: int) -> np.ndarray:
     """``n`` float64 uniforms in [0, 1): element i is drawn from counter ``offset + i`` under
     key ``seed`` (layout in the module docstring), so any slice of a long stream can be drawn
@@ -67,11 +80,7 @@ def philox_uniforms(seed: int, offset: int, n: int) -> np.ndarray:
     >>> philox_uniforms(0, 0, 3).tolist() == philox_uniforms(0, 0, 5)[:3].tolist()
     True
     """
-    seed, offset = check_seed("seed", seed), check_seed("offset", offset)
-    n = int(n)
-    if n < 0 or offset + n > 2**64:
-        raise ValueError(f"counters offset..offset+n-1 must stay below 2**64 "
-                         f"(offset={offset}, n={n})")
+    seed, offset, n = check_counters(seed, offset, n)
     index = np.arange(n, dtype=np.uint64)
     index += np.uint64(offset)
     high = index >> _32
