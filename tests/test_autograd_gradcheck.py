@@ -2,79 +2,91 @@
 
 The engine runs in the float64 reference mode ("64-true": no rounding), so the check is on the
 calculus, to ~1e-7; a second pass under "32-true" checks the same formulas through the fp32
-rounding points with a tolerance that fp32 allows.
+rounding points with a tolerance that fp32 allows. Each case draws its inputs from its own
+seed (its name's CRC-32), so a case's inputs do not depend on which other cases ran, and
+``test_every_exported_op_has_a_gradient_check`` reads the ops each case records.
 """
+import zlib
+
 import numpy as np
 import pytest
 
 import fpsim.autograd as ag
 from fpsim.autograd import Tensor, use_policy
 
-RNG = np.random.default_rng(1234)
+
+def _rand(rng, *shape, low=-2.0, high=2.0):
+    return rng.uniform(low, high, shape)
 
 
-def _rand(*shape, low=-2.0, high=2.0):
-    return RNG.uniform(low, high, shape)
+def _pos(rng, *shape):
+    return rng.uniform(0.5, 2.0, shape)
 
 
-def _pos(*shape):
-    return RNG.uniform(0.5, 2.0, shape)
+def _away_from_zero(rng, *shape):
+    x = rng.uniform(0.2, 2.0, shape)
+    return x * rng.choice([-1.0, 1.0], shape)
 
 
-def _away_from_zero(*shape):
-    x = RNG.uniform(0.2, 2.0, shape)
-    return x * RNG.choice([-1.0, 1.0], shape)
+def _rng(name: str) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32(name.encode()))
 
 
-# name -> (function of tensors, list of input arrays)
+# name -> (function of tensors, function of a Generator giving the input arrays)
 CASES = {
-    "add_broadcast": (lambda a, b: a + b, [_rand(3, 4), _rand(4)]),
-    "add_broadcast_keepdim": (lambda a, b: a + b, [_rand(3, 1), _rand(1, 4)]),
-    "sub": (lambda a, b: a - b, [_rand(2, 3), _rand(2, 3)]),
-    "mul_broadcast": (lambda a, b: a * b, [_rand(2, 3, 4), _rand(3, 1)]),
-    "div": (lambda a, b: a / b, [_rand(3, 4), _away_from_zero(3, 4)]),
-    "div_broadcast": (lambda a, b: a / b, [_rand(3, 4), _away_from_zero(4)]),
-    "neg": (lambda a: -a, [_rand(5)]),
-    "scalar_ops": (lambda a: (2.5 - a) * 3.0 + a / 4.0 - 1.0 / (a * a + 1.0), [_rand(6)]),
-    "pow_2": (lambda a: a ** 2, [_rand(5)]),
-    "pow_half": (lambda a: a ** 0.5, [_pos(5)]),
-    "pow_neg": (lambda a: a ** -1.5, [_pos(5)]),
-    "matmul_2d": (lambda a, b: a @ b, [_rand(3, 4), _rand(4, 5)]),
-    "matmul_batched": (lambda a, b: a @ b, [_rand(2, 3, 4), _rand(2, 4, 5)]),
-    "matmul_broadcast_batch": (lambda a, b: a @ b, [_rand(2, 1, 3, 4), _rand(3, 4, 2)]),
-    "matmul_vector": (lambda a, b: a @ b, [_rand(4), _rand(4, 3)]),
-    "linear": (lambda x, w, b: ag.linear(x, w, b), [_rand(2, 3, 4), _rand(5, 4), _rand(5)]),
-    "linear_nobias": (lambda x, w: ag.linear(x, w), [_rand(3, 4), _rand(2, 4)]),
-    "sum_all": (lambda a: a.sum(), [_rand(3, 4)]),
-    "sum_axis_keepdims": (lambda a: a.sum(axis=1, keepdims=True), [_rand(3, 4, 2)]),
-    "sum_axes": (lambda a: a.sum(axis=(0, 2)), [_rand(3, 4, 2)]),
-    "mean_axis": (lambda a: a.mean(axis=0), [_rand(3, 4)]),
-    "mean_all": (lambda a: a.mean(), [_rand(3, 4)]),
-    "max_axis": (lambda a: a.max(axis=1), [_rand(3, 5)]),
-    "max_all": (lambda a: a.max(), [_rand(3, 5)]),
-    "exp": (lambda a: a.exp(), [_rand(5)]),
-    "log": (lambda a: a.log(), [_pos(5)]),
-    "sqrt": (lambda a: a.sqrt(), [_pos(5)]),
-    "tanh": (lambda a: a.tanh(), [_rand(5)]),
-    "sigmoid": (lambda a: a.sigmoid(), [_rand(5) * 4]),
-    "relu": (lambda a: a.relu(), [_away_from_zero(6)]),
-    "gelu": (lambda a: a.gelu(), [_rand(6)]),
-    "softmax": (lambda a: a.softmax(axis=-1), [_rand(3, 5)]),
-    "softmax_axis0": (lambda a: a.softmax(axis=0), [_rand(3, 5)]),
-    "log_softmax": (lambda a: a.log_softmax(axis=1), [_rand(3, 5)]),
-    "reshape": (lambda a, b: a.reshape(4, 3) * b, [_rand(3, 4), _rand(4, 3)]),
-    "transpose": (lambda a: a.transpose(2, 0, 1), [_rand(2, 3, 4)]),
-    "T": (lambda a: a.T @ a, [_rand(3, 2)]),
-    "getitem_slice": (lambda a: a[1:, ::2], [_rand(3, 5)]),
-    "getitem_repeated_index": (lambda a: a[np.array([0, 2, 0, 0])], [_rand(3, 4)]),
-    "concatenate": (lambda a, b: ag.concatenate([a, b, a], axis=1), [_rand(2, 3), _rand(2, 1)]),
-    "stack": (lambda a, b: ag.stack([a, b], axis=1), [_rand(2, 3), _rand(2, 3)]),
-    "cross_entropy": (lambda a: ag.cross_entropy(a, [1, 0, 3]), [_rand(3, 4)]),
+    "add_broadcast": (lambda a, b: a + b, lambda r: [_rand(r, 3, 4), _rand(r, 4)]),
+    "add_broadcast_keepdim": (lambda a, b: a + b, lambda r: [_rand(r, 3, 1), _rand(r, 1, 4)]),
+    "sub": (lambda a, b: a - b, lambda r: [_rand(r, 2, 3), _rand(r, 2, 3)]),
+    "mul_broadcast": (lambda a, b: a * b, lambda r: [_rand(r, 2, 3, 4), _rand(r, 3, 1)]),
+    "div": (lambda a, b: a / b, lambda r: [_rand(r, 3, 4), _away_from_zero(r, 3, 4)]),
+    "div_broadcast": (lambda a, b: a / b, lambda r: [_rand(r, 3, 4), _away_from_zero(r, 4)]),
+    "neg": (lambda a: -a, lambda r: [_rand(r, 5)]),
+    "scalar_ops": (lambda a: (2.5 - a) * 3.0 + a / 4.0 - 1.0 / (a * a + 1.0),
+                   lambda r: [_rand(r, 6)]),
+    "pow_2": (lambda a: a ** 2, lambda r: [_rand(r, 5)]),
+    "pow_half": (lambda a: a ** 0.5, lambda r: [_pos(r, 5)]),
+    "pow_neg": (lambda a: a ** -1.5, lambda r: [_pos(r, 5)]),
+    "matmul_2d": (lambda a, b: a @ b, lambda r: [_rand(r, 3, 4), _rand(r, 4, 5)]),
+    "matmul_batched": (lambda a, b: a @ b, lambda r: [_rand(r, 2, 3, 4), _rand(r, 2, 4, 5)]),
+    "matmul_broadcast_batch": (lambda a, b: a @ b,
+                               lambda r: [_rand(r, 2, 1, 3, 4), _rand(r, 3, 4, 2)]),
+    "matmul_vector": (lambda a, b: a @ b, lambda r: [_rand(r, 4), _rand(r, 4, 3)]),
+    "linear": (lambda x, w, b: ag.linear(x, w, b),
+               lambda r: [_rand(r, 2, 3, 4), _rand(r, 5, 4), _rand(r, 5)]),
+    "linear_nobias": (lambda x, w: ag.linear(x, w), lambda r: [_rand(r, 3, 4), _rand(r, 2, 4)]),
+    "sum_all": (lambda a: a.sum(), lambda r: [_rand(r, 3, 4)]),
+    "sum_axis_keepdims": (lambda a: a.sum(axis=1, keepdims=True), lambda r: [_rand(r, 3, 4, 2)]),
+    "sum_axes": (lambda a: a.sum(axis=(0, 2)), lambda r: [_rand(r, 3, 4, 2)]),
+    "mean_axis": (lambda a: a.mean(axis=0), lambda r: [_rand(r, 3, 4)]),
+    "mean_all": (lambda a: a.mean(), lambda r: [_rand(r, 3, 4)]),
+    "max_axis": (lambda a: a.max(axis=1), lambda r: [_rand(r, 3, 5)]),
+    "max_all": (lambda a: a.max(), lambda r: [_rand(r, 3, 5)]),
+    "exp": (lambda a: a.exp(), lambda r: [_rand(r, 5)]),
+    "log": (lambda a: a.log(), lambda r: [_pos(r, 5)]),
+    "sqrt": (lambda a: a.sqrt(), lambda r: [_pos(r, 5)]),
+    "tanh": (lambda a: a.tanh(), lambda r: [_rand(r, 5)]),
+    "sigmoid": (lambda a: a.sigmoid(), lambda r: [_rand(r, 5) * 4]),
+    "relu": (lambda a: a.relu(), lambda r: [_away_from_zero(r, 6)]),
+    "gelu": (lambda a: a.gelu(), lambda r: [_rand(r, 6)]),
+    "softmax": (lambda a: a.softmax(axis=-1), lambda r: [_rand(r, 3, 5)]),
+    "softmax_axis0": (lambda a: a.softmax(axis=0), lambda r: [_rand(r, 3, 5)]),
+    "log_softmax": (lambda a: a.log_softmax(axis=1), lambda r: [_rand(r, 3, 5)]),
+    "reshape": (lambda a, b: a.reshape(4, 3) * b, lambda r: [_rand(r, 3, 4), _rand(r, 4, 3)]),
+    "transpose": (lambda a: a.transpose(2, 0, 1), lambda r: [_rand(r, 2, 3, 4)]),
+    "T": (lambda a: a.T @ a, lambda r: [_rand(r, 3, 2)]),
+    "getitem_slice": (lambda a: a[1:, ::2], lambda r: [_rand(r, 3, 5)]),
+    "getitem_repeated_index": (lambda a: a[np.array([0, 2, 0, 0])], lambda r: [_rand(r, 3, 4)]),
+    "concatenate": (lambda a, b: ag.concatenate([a, b, a], axis=1),
+                    lambda r: [_rand(r, 2, 3), _rand(r, 2, 1)]),
+    "stack": (lambda a, b: ag.stack([a, b], axis=1), lambda r: [_rand(r, 2, 3), _rand(r, 2, 3)]),
+    "cross_entropy": (lambda a: ag.cross_entropy(a, [1, 0, 3]), lambda r: [_rand(r, 3, 4)]),
     "cross_entropy_sum": (lambda a: ag.cross_entropy(a, [1, 0, 3], reduction="sum"),
-                          [_rand(3, 4)]),
-    "mse_loss": (lambda a, b: ag.mse_loss(a, b), [_rand(3, 4), _rand(3, 4)]),
+                          lambda r: [_rand(r, 3, 4)]),
+    "mse_loss": (lambda a, b: ag.mse_loss(a, b), lambda r: [_rand(r, 3, 4), _rand(r, 3, 4)]),
     "mlp": (lambda x, w, b: ag.cross_entropy(ag.linear(x, w, b).tanh(), [0, 2]),
-            [_rand(2, 4), _rand(3, 4), _rand(3)]),
+            lambda r: [_rand(r, 2, 4), _rand(r, 3, 4), _rand(r, 3)]),
+    # a cast to float64: recorded in "32-true" (exp casts back to fp32); "64-true" has no cast
+    "cast": (lambda a: ag.cast(a, "fp64").exp(), lambda r: [_rand(r, 5)]),
 }
 
 
@@ -106,11 +118,13 @@ def _analytic_grads(fn, arrays, weights):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_gradient_float64_reference(name):
-    fn, arrays = CASES[name]
+    fn, make = CASES[name]
+    rng = _rng(name)
+    arrays = make(rng)
     with use_policy("64-true"):
         with ag.no_grad():
             shape = fn(*[Tensor(a) for a in arrays]).shape
-        weights = RNG.uniform(0.5, 1.5, shape)
+        weights = rng.uniform(0.5, 1.5, shape)
         out, analytic = _analytic_grads(fn, arrays, weights)
         assert out.data.dtype == np.float64
         numeric = _numeric_grads(fn, arrays, weights, 1e-6)
@@ -119,7 +133,7 @@ def test_gradient_float64_reference(name):
         np.testing.assert_allclose(a, n, rtol=1e-6, atol=1e-7, err_msg=name)
 
 
-FP32_CASES = ["add_broadcast", "mul_broadcast", "div", "matmul_batched", "linear", "sum_axes",
+FP32_CASES = ["cast", "add_broadcast", "mul_broadcast", "div", "matmul_batched", "linear", "sum_axes",
               "mean_axis", "exp", "log", "tanh", "sigmoid", "gelu", "softmax", "log_softmax",
               "getitem_repeated_index", "cross_entropy", "mse_loss", "mlp"]
 
@@ -127,11 +141,13 @@ FP32_CASES = ["add_broadcast", "mul_broadcast", "div", "matmul_batched", "linear
 @pytest.mark.parametrize("name", FP32_CASES)
 def test_gradient_fp32_policy(name):
     """The same formulas through fp32 rounding: analytic (fp32) vs float64 differences."""
-    fn, arrays = CASES[name]
+    fn, make = CASES[name]
+    rng = _rng(name)
+    arrays = make(rng)
     with use_policy("64-true"):
         with ag.no_grad():
             shape = fn(*[Tensor(a) for a in arrays]).shape
-        weights = RNG.uniform(0.5, 1.5, shape)
+        weights = rng.uniform(0.5, 1.5, shape)
         numeric = _numeric_grads(fn, arrays, weights, 1e-6)
     with use_policy("32-true"):
         out, analytic = _analytic_grads(fn, arrays, weights.astype(np.float32))
@@ -139,3 +155,35 @@ def test_gradient_fp32_policy(name):
     for a, n in zip(analytic, numeric):
         assert a.dtype == np.float32
         np.testing.assert_allclose(a, n, rtol=2e-4, atol=2e-5, err_msg=name)
+
+
+def _recorded_ops(tensor) -> set:
+    """The op names in ``tensor``'s graph (``cast[fp16]`` counts as ``cast``)."""
+    seen, stack, ops = set(), [tensor], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node._op is not None:
+            ops.add(node._op.split("[")[0])
+        stack.extend(node._parents)
+    return ops
+
+
+def test_every_exported_op_has_a_gradient_check():
+    """Each op that ``fpsim.autograd`` exports appears in the graph of some case above, in
+    the float64 pass or the fp32 pass (a new op without a gradient check fails here)."""
+    exported = {name for name in ag.__all__ if name.islower() and callable(getattr(ag, name))
+                and name not in {"current_policy", "use_policy", "set_default_policy",
+                                 "no_grad", "enable_grad", "is_grad_enabled", "get_policy",
+                                 "as_tensor"}}
+    recorded = set()
+    for name, (fn, make) in CASES.items():
+        for policy in ("64-true", "32-true"):
+            with use_policy(policy):
+                tensors = [Tensor(a, requires_grad=True) for a in make(_rng(name))]
+                recorded |= _recorded_ops(fn(*tensors))
+    aliases = {"matmul_op": "matmul"}
+    recorded = {aliases.get(op, op) for op in recorded}
+    assert exported - recorded == set(), f"ops without a gradient check: {exported - recorded}"
