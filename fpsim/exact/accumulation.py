@@ -39,10 +39,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..backend import xp
-
+from ..backend import astype, round_to, size, xp
 from ..formats import FP16, FP32, Format, get
-from ..backend import round_to
 from ..rounding import MODES
 from . import block_fma as blocks, underflow
 from .certified import exact_matmul, exact_rows_sum
@@ -249,7 +247,7 @@ def get_accumulation(spec) -> Accumulation:
 def _operand(x, name: str) -> xp.ndarray:
     array = xp.asarray(x)
     if array.dtype == xp.float16:
-        array = array.astype(xp.float32)
+        array = astype(array, xp.float32)
     if array.dtype != xp.float32:
         raise TypeError(f"{name} must be a float32 array holding format values (float16 is "
                         f"widened exactly), got dtype {array.dtype}; round with round_to and "
@@ -287,17 +285,18 @@ def matmul(a, b, *, out_fmt, model: Accumulation | str = exact()) -> xp.ndarray:
             raise ValueError(f"matmul: batch dimensions of a {a.shape} and b {b.shape} do not "
                              f"broadcast") from None
     m, k, n = a2.shape[-2], a2.shape[-1], b2.shape[-1]
-    if b2.ndim == 2 and a2.size and b2.size and isinstance(model, exact) and model.acc == FP32:
+    if (b2.ndim == 2 and size(a2) and size(b2) and isinstance(model, exact)
+            and model.acc == FP32):
         # Every element is its own exact dot product: stacking a's batches into rows
         # changes no bit, and the 2-D fast path certifies straight to out_fmt.
-        out = matmul_2d(a2.reshape(-1, k), b2, out_fmt)
+        out = matmul_2d(xp.reshape(a2, (-1, k)), b2, out_fmt)
         if out is not None:
-            return _drop_vector_axes(out.reshape(a2.shape[:-1] + (n,)), a, b)
-    count = int(xp.prod(batch, dtype=xp.int64))
-    a3 = xp.broadcast_to(a2, batch + (m, k)).reshape(count, m, k)
-    b3 = xp.broadcast_to(b2, batch + (k, n)).reshape(count, k, n)
+            return _drop_vector_axes(xp.reshape(out, a2.shape[:-1] + (n,)), a, b)
+    count = math.prod(batch)
+    a3 = xp.reshape(xp.broadcast_to(a2, batch + (m, k)), (count, m, k))
+    b3 = xp.reshape(xp.broadcast_to(b2, batch + (k, n)), (count, k, n))
     acc = _accumulate_matmul(a3, b3, model)
-    return _drop_vector_axes(_to_output(acc, out_fmt).reshape(batch + (m, n)), a, b)
+    return _drop_vector_axes(xp.reshape(_to_output(acc, out_fmt), batch + (m, n)), a, b)
 
 
 def _drop_vector_axes(out, a, b):
@@ -312,7 +311,7 @@ def _accumulate_matmul(a3: xp.ndarray, b3: xp.ndarray, model: Accumulation) -> x
     """(nb, M, K) @ (nb, K, N) -> float64 (nb, M, N) holding accumulator-format values."""
     if isinstance(model, exact):
         return exact_matmul(a3, b3, model.acc)[0]
-    a64, b64 = a3.astype(xp.float64), b3.astype(xp.float64)
+    a64, b64 = astype(a3, xp.float64), astype(b3, xp.float64)
     shape = (a3.shape[0], a3.shape[1], b3.shape[2])
     if isinstance(model, sequential):
         return _sequential(lambda k: a64[:, :, k, None] * b64[:, None, k, :], a3.shape[2],
@@ -325,7 +324,7 @@ def _accumulate_matmul(a3: xp.ndarray, b3: xp.ndarray, model: Accumulation) -> x
 def _to_output(acc: xp.ndarray, out_fmt: Format) -> xp.ndarray:
     # Accumulator values fit float32 exactly; the second rounding runs round_to's fast kernel.
     with xp.errstate(over="ignore", invalid="ignore"):
-        wide = acc.astype(xp.float32)
+        wide = astype(acc, xp.float32)
     out = round_out(wide, out_fmt)      # round_to's bits; the identity for fp32
     underflow.note(wide, out)  # counts backward gradients lost to the output format
     return out
@@ -351,11 +350,11 @@ def reduce_sum(x, axis=None, keepdims: bool = False, *, out_fmt,
     width = math.prod(x.shape[d] for d in axes)
     # A view where the layout allows (a column sum: x.T), so that no transposed copy is made;
     # the models read values, never the layout.
-    rows = moved.reshape(math.prod(kept_shape), width)
+    rows = xp.reshape(moved, (math.prod(kept_shape), width))
     acc = _accumulate_rows(rows, model)
-    out = _to_output(acc, out_fmt).reshape(kept_shape)
+    out = xp.reshape(_to_output(acc, out_fmt), kept_shape)
     if keepdims:
-        out = out.reshape(tuple(1 if d in axes else x.shape[d] for d in range(x.ndim)))
+        out = xp.reshape(out, tuple(1 if d in axes else x.shape[d] for d in range(x.ndim)))
     return out
 
 
@@ -380,7 +379,7 @@ def _normalise_axes(axis, ndim: int) -> tuple[int, ...]:
 def _accumulate_rows(rows: xp.ndarray, model: Accumulation) -> xp.ndarray:
     if isinstance(model, exact):
         return exact_rows_sum(rows, model.acc)[0]
-    x64 = rows.astype(xp.float64)
+    x64 = astype(rows, xp.float64)
     if isinstance(model, sequential):
         return _sequential(lambda k: x64[:, k], rows.shape[1], (rows.shape[0],), model)
     if isinstance(model, blocked):

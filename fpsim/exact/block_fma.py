@@ -33,10 +33,8 @@ every truncated term is -0 (IEEE addition of the terms).
 """
 from __future__ import annotations
 
-from ..backend import xp
-
+from ..backend import astype, copy, round_to, xp
 from ..formats import FP32
-from ..backend import round_to
 from .certificate import certify, width_factor
 from .sums import round_to_odd_sum
 
@@ -46,7 +44,7 @@ _NO_EXPONENT = -xp.inf
 def exponents(x: xp.ndarray, emin: int) -> xp.ndarray:
     """max(floor(log2|x|), emin) as float64; -inf for zeros and non-finite values."""
     with xp.errstate(invalid="ignore"):
-        e = xp.maximum(xp.frexp(x)[1].astype(xp.float64) - 1, emin)
+        e = xp.maximum(astype(xp.frexp(x)[1], xp.float64) - 1, emin)
         return xp.where((x == 0) | ~xp.isfinite(x), _NO_EXPONENT, e)
 
 
@@ -67,7 +65,7 @@ def block_step(acc: xp.ndarray, terms: list, term_exps: list, model) -> xp.ndarr
         for e in term_exps:
             largest = xp.maximum(largest, e)
         largest = xp.where(largest == _NO_EXPONENT, 0.0, largest)  # an all-zero block
-        quantum = xp.ldexp(1.0, (largest - model.alignment_bits).astype(xp.int64))
+        quantum = xp.ldexp(1.0, astype(largest - model.alignment_bits, xp.int64))
         total = _aligned_sum([acc_f] + finite_terms, quantum, model.alignment_bits)
         with xp.errstate(over="ignore", invalid="ignore"):
             rounded = round_to(total, fmt, model.rounding)
@@ -97,7 +95,8 @@ def _aligned_sum(cells: list, quantum: xp.ndarray, bits: int) -> xp.ndarray:
     if len(parts) == 1:
         return parts[0]
     stacked = xp.stack(xp.broadcast_arrays(*parts), axis=-1)
-    return round_to_odd_sum(stacked.reshape(-1, len(parts))).reshape(stacked.shape[:-1])
+    return xp.reshape(round_to_odd_sum(xp.reshape(stacked, (-1, len(parts)))),
+                      stacked.shape[:-1])
 
 
 def _exact_block(acc: xp.ndarray, terms: list, fmt, mode: str) -> xp.ndarray:
@@ -108,14 +107,14 @@ def _exact_block(acc: xp.ndarray, terms: list, fmt, mode: str) -> xp.ndarray:
     to odd, then rounded once.
     A sum of zeros comes out of float64 addition with IEEE's sign (-0 only if all are -0).
     """
-    total, magnitude = acc.copy(), xp.abs(acc)
+    total, magnitude = copy(acc), xp.abs(acc)
     for t in terms:
         total += t
         magnitude += xp.abs(t)
     _, rounded, certified = certify(total, magnitude * width_factor(len(terms) + 1),
                                     round_end=lambda x: round_to(x, fmt, mode))
     todo = ~certified
-    if todo.any():
+    if xp.any(todo):
         stacked = xp.stack([acc[todo]] + [xp.broadcast_to(t, acc.shape)[todo] for t in terms],
                            axis=-1)
         with xp.errstate(over="ignore", invalid="ignore"):
@@ -164,11 +163,11 @@ def block_fma(c: xp.ndarray, a: xp.ndarray, b: xp.ndarray, model) -> xp.ndarray:
         raise ValueError(f"block_fma: the last axis holds the block's products and must have "
                          f"1..{model.k} entries, got shape {a.shape}")
     shape = xp.broadcast_shapes(c.shape, a.shape[:-1])
-    a64, b64 = a.astype(xp.float64), b.astype(xp.float64)
+    a64, b64 = astype(a, xp.float64), astype(b, xp.float64)
     emin = _input_emin(model)
     ea, eb = exponents(a64, emin), exponents(b64, emin)
     with xp.errstate(invalid="ignore"):
         terms = [xp.broadcast_to(a64[..., i] * b64[..., i], shape) for i in range(a.shape[-1])]
     exps = [xp.broadcast_to(ea[..., i] + eb[..., i], shape) for i in range(a.shape[-1])]
-    acc = xp.broadcast_to(c.astype(xp.float64), shape)
-    return block_step(acc, terms, exps, model).astype(xp.float32)
+    acc = xp.broadcast_to(astype(c, xp.float64), shape)
+    return astype(block_step(acc, terms, exps, model), xp.float32)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from fractions import Fraction
 
-from ..backend import round_to, xp
+from ..backend import round_to, size, to_list, tuning, xp
 from ..formats import FP32
 from ..rounding import float64_round_to_odd
 from . import decimal_ref as ref
@@ -74,14 +74,14 @@ def certified(v, bound, fmt):
     if _FORCED["on"]:
         far = (xp.abs(v1) > _FAR) | (xp.abs(v1) < 1 / _FAR)
         decided = ~xp.isfinite(v1) | (v1 == 0) | (xp.atleast_1d(bound) == 0) | far
-        return decided.reshape(xp.shape(v))
+        return xp.reshape(decided, xp.shape(v))
     decided = same | (xp.isnan(lo) & xp.isnan(hi)) | ~xp.isfinite(v1) | (v1 == 0)
-    return decided.reshape(xp.shape(v))
+    return xp.reshape(decided, xp.shape(v))
 
 
 def _rounds_alike(a: float, b: float, fmt) -> bool:
     ends = round_to(xp.asarray([a, b], xp.float64), fmt)
-    return bool(ends[0] == ends[1]) or bool(xp.isnan(ends).all())
+    return bool(ends[0] == ends[1]) or bool(xp.all(xp.isnan(ends)))
 
 
 def enclosure(r, eta):
@@ -121,23 +121,22 @@ def settle(value, fmt):
     raise ArithmeticError("settle: no decision at 480 digits")
 
 
-_CHUNK = 1 << 16   # elements per evaluation chunk: its float64 temporaries stay in cache
-
-
 def _finish(x, evaluate, bound, fmt, dref):
-    """Evaluate chunk by chunk, certify, settle the rest; ``bound`` scalar or per-element."""
+    """Evaluate chunk by chunk (``tuning().correctly_rounded_chunk`` elements: the float64
+    temporaries stay in cache), certify, settle the rest; ``bound`` scalar or per-element."""
     x = xp.asarray(x, xp.float64)
-    flat_x = x.reshape(-1)
+    flat_x = xp.reshape(x, (-1,))
     v = xp.empty(flat_x.shape, xp.float64)
-    bounds = xp.broadcast_to(xp.asarray(bound, xp.float64), x.shape).reshape(-1)
-    for i in range(0, flat_x.size, _CHUNK):
-        part = slice(i, i + _CHUNK)
+    bounds = xp.reshape(xp.broadcast_to(xp.asarray(bound, xp.float64), x.shape), (-1,))
+    chunk = tuning().correctly_rounded_chunk
+    for i in range(0, size(flat_x), chunk):
+        part = slice(i, i + chunk)
         v[part] = evaluate(flat_x[part])
         ok = certified(v[part], bounds[part], fmt)
-        for j in xp.flatnonzero(~ok) + i:
+        for j in to_list(xp.flatnonzero(~ok) + i):     # few: one transfer to the host
             xj = float(flat_x[j])
             v[j] = settle(lambda d, xj=xj: enclosure(*dref(xj, d)), fmt)
-    return v.reshape(x.shape)
+    return xp.reshape(v, x.shape)
 
 
 def cr_exp(x, fmt):

@@ -38,9 +38,10 @@ The stated bounds below are these with a margin of 2 to 8 (the MPFR tests check 
 """
 from __future__ import annotations
 
+import struct
 from functools import lru_cache
 
-from ..backend import xp
+from ..backend import astype, bitcast, copy, name, xp
 from .odd import round_to_odd
 
 __all__ = ["pow2", "exp_parts", "exp", "expm1_neg", "log", "log1p", "tanh", "sigmoid", "gelu",
@@ -61,7 +62,7 @@ SQRT_HALF = float.fromhex("0x1.6a09e667f3bcdp-1")
 INV_SQRT_2PI = float.fromhex("0x1.9884533d43651p-2")
 # invalid operations (log of x < 0, gelu(-inf) = -inf * 0) give x86's default NaN, sign bit
 # set, as NumPy's float64 functions did before
-DEFAULT_NAN = float(xp.uint64(0xFFF8000000000000).view(xp.float64))
+DEFAULT_NAN = struct.unpack("<d", struct.pack("<Q", 0xFFF8000000000000))[0]
 _CLAMP = 400.0   # |y| beyond this: exp over/underflows every format by hundreds of binades
 
 
@@ -93,7 +94,7 @@ def _horner(x, coeffs):
 
 def pow2(k):
     """2.0**k for integer-valued float64 k in [-1022, 1023], built from its bits (exact)."""
-    return ((k.astype(xp.int64) + 1023) << 52).view(xp.float64)
+    return bitcast((astype(k, xp.int64) + 1023) << 52, xp.float64)
 
 
 def exp_parts(y):
@@ -111,7 +112,7 @@ def exp(y):
     formulas that use it therefore see a tiny nonzero gradient, flushed by the rounding into
     the gradient format and counted as underflow, where libm's exp gave an exact 0."""
     y = xp.asarray(y, xp.float64)
-    finite = bool(xp.isfinite(y).all())
+    finite = bool(xp.all(xp.isfinite(y)))
     # the clamp as maximum then minimum: clip's values (no NaN here), without its wrapper
     k, p = exp_parts(xp.minimum(xp.maximum(y if finite else xp.where(xp.isfinite(y), y, 0.0),
                                            -_CLAMP), _CLAMP))
@@ -146,11 +147,11 @@ def log(x):
     inf -> inf, NaN -> itself."""
     x = xp.asarray(x, xp.float64)
     bad = ~(x > 0) | xp.isinf(x)
-    any_bad = bool(bad.any())
+    any_bad = bool(xp.any(bad))
     m, e = xp.frexp(xp.where(bad, 1.0, x) if any_bad else x)
     low = m < SQRT_HALF
-    m *= low + 1.0                                   # exact doubling where low
-    e = (e - low).astype(xp.float64)
+    m = xp.where(low, m + m, m)                      # exact doubling where low
+    e = astype(xp.where(low, e - 1, e), xp.float64)
     out = e * LN2_HI + (_log_mantissa(m) + e * LN2_LO)
     if not any_bad:
         return out
@@ -163,9 +164,9 @@ def log1p(t):
     """log(1 + t) for float64 t >= 0 within 9u (``LOG1P_BOUND``); inf -> inf."""
     t = xp.asarray(t, xp.float64)
     small = t < 0.4
-    if small.all():      # one branch only where all take it: the same bits, half the work
+    if xp.all(small):    # one branch only where all take it: the same bits, half the work
         return _atanh2(t / (2.0 + t))
-    if not small.any():  # (NaN is not small: log keeps it)
+    if not xp.any(small):  # (NaN is not small: log keeps it)
         return log(1.0 + t)
     ts = xp.where(small, t, 0.0)
     return xp.where(small, _atanh2(ts / (2.0 + ts)), log(1.0 + xp.where(small, 0.0, t)))
@@ -175,7 +176,7 @@ def tanh(x):
     """tanh of float64 x within 8u (``TANH_BOUND``); sign of zero kept, NaN -> itself."""
     x = xp.asarray(x, xp.float64)
     nan = xp.isnan(x)
-    any_nan = bool(nan.any())
+    any_nan = bool(xp.any(nan))
     big = expm1_neg(-2.0 * xp.minimum(xp.abs(xp.where(nan, 0.0, x) if any_nan else x), _CLAMP))
     t = xp.copysign(-big / (2.0 + big), x)
     return xp.where(nan, x, t) if any_nan else t
@@ -195,22 +196,30 @@ _DEGREE = 15
 
 
 @lru_cache(maxsize=None)
-def _gelu_table():
-    """(degree + 1, centres) float64 Taylor coefficients of M around each centre."""
+def _gelu_coefficients() -> tuple:
+    """Per centre, the degree + 1 float64 Taylor coefficients of M around it (host floats:
+    the Decimal work is done once per process)."""
     from .decimal_ref import mills_taylor
 
     cols = [mills_taylor(j / _STEP, _DEGREE + 1, 1 / (2 * _STEP)) for j in range(_CENTRES)]
-    return xp.array([[float(c) for c in col[:_DEGREE + 1]] for col in cols]).T.copy()
+    return tuple(tuple(float(c) for c in col[:_DEGREE + 1]) for col in cols)
+
+
+@lru_cache(maxsize=None)
+def _gelu_table(backend_name: str):
+    """(degree + 1, centres) float64 array of ``_gelu_coefficients``, one per backend."""
+    return copy(xp.asarray(_gelu_coefficients(), xp.float64).T)
 
 
 def gelu_tail_q(a):
     """Q(a) = P(N(0,1) > a) for float64 0 <= a <= 20 within 7u."""
-    table = _gelu_table()
-    j = xp.rint(a * _STEP).astype(xp.intp)
-    h = a - j / _STEP
-    acc = table[-1, j]
-    for row in table[-2::-1]:
-        acc = acc * h + row[j]
+    table = _gelu_table(name())
+    centre = xp.rint(a * _STEP)
+    j = astype(centre, xp.intp)
+    h = a - centre / _STEP                # j / 4, exact
+    acc = table[_DEGREE, j]
+    for degree in range(_DEGREE - 1, -1, -1):        # Horner, highest coefficient first
+        acc = acc * h + table[degree, j]
     return exp(-(a * a) * 0.5) * acc
 
 

@@ -13,7 +13,8 @@ moves S onto or across such a value: sqrt(s) and sqrt(S) lie on the same side of
 is itself a midpoint; then r*r is exact in float64 and its comparison with s settles it
 (rounding r to fp32 directly would round twice).
 
-Fast path: ``s`` = the float64 sum of the squares in any order: ``CHUNK`` elements at a time
+Fast path: ``s`` = the float64 sum of the squares in any order: ``tuning().norm_chunk``
+elements at a time
 are widened into a reused float64 array and dotted with themselves (``matmul``, BLAS on the
 CPU: any order, with or without fused multiply-adds, since every product is exact), and the
 partial sums are added. All terms are non-negative, so whatever the order,
@@ -30,14 +31,10 @@ from __future__ import annotations
 
 import math
 
-from ..backend import scratch, xp
+from ..backend import astype, scalar, scratch, size, tuning, xp
 from .sums import round_to_odd_sum
 
-__all__ = ["global_norm", "exact_global_norm", "CHUNK"]
-
-#: elements widened to float64 at a time by ``global_norm`` (the work array stays in cache;
-#: measured on a 512 KiB-L2 machine, 2**17 beats 2**15 by 15%: fewer passes' fixed costs)
-CHUNK = 1 << 17
+__all__ = ["global_norm", "exact_global_norm"]
 
 _U = 2.0 ** -53
 
@@ -54,13 +51,13 @@ def _fp32_sqrt(value: float) -> xp.float32:
         # exact tie, root itself is cast: ties to even)
         root = root + half_ulp if value > root * root else root - half_ulp
     with xp.errstate(over="ignore"):
-        return xp.float32(root)
+        return scalar(root, xp.float32)
 
 
 def _squares(grads) -> list[xp.ndarray]:
     out = []
     for g in grads:
-        flat = xp.asarray(g, xp.float32).reshape(-1).astype(xp.float64)
+        flat = astype(xp.reshape(xp.asarray(g, xp.float32), (-1,)), xp.float64)
         xp.multiply(flat, flat, out=flat)
         out.append(flat)
     return out
@@ -68,10 +65,10 @@ def _squares(grads) -> list[xp.ndarray]:
 
 def _nonfinite(squares) -> xp.float32 | None:
     """NaN if any gradient is NaN, else inf if any is inf (as the reference), else None."""
-    bad = [sq for sq in squares if not xp.isfinite(sq.sum())]
+    bad = [sq for sq in squares if not xp.isfinite(xp.sum(sq))]
     if not bad:
         return None
-    return xp.float32(xp.nan if any(xp.isnan(sq).any() for sq in bad) else xp.inf)
+    return scalar(xp.nan if any(xp.any(xp.isnan(sq)) for sq in bad) else xp.inf, xp.float32)
 
 
 def exact_global_norm(grads) -> xp.float32:
@@ -81,20 +78,23 @@ def exact_global_norm(grads) -> xp.float32:
     if special is not None:
         return special
     flat = xp.concatenate(squares) if squares else xp.zeros(0)
-    return _fp32_sqrt(round_to_odd_sum(flat.reshape(1, -1))[0])
+    return _fp32_sqrt(round_to_odd_sum(xp.reshape(flat, (1, -1)))[0])
 
 
 def _sum_of_squares(grads) -> tuple[float, int]:
     """The float64 sum of the squares of every gradient's fp32 values (in some order), and
-    how many there are."""
+    how many there are (``tuning().norm_chunk`` elements widened to float64 at a time: the
+    work array stays in cache)."""
+    chunk = tuning().norm_chunk
     total, n = 0.0, 0
     for g in grads:
-        flat = xp.asarray(g, xp.float32).reshape(-1)
-        n += flat.size
-        wide = scratch("norm.wide", xp.float64, min(flat.size, CHUNK))
-        for lo in range(0, flat.size, CHUNK):
-            part = wide[:min(CHUNK, flat.size - lo)]
-            xp.copyto(part, flat[lo:lo + CHUNK])
+        flat = xp.reshape(xp.asarray(g, xp.float32), (-1,))
+        count = size(flat)
+        n += count
+        wide = scratch("norm.wide", xp.float64, min(count, chunk))
+        for lo in range(0, count, chunk):
+            part = wide[:min(chunk, count - lo)]
+            xp.copyto(part, flat[lo:lo + chunk])
             total += float(xp.matmul(part, part))
     return total, n
 
@@ -114,4 +114,4 @@ def global_norm(grads) -> xp.float32:
             return low
     squares = _squares(grads)
     flat = xp.concatenate(squares) if squares else xp.zeros(0)
-    return _fp32_sqrt(round_to_odd_sum(flat.reshape(1, -1))[0])
+    return _fp32_sqrt(round_to_odd_sum(xp.reshape(flat, (1, -1)))[0])

@@ -30,12 +30,13 @@ __all__ = ["scatter_sum"]
 def scatter_sum(positions: xp.ndarray, values: xp.ndarray, size: int) -> xp.ndarray:
     """Float64 array of ``size``: at each position, the exact sum of the ``values`` whose
     ``positions`` name it, rounded to odd at 53 bits; +0 where none does."""
-    positions = xp.asarray(positions, xp.int64).reshape(-1)
-    values = xp.asarray(values, xp.float64).reshape(-1)
+    positions = xp.reshape(xp.asarray(positions, xp.int64), (-1,))
+    values = xp.reshape(xp.asarray(values, xp.float64), (-1,))
     if positions.shape != values.shape:
-        raise ValueError(f"scatter_sum: {positions.size} positions for {values.size} values")
+        raise ValueError(f"scatter_sum: {positions.shape[0]} positions for "
+                         f"{values.shape[0]} values")
     out = xp.zeros(size, xp.float64)
-    if positions.size == 0:
+    if positions.shape[0] == 0:
         return out
     order = xp.argsort(positions, kind="stable")          # index order within each target
     targets, starts, counts = xp.unique(positions[order], return_index=True,
@@ -44,11 +45,11 @@ def scatter_sum(positions: xp.ndarray, values: xp.ndarray, size: int) -> xp.ndar
     for length in xp.unique(counts):
         chosen = counts == length
         rows = grouped[starts[chosen][:, None] + xp.arange(length)]    # (count, length)
-        finite = xp.isfinite(rows).all(axis=1)
+        finite = xp.all(xp.isfinite(rows), axis=1)
         totals = xp.empty(rows.shape[0], xp.float64)
-        if finite.any():
+        if xp.any(finite):
             totals[finite] = round_to_odd_sum(rows[finite])
-        if not finite.all():
+        if not xp.all(finite):
             with xp.errstate(invalid="ignore", over="ignore"):
                 totals[~finite] = xp.cumsum(rows[~finite], axis=1)[:, -1]
         out[targets[chosen]] = totals + 0.0                 # -0 -> +0, as a sum from +0

@@ -24,7 +24,7 @@ entries) with no fallback.
 """
 from __future__ import annotations
 
-from ..backend import xp
+from ..backend import astype, copy, size, to_list, xp
 
 from . import elementary as el
 from . import softmax_ref as ref
@@ -41,7 +41,7 @@ def row_terms(x):
     ``top`` (R, 1) is e at the first maximum: 1 in finite rows, NaN where the row's max is
     inf or NaN (it then carries that NaN into every result, as e / e.sum() did)."""
     x = xp.asarray(x, xp.float64)
-    m = x.max(axis=1, keepdims=True)
+    m = xp.max(x, axis=1, keepdims=True)
     s = x - m
     bp = s - x
     err = (x - (s - bp)) + (-m - bp)
@@ -49,11 +49,12 @@ def row_terms(x):
     e = el.exp(s)
     first = (xp.arange(x.shape[0]), xp.argmax(x, axis=1))
     top = e[first][:, None]
-    rest = e.copy()
+    rest = copy(e)
     rest[first] = 0.0
     t, exact_sum = _sum_rows(rest)
     eps_e = el.EXP_BOUND + 1.01 * xp.abs(err)
-    eps_t = eps_e.max(axis=1, keepdims=True) + (3 * _U if exact_sum else 1.01 * x.shape[1] * _U)
+    eps_t = xp.max(eps_e, axis=1, keepdims=True) + (3 * _U if exact_sum
+                                                     else 1.01 * x.shape[1] * _U)
     return s, err, e, t, eps_e, eps_t, top
 
 
@@ -63,13 +64,13 @@ def _sum_rows(rest):
     the hi_j add exactly (53 bits), the lo_j (< 2**(E - 40) each) with an error below
     n*n 2**(E - 92), so hi + lo is within u + 2**-70 of the sum. Beyond 4096 terms, NumPy's
     sum, within 1.01 (n - 1) u."""
-    if rest.shape[1] > 4096 or not xp.isfinite(rest).all():
-        return rest.sum(axis=1, keepdims=True), False
-    _, ex = xp.frexp(rest.max(axis=1, keepdims=True))
-    big = 1.5 * el.pow2((ex + 12).astype(xp.float64))
+    if rest.shape[1] > 4096 or not xp.all(xp.isfinite(rest)):
+        return xp.sum(rest, axis=1, keepdims=True), False
+    _, ex = xp.frexp(xp.max(rest, axis=1, keepdims=True))
+    big = 1.5 * el.pow2(astype(ex + 12, xp.float64))
     hi = (rest + big) - big
     lo = rest - hi
-    return hi.sum(axis=1, keepdims=True) + lo.sum(axis=1, keepdims=True), True
+    return xp.sum(hi, axis=1, keepdims=True) + xp.sum(lo, axis=1, keepdims=True), True
 
 
 def softmax64(x):
@@ -91,25 +92,26 @@ def _log_sum(t, top):
 
 def _rows_of(x, axis):
     moved = xp.moveaxis(xp.asarray(x, xp.float64), axis, -1)
-    return moved.reshape(-1, moved.shape[-1]), moved.shape
+    return xp.reshape(moved, (-1, moved.shape[-1])), moved.shape
 
 
 def _back(rows, shape, axis):
-    return xp.moveaxis(rows.reshape(shape), -1, axis)
+    return xp.moveaxis(xp.reshape(rows, shape), -1, axis)
 
 
 def settle_rows(x_rows, v, ok, fmt, kind):
     """``v`` (R, n) with each element not ``ok`` replaced by ``settle``'s proxy for the
     ``kind`` ("softmax" or "log_softmax") of its row of ``x_rows``."""
-    if ok.all():
+    if xp.all(ok):
         return v
     dvalue = {"softmax": ref.softmax_enclosure, "log_softmax": ref.log_softmax_enclosure}[kind]
-    v = v.copy()
+    v = copy(v)
     rows = {}                                   # one ``Row`` per row: its sums once
-    for r, i in zip(*xp.nonzero(~ok)):
+    # the few undecided elements' indices, as host ints (one transfer)
+    for r, i in zip(*(to_list(w) for w in xp.nonzero(~ok))):
         if r not in rows:
             rows[r] = ref.Row(x_rows[r])
-        v[r, i] = settle(dvalue(rows[r], int(i)), fmt)
+        v[r, i] = settle(dvalue(rows[r], i), fmt)
     return v
 
 
@@ -149,23 +151,23 @@ def cr_cross_entropy(logits, labels, reduction, fmt, *, with_log_softmax: bool =
         eps = el.LOG1P_BOUND + eps_t[:, 0] + 3 * _U
         if reduction == "none":
             ok = certified(loss, eps, fmt) | ~xp.isfinite(loss)
-            value = loss if ok.all() else _settle_each(logits, labels, loss, ok, fmt)
+            value = loss if xp.all(ok) else _settle_each(logits, labels, loss, ok, fmt)
             return (value, logp) if with_log_softmax else value
-        total = loss.sum()
-        bound = (eps.max() if eps.size else 0.0) + 1.01 * max(n - 1, 0) * _U
+        total = xp.sum(loss)
+        bound = (xp.max(eps) if size(eps) else 0.0) + 1.01 * max(n - 1, 0) * _U
         if reduction == "mean":
             total, bound = total / n, bound + _U
         total = xp.asarray(total)
         if not (certified(total, bound, fmt) | ~xp.isfinite(total)):
             dvalue = ref.cross_entropy_enclosure([ref.Row(r) for r in logits],
-                                                 [int(v) for v in labels], reduction)
+                                                 [int(v) for v in to_list(labels)], reduction)
             total = xp.asarray(settle(dvalue, fmt))
     return (total, logp) if with_log_softmax else total
 
 
 def _settle_each(logits, labels, loss, ok, fmt):
-    loss = loss.copy()
-    for r in xp.flatnonzero(~ok):
+    loss = copy(loss)
+    for r in to_list(xp.flatnonzero(~ok)):            # few: one transfer to the host
         loss[r] = settle(ref.cross_entropy_enclosure([ref.Row(logits[r])],
                                                      [int(labels[r])], "sum"), fmt)
     return loss

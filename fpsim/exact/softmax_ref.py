@@ -29,7 +29,7 @@ from __future__ import annotations
 from decimal import Decimal
 from fractions import Fraction
 
-from ..backend import to_numpy
+from ..backend import to_list
 from .decimal_ref import context
 
 __all__ = ["exp_enclosure", "Row", "softmax_enclosure", "log_softmax_enclosure",
@@ -78,7 +78,7 @@ class Row:
     of n undecided elements costs n terms per precision, not n * n)."""
 
     def __init__(self, values):
-        self.xs = to_numpy(values).tolist()      # host floats, exact: the row's one transfer
+        self.xs = to_list(values)                # host floats, exact: the row's one transfer
         self._sums: dict[int, tuple] = {}
         self._logs: dict[int, tuple] = {}
 

@@ -21,7 +21,7 @@ import contextlib
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-from ..backend import scratch, xp
+from ..backend import scratch, size, xp
 
 __all__ = ["UnderflowCount", "count_gradient_underflow", "note", "in_backward", "active"]
 
@@ -81,11 +81,11 @@ def note(before: xp.ndarray, after: xp.ndarray) -> None:
     counts.nonzero += nonzero_before
     if after is not before:
         counts.flushed += nonzero_before - _count_nonzero(after)
-    counts.values += int(before.size)
+    counts.values += size(before)
 
 
 def _count_nonzero(x: xp.ndarray) -> int:
     # a comparison into a reused bool buffer, then the count: several times faster than
     # counting a float array's nonzero elements directly, and no fresh pages
-    mask = scratch("underflow.nonzero", bool, x.size).reshape(x.shape)
+    mask = xp.reshape(scratch("underflow.nonzero", bool, size(x)), x.shape)
     return int(xp.count_nonzero(xp.not_equal(x, 0, out=mask)))
