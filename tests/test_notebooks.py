@@ -73,3 +73,25 @@ def test_only_public_api(path):
             if isinstance(node, ast.Attribute) and node.attr.startswith("_") \
                     and not node.attr.startswith("__"):
                 pytest.fail(f"{path.name} reaches a private name: .{node.attr}")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_solutions_are_folded_under_a_heading(path):
+    """Each solution (a code cell opening with '# N.') sits folded under 'Solution to exercise
+    N', after a '## Solutions' section, so that the exercises can be tried first."""
+    cells = nbformat.read(path, as_version=4).cells
+    solutions = [i for i, c in enumerate(cells)
+                 if c.cell_type == "code" and c.source[:2] == "# " and c.source[2:4].rstrip()
+                 and c.source[2].isdigit() and c.source[3] == "."]
+    assert len(solutions) >= 2
+    first_heading = next(i for i, c in enumerate(cells) if "## Solutions" in c.source)
+    for i in solutions:
+        assert i > first_heading
+        assert cells[i].metadata.get("jupyter", {}).get("source_hidden") is True, i
+        assert cells[i - 1].source == f"### Solution to exercise {cells[i].source[2]}"
+
+
+def test_lesson_5_takes_its_recipes_from_recipe_for():
+    source = "\n".join(c.source for c in code_cells(NOTEBOOKS[4]))
+    assert "recipe_for(get_policy(recipe))" in source
+    assert '"32-true": ("fp32"' not in source         # no hand-written table to drift
