@@ -1,8 +1,7 @@
 """Experiment 7's numbers (quick mode): pinned, and telling the story the summary tells."""
-import hashlib
-import json
 
 from fpsim.experiments import reproduce
+from pinned import assert_pinned
 
 PINNED = "5a21294f7f42af13711a92bd8b73b28e98cd0db736aee3e03532606188529e98"
 
@@ -18,5 +17,4 @@ def test_accumulation_numbers(tmp_path):
     assert fp16[-1] > 100 * fp16[0] and fp16[-1] > 1e-2          # fp16 accumulation degrades
     assert all(e < 2.0 ** -24 * 2 for e in exact)                 # one rounding, nothing more
     assert all(b < a for a, b in zip(fp16, fp32))
-    digest = hashlib.sha256(json.dumps(result.numbers, sort_keys=True).encode()).hexdigest()
-    assert digest == PINNED
+    assert_pinned("accumulation", result.numbers, PINNED)

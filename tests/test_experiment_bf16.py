@@ -1,8 +1,7 @@
 """Experiment 5's numbers (quick mode): pinned, and telling the story the summary tells."""
-import hashlib
-import json
 
 from fpsim.experiments import reproduce
+from pinned import assert_pinned
 
 PINNED = "8767db296b8a0f0358f5356a7709d90e48bc550789ac2b304765fc35f08ee6bf"
 
@@ -33,5 +32,4 @@ def test_bf16_numbers(tmp_path):
         window = run[f"window_2^{bits}"]
         assert window["below"]["lost"] == 0
         assert window["above"]["lost"] == window["above"]["updates"] > 0
-    digest = hashlib.sha256(json.dumps(result.numbers, sort_keys=True).encode()).hexdigest()
-    assert digest == PINNED
+    assert_pinned("bf16", result.numbers, PINNED)

@@ -1,9 +1,8 @@
 """Experiment 2's numbers (quick mode): pinned, and telling the story the summary tells."""
-import hashlib
-import json
 import math
 
 from fpsim.experiments import reproduce
+from pinned import assert_pinned
 from fpsim.experiments.loss_curves import PLATEAU, escape_step, median, spike, typical_gap
 from fpsim.train import StepRecord
 
@@ -61,5 +60,4 @@ def test_loss_curves_numbers(tmp_path):
     # the dynamic scaler halves once per overflowing (skipped) step
     assert dyn["final_scale"] == 65536.0 / 2 ** dyn["skipped_steps"]
     assert s128["skipped_steps"] == none["skipped_steps"] == 0
-    digest = hashlib.sha256(json.dumps(result.numbers, sort_keys=True).encode()).hexdigest()
-    assert digest == PINNED
+    assert_pinned("loss_curves", result.numbers, PINNED)

@@ -1,8 +1,7 @@
 """Experiment 3's numbers (quick mode): pinned, and telling the story the summary tells."""
-import hashlib
-import json
 
 from fpsim.experiments import reproduce
+from pinned import assert_pinned
 
 PINNED = "469347478fd04856b820c485edaba243531e4a881e3374f2fc0082529c6dd1b9"
 
@@ -31,5 +30,4 @@ def test_master_weights_numbers(tmp_path):
     assert (bounds["ratio_above_4096"] <= bounds["measured_lost"]
             <= bounds["ratio_at_least_2048"])
     assert bounds["measured_lost"] == fp16_only["lost_updates"]
-    digest = hashlib.sha256(json.dumps(result.numbers, sort_keys=True).encode()).hexdigest()
-    assert digest == PINNED
+    assert_pinned("master_weights", result.numbers, PINNED)

@@ -1,8 +1,8 @@
 """Experiment 6's numbers (quick mode): pinned, and telling the story the summary tells."""
-import hashlib
 import json
 
 from fpsim.experiments import reproduce
+from pinned import assert_pinned
 from fpsim.experiments._tasks import teacher_label_margin
 
 PINNED = "30b2480d521161e6481614bd92b18cd3b7194bede9547b0cc72172f449dc2e6c"
@@ -34,8 +34,7 @@ def test_recipes_numbers(tmp_path):
     assert set(result.timings["steps_per_second"]) == set(rows)
     assert "steps_per_second" not in json.dumps(result.numbers)
     assert "steps/s" not in result.table and "steps/s" in result.timing_table
-    digest = hashlib.sha256(json.dumps(result.numbers, sort_keys=True).encode()).hexdigest()
-    assert digest == PINNED
+    assert_pinned("recipes", result.numbers, PINNED)
 
 
 def test_teacher_labels_do_not_depend_on_rounding():

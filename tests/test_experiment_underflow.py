@@ -1,10 +1,9 @@
 """Experiment 1's numbers (quick mode): pinned, and telling the story the summary tells."""
-import hashlib
-import json
 
 import numpy as np
 
 from fpsim.experiments import reproduce
+from pinned import assert_pinned
 from fpsim.experiments.underflow import activation_gradients, exponent_histogram, judge
 
 PINNED = "df0625bb09b3fba658a0649dee28992526398d3f0e93d9079f6d9da57fd8d4a7"
@@ -54,8 +53,7 @@ def test_underflow_numbers(tmp_path):
     assert quantiles[0][1] < 2.0 ** -25 and quantiles[-2][1] >= 2.0 ** -14
     counts = result.numbers["counts"]
     assert sum(result.numbers["histogram"]["counts"]) == counts["values"] - counts["zero_in_fp32"]
-    digest = hashlib.sha256(json.dumps(result.numbers, sort_keys=True).encode()).hexdigest()
-    assert digest == PINNED
+    assert_pinned("underflow", result.numbers, PINNED)
 
 
 def test_activation_gradients_are_the_experiments_data(tmp_path):
