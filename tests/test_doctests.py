@@ -6,7 +6,8 @@ import pytest
 
 MODULES = ["fpsim.formats", "fpsim.files", "fpsim.rounding", "fpsim.encoding", "fpsim.describe",
            "fpsim.train.trace", "fpsim.train.checkpoint", "fpsim.optim.arith",
-           "fpsim.optim.rules", "fpsim.optim.optimizer", "fpsim.exact", "fpsim.exact.underflow",
+           "fpsim.optim.rules", "fpsim.optim.optimizer", "fpsim.optim.transforms",
+           "fpsim.optim.flat", "fpsim.exact", "fpsim.exact.underflow",
            "fpsim.exact.accumulation", "fpsim.exact.sums", "fpsim.exact.odd",
            "fpsim.exact.certificate",
            "fpsim.backend", "fpsim.autograd", "fpsim.autograd.numerics",

@@ -260,10 +260,9 @@ def _run_steps(rule, master, fmts, clip, grads_per_step, scaler):
 @pytest.mark.parametrize("master,fmts", [("fp32", ["fp32"] * 5), ("fp32", ["fp16", "fp32"] * 3),
                                          (None, ["bf16"] * 4), (None, ["fp16", "fp32"])],
                          ids=["fp32", "mixed-formats", "bf16-no-master", "no-master-mixed"])
-def test_update_together_is_the_update_one_by_one(monkeypatch, rule, master, fmts):
-    """All parameters as one flat array (``Optimizer._together``) against one parameter at a
+def test_update_together_is_the_update_one_by_one(rule, master, fmts):
+    """All parameters as one flat array (``fpsim.optim.flat``) against one parameter at a
     time: the same weights, masters, rule states and reports, NaN and inf included."""
-    from fpsim.optim import optimizer as optimizer_mod
     from fpsim.scaling import preset
     rng = np.random.default_rng(3)
     steps = []
@@ -277,12 +276,12 @@ def test_update_together_is_the_update_one_by_one(monkeypatch, rule, master, fmt
         steps.append(grads)
     for clip, scaler in [(None, None), (0.5, preset("torch"))]:
         runs = []
-        for limit in (optimizer_mod._TOGETHER_MAX, 0):
-            monkeypatch.setattr(optimizer_mod, "_TOGETHER_MAX", limit)
-            runs.append(_run_steps(rule, master, fmts, clip, steps, scaler))
-            together = Optimizer([Tensor([1.0], fmt) for fmt in fmts], rule, master=master)
-            assert (together._together() is not None) == (
-                limit > 0 and (master is not None or len(set(fmts)) == 1))
+        for limit in (backend.tuning().together_max, 0):
+            with backend.use_tuning(together_max=limit):
+                runs.append(_run_steps(rule, master, fmts, clip, steps, scaler))
+                together = Optimizer([Tensor([1.0], fmt) for fmt in fmts], rule, master=master)
+                assert (together.together_format() is not None) == (
+                    limit > 0 and (master is not None or len(set(fmts)) == 1))
         (params_a, opt_a, rep_a), (params_b, opt_b, rep_b) = runs
         assert str(rep_a) == str(rep_b)           # NaN norms of skipped steps print alike
         for (_, a), (_, b) in zip(params_a, params_b):
@@ -333,24 +332,39 @@ def test_sgd_counts_its_lost_updates_as_the_optimizer_does():
 
 
 def test_update_together_rejoins_only_what_changed():
-    """After a one-pass step the masters and momentum buffers are views of the flat results,
-    which the next step takes as they are; a master replaced in between is joined anew."""
+    """After a one-pass step the masters and momentum buffers are views of the flat results
+    the chain's (frozen) states keep, which the next step takes as they are; an array
+    replaced in between is joined anew, and without a master the weights the model holds
+    are what the next step updates."""
+    from fpsim.optim.flat import rejoin
+    from fpsim.optim.transforms import ApplyRule, WriteBack
     rng = np.random.default_rng(4)
     params = [Tensor(rng.standard_normal(s), "fp32", requires_grad=True) for s in (5, (2, 3))]
     opt = Optimizer(params, SGD(lr=0.1, momentum=0.9))
     for p in params:
         p.grad = Tensor(rng.standard_normal(p.shape), "fp32")
     opt.step()
+    written = opt.chain_state[opt.transform.index(WriteBack)]
+    rule_state = opt.chain_state[opt.transform.index(ApplyRule)]
     masters = [opt.masters[str(i)] for i in range(2)]
-    flat = opt._flats["stored"][1]
-    assert all(np.shares_memory(m, flat) for m in masters)
-    assert opt._rejoined("stored", masters) is flat
-    assert opt._rejoined(0, [opt.states[str(i)].momentum_buffer for i in range(2)]) is \
-        opt._flats[0][1]
+    assert all(m is v and np.shares_memory(m, written.flat)
+               for m, v in zip(masters, written.values))
+    assert rejoin(masters, written.joined) is written.flat
+    assert all(np.shares_memory(opt.states[str(i)].momentum_buffer,
+                                rule_state.flat.momentum_buffer) for i in range(2))
     replaced = masters[0].copy()
-    opt.masters["0"] = replaced
-    joined = opt._rejoined("stored", [replaced, masters[1]])
-    assert joined is not flat and np.array_equal(joined, flat)
+    joined = rejoin([replaced, masters[1]], written.joined)
+    assert joined is not written.flat and np.array_equal(joined, written.flat)
+
+    weights = [Tensor(np.float32([1.0, 2.0]), "fp32", requires_grad=True) for _ in range(2)]
+    plain = Optimizer(weights, SGD(lr=1.0), master=None)
+    assert plain.together_format() is not None
+    for w in weights:
+        w.grad = Tensor(np.float32([0.5, 0.5]), "fp32")
+    plain.step()
+    weights[0].data = np.float32([10.0, 20.0])
+    plain.step()
+    assert weights[0].data.tolist() == [9.5, 19.5] and weights[1].data.tolist() == [0.0, 1.0]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -384,7 +398,7 @@ def test_joined_overflow_check_is_per_element_only():
             p.grad = Tensor(np.float32([1e38, 1e38]), "fp32")
         params[2].grad = Tensor(np.float32([0.0, 0.0]), "fp32")
         optimizer = Optimizer(params, SGD(lr=0.01))
-        assert optimizer._together() is not None
+        assert optimizer.together_format() is not None
         state = preset("deepspeed", overflow_check=check).init()
         assert optimizer.step(state).found_inf is found
     params[0].grad = Tensor(np.float32([np.inf, 0.0]), "fp32")

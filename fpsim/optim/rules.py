@@ -55,6 +55,16 @@ class Update(NamedTuple):
             return xp.logical_not(xp.isfinite(direction))
         return direction != 0
 
+    def tally(self, new, stored) -> tuple[int, int]:
+        """(elements the rule meant to move, those of them whose stored value did not change
+        from ``stored`` to ``new``): ``counts`` where the rule counted them itself."""
+        if self.counts is not None:     # counted by the rule, against the same stored values
+            return self.counts
+        moved = xp.reshape(self.moved(), (-1,))
+        kept = xp.equal(xp.reshape(new, (-1,)), xp.reshape(xp.asarray(stored), (-1,)))
+        return (int(xp.count_nonzero(moved)),
+                int(xp.count_nonzero(xp.logical_and(moved, kept, out=kept))))
+
 
 def check_number(name: str, value: float, low: float, *, low_open=False, high=None) -> None:
     """Refuse ``value`` unless it is a real number (not a bool) in [low, high) ((low, high)

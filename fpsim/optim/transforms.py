@@ -1,0 +1,410 @@
+"""The optimizer step as a chain of transforms: optax's ``chain`` of ``(init, update)``
+pairs, with frozen states as in jmp.
+
+A transform is a frozen config with two functions::
+
+    init(named) -> state                           # a NamedTuple, never changed in place
+    update(step, state, params) -> (step, state)   # a new StepData and a new state
+
+``named``: the parameters as (name, ``Tensor``) pairs; ``step`` (``StepData``) carries the gradients and what the step has found so far; ``params``
+(``Params``) the parameters and the values the rule updates. ``chain(*transforms)`` is itself
+a transform: it runs them in order and stops after the first that marks the step skipped,
+the later ones' states staying as they were (optax's ``apply_if_finite``, jmp's
+``select_tree(finite, new, old)``). ``Optimizer.step`` runs::
+
+    chain(find_overflow(),                    # found_inf, the scaler's next state
+          skip_on_overflow(),                 # stop where that state skips the step
+          unscale_gradients(),                # grads * inv_scale as the framework does it
+          measure_global_norm(),              # fp32 L2 norm, correctly rounded
+          clip_by_global_norm(clip_norm),     # only with clip_norm (torch's rule)
+          apply_rule(rule, master_fmt),       # new stored values; state: count, rule states
+          count_lost_updates(),               # moved and lost elements
+          write_back(master_fmt))             # state: the master copies; writes the weights
+
+>>> from fpsim.backend import xp
+>>> from fpsim.scaling import preset
+>>> chained = chain(find_overflow(), skip_on_overflow(), unscale_gradients())
+>>> scaler_state = preset("torch", init_scale=1024.0).init()
+>>> overflowed = StepData.of([xp.asarray([2048.0, xp.inf], xp.float32)], scaler_state)
+>>> step, _ = chained.update(overflowed, chained.init(()))
+>>> step.found_inf, step.skipped, step.next_scaler_state.scale, step.grads[0].tolist()
+(True, True, 512.0, [2048.0, inf])
+>>> step, _ = chained.update(StepData.of([xp.asarray([2048.0], xp.float32)], scaler_state),
+...                          chained.init(()))
+>>> step.found_inf, step.skipped, step.grads[0].tolist()
+(False, False, [2.0])
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import NamedTuple
+
+from ..backend import copy, name as backend_in_use, round_to, scalar, size, xp
+from ..exact import global_norm
+from ..formats import Format, get
+from ..scaling import check_overflow, found_inf, unscale
+from .arith import Arith
+from .flat import Joined, join, split
+from .rules import Update, check_number
+
+__all__ = ["StepData", "Params", "EmptyState", "Chain", "chain", "find_overflow",
+           "skip_on_overflow", "unscale_gradients", "measure_global_norm",
+           "clip_by_global_norm", "apply_rule", "count_lost_updates", "write_back",
+           "RuleState", "WriteBackState", "FindOverflow", "SkipOnOverflow",
+           "UnscaleGradients", "MeasureGlobalNorm", "ClipByGlobalNorm", "ApplyRule",
+           "CountLostUpdates", "WriteBack", "arith_of", "overflow_test_is_elementwise"]
+
+
+class StepData(NamedTuple):
+    """What one step has so far. ``grads``: float32 gradients in the update's layout (one
+    per parameter, or one flat array where all parameters update together, ``Params``);
+    ``scaled``: one per parameter as the backward pass left them (the overflow test that
+    sums each gradient reads these). ``new``: the rule's new stored values and ``results``
+    its ``Update`` s, in the layout."""
+
+    grads: tuple
+    scaled: tuple
+    scaler_state: object = None       # None: no loss scaling
+    found_inf: bool = False
+    next_scaler_state: object = None
+    skipped: bool = False
+    grad_norm: object = None          # a 0-d float32 value, once measured
+    clipped: bool = False
+    new: tuple = ()
+    results: tuple = ()
+    updates: int = 0
+    lost_updates: int = 0
+
+    @classmethod
+    def of(cls, grads, scaler_state=None) -> "StepData":
+        """A step's start: the gradients, one per parameter, in that layout."""
+        grads = tuple(grads)
+        return cls(grads, grads, scaler_state)
+
+
+class Params(NamedTuple):
+    """What the rule updates: the parameters (``Tensor`` s), the values it reads and
+    replaces (``stored``: the master copies, or the weights without a master), and the
+    layout: ``together`` None where there is one array per parameter, else the update's
+    format, ``stored`` and the gradients then being one flat array (``fpsim.optim.flat``)."""
+
+    tensors: tuple
+    stored: tuple
+    together: "Format | None" = None
+
+
+class EmptyState(NamedTuple):
+    """The state of a transform that keeps none."""
+
+
+@dataclass(frozen=True)
+class Chain:
+    """``transforms`` run in order; a skipped step stops the chain (later states kept)."""
+
+    transforms: tuple
+
+    def init(self, named) -> tuple:
+        return tuple(t.init(named) for t in self.transforms)
+
+    def update(self, step: StepData, state: tuple, params: "Params | None" = None):
+        states = list(state)
+        for i, transform in enumerate(self.transforms):
+            step, states[i] = transform.update(step, states[i], params)
+            if step.skipped:
+                break
+        return step, tuple(states)
+
+    def index(self, kind) -> int:
+        """The position of the (first) transform of type ``kind``, its state's in ``init``."""
+        return next(i for i, t in enumerate(self.transforms) if isinstance(t, kind))
+
+
+def chain(*transforms) -> Chain:
+    return Chain(tuple(transforms))
+
+
+class Stateless:
+    """A transform that keeps no state."""
+
+    def init(self, named) -> EmptyState:
+        return EmptyState()
+
+
+def overflow_test_is_elementwise(scaler_state) -> bool:
+    """Whether the overflow test looks at each element alone (any inf or NaN, scaled or
+    unscaled), so that it gives the same answer on the joined flat gradient; the "sum" test
+    sums each gradient on its own."""
+    return scaler_state is None or scaler_state.scaler.overflow_check == "nonfinite"
+
+
+@dataclass(frozen=True)
+class FindOverflow(Stateless):
+    """``found_inf``: the scaler's overflow test (``fpsim.scaling.check_overflow``) and
+    ``next_scaler_state = scaler_state.update(found_inf)``; without a scaler, whether any
+    element is inf or NaN (reported, nothing skipped).
+
+    >>> from fpsim.backend import xp
+    >>> step = StepData.of([xp.asarray([1.0, xp.nan], xp.float32)])
+    >>> find_overflow().update(step, EmptyState())[0].found_inf
+    True
+    """
+
+    def update(self, step, state, params=None):
+        scaler_state = step.scaler_state
+        if scaler_state is None:
+            return step._replace(found_inf=found_inf(step.grads)), state
+        grads = step.grads if overflow_test_is_elementwise(scaler_state) else step.scaled
+        found = check_overflow(grads, scaler_state)
+        return step._replace(found_inf=found, next_scaler_state=scaler_state.update(found)), state
+
+
+@dataclass(frozen=True)
+class SkipOnOverflow(Stateless):
+    """``skipped``: the scaler's next state skips this step (never without a scaler)."""
+
+    def update(self, step, state, params=None):
+        following = step.next_scaler_state
+        return step._replace(skipped=following is not None and following.skipped), state
+
+
+@dataclass(frozen=True)
+class UnscaleGradients(Stateless):
+    """``grads`` divided by the loss scale as the scaler's framework does it
+    (``fpsim.scaling.unscale``); new arrays except at scale 1, the inputs never written.
+
+    >>> from fpsim.backend import xp
+    >>> from fpsim.scaling import preset
+    >>> step = StepData.of([xp.asarray([3.0], xp.float32)], preset("torch", init_scale=4.0)
+    ...                    .init())
+    >>> unscale_gradients().update(step, EmptyState())[0].grads
+    (array([0.75], dtype=float32),)
+    """
+
+    def update(self, step, state, params=None):
+        if step.scaler_state is None:
+            return step, state
+        return step._replace(grads=unscale(step.grads, step.scaler_state, copy=False)), state
+
+
+@dataclass(frozen=True)
+class MeasureGlobalNorm(Stateless):
+    """``grad_norm``: fp32(sqrt(exact sum of the squares of all gradients)), correctly
+    rounded (``fpsim.exact.global_norm``)."""
+
+    def update(self, step, state, params=None):
+        return step._replace(grad_norm=global_norm(step.grads)), state
+
+
+@dataclass(frozen=True)
+class ClipByGlobalNorm(Stateless):
+    """``torch.nn.utils.clip_grad_norm_``, in fp32: ``coef = max_norm / (norm + 1e-6)``;
+    where ``coef < 1`` every gradient is multiplied by it (one fp32 rounding) and
+    ``clipped``; a coefficient of 1 or more leaves them as they are. The norm is the one
+    measured before, or measured here.
+
+    >>> from fpsim.backend import xp
+    >>> step = StepData.of([xp.asarray([3.0, 4.0], xp.float32)])
+    >>> step = clip_by_global_norm(1.0).update(step, EmptyState())[0]
+    >>> float(step.grad_norm), step.clipped, step.grads[0].tolist()
+    (5.0, True, [0.5999999046325684, 0.7999998331069946])
+    """
+
+    max_norm: float
+
+    def __post_init__(self) -> None:
+        check_number("clip_norm", self.max_norm, 0.0, low_open=True)
+
+    def update(self, step, state, params=None):
+        norm = global_norm(step.grads) if step.grad_norm is None else step.grad_norm
+        coef = scalar(self.max_norm, xp.float32) / (norm + scalar(1e-6, xp.float32))
+        if not coef < 1:
+            return step._replace(grad_norm=norm), state
+        grads = tuple(xp.asarray(g, xp.float32) * coef for g in step.grads)
+        return step._replace(grads=grads, grad_norm=norm, clipped=True), state
+
+
+class RuleState(NamedTuple):
+    """``count``: steps applied (the rule's step number, skipped steps not counted);
+    ``states``: the rule's state of each parameter; ``flat``: where the last step updated
+    all parameters together, the rule's state of that flat update, ``states`` being views
+    of it (else None)."""
+
+    count: int
+    states: tuple
+    flat: tuple | None = None
+
+
+@dataclass(frozen=True)
+class ApplyRule:
+    """``new = rule(stored, grads)`` in the update's format: the master format, or each
+    weight's own without a master (``master_fmt`` None), with ``Arith``'s one rounding per
+    operation; ``results``: the rule's ``Update`` s. State: ``RuleState``.
+
+    >>> from fpsim.backend import xp
+    >>> from fpsim.optim import SGD
+    >>> from fpsim.autograd import Tensor
+    >>> w = Tensor(xp.asarray([1.0], xp.float32), "fp16")
+    >>> rule = apply_rule(SGD(lr=0.5), None)
+    >>> step, state = rule.update(StepData.of([xp.asarray([2.0 ** -9], xp.float32)]),
+    ...                           rule.init([("w", w)]), Params((w,), (w.data,)))
+    >>> step.new[0].tolist(), state.count
+    ([0.9990234375], 1)
+    """
+
+    rule: object
+    master_fmt: "Format | str | None"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "master_fmt", _format_or_none(self.master_fmt))
+
+    def init(self, named) -> RuleState:
+        return RuleState(0, tuple(self.rule.init(p.data) for _, p in named))
+
+    def update(self, step, state: RuleState, params: Params):
+        count = state.count + 1
+        if params.together is not None:
+            flat_state = state.flat
+            if flat_state is None:
+                template = state.states[0]
+                flat_state = type(template)(*(None if field[0] is None else join(field)
+                                              for field in zip(*state.states)))
+            result: Update = self.rule.apply(arith_of(params.together), params.stored[0],
+                                             step.grads[0], flat_state, count)
+            new = xp.reshape(xp.asarray(result.param, xp.float32), (-1,))
+            flats = type(result.state)(*(None if v is None else xp.reshape(v, (-1,))
+                                         for v in result.state))
+            shapes = [p.shape for p in params.tensors]
+            fields = [(None,) * len(shapes) if v is None else split(v, shapes).parts
+                      for v in flats]
+            states = tuple(type(result.state)(*values) for values in zip(*fields))
+            return (step._replace(new=(new,), results=(result,)),
+                    RuleState(count, states, flats))
+        new, results, states = [], [], []
+        for p, stored, grad, rule_state in zip(params.tensors, params.stored, step.grads,
+                                               state.states):
+            ops = arith_of(self.master_fmt if self.master_fmt is not None else p.fmt)
+            result = self.rule.apply(ops, stored, grad, rule_state, count)
+            new.append(xp.reshape(xp.asarray(result.param, xp.float32), p.shape))
+            results.append(result)
+            states.append(result.state)
+        return (step._replace(new=tuple(new), results=tuple(results)),
+                RuleState(count, tuple(states)))
+
+
+@dataclass(frozen=True)
+class CountLostUpdates(Stateless):
+    """``updates``: elements whose intended increment (``Update.intended``) is nonzero;
+    ``lost_updates``: those of them whose stored value did not change (an update below half
+    an ulp of its weight)."""
+
+    def update(self, step, state, params: Params):
+        updates = lost = 0
+        for result, new, stored in zip(step.results, step.new, params.stored):
+            moved, kept = result.tally(new, stored)
+            updates, lost = updates + moved, lost + kept
+        return step._replace(updates=updates, lost_updates=lost), state
+
+
+class WriteBackState(NamedTuple):
+    """``values``: the master copies (with a master), or the weights last written (without
+    one); ``flat``: the flat array they are views of after a step that updated all
+    parameters together (else None)."""
+
+    values: tuple
+    flat: object = None
+
+    @property
+    def joined(self) -> Joined:
+        return Joined(self.values, self.flat)
+
+
+@dataclass(frozen=True)
+class WriteBack:
+    """The new stored values become the master copies (the state), and the weights the
+    model computes with: ``round(master, weight format)``, or the master array itself where
+    the weight is in the master's format (no NaN: rounding would quiet a signalling one).
+    Without a master (``master_fmt`` None) the new values are the weights. ``init`` checks
+    that every weight fits the master format and copies it there.
+
+    >>> from fpsim.backend import xp
+    >>> from fpsim.autograd import Tensor
+    >>> w = Tensor(xp.asarray([1.0], xp.float32), "bf16")
+    >>> master = write_back("fp32")
+    >>> step = StepData.of([])._replace(new=(xp.asarray([1.00390625], xp.float32),))
+    >>> _, state = master.update(step, master.init([("w", w)]), Params((w,), ()))
+    >>> state.values[0].tolist(), w.data.tolist()      # bf16 keeps 8 bits: 1 + 2**-8 ties
+    ([1.00390625], [1.0])
+    """
+
+    master_fmt: "Format | str | None"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "master_fmt", _format_or_none(self.master_fmt))
+
+    def init(self, named) -> WriteBackState:
+        if self.master_fmt is None:
+            return WriteBackState(())
+        masters = []
+        for name, p in named:
+            widened = round_to(xp.asarray(p.data, xp.float32), self.master_fmt)
+            if not xp.array_equal(widened, p.data, equal_nan=True):
+                raise ValueError(f"parameter {name!r} ({p.fmt}) does not fit the master "
+                                 f"format {self.master_fmt}; pick a wider master")
+            masters.append(copy(widened))
+        return WriteBackState(tuple(masters))
+
+    def stored(self, state: WriteBackState, tensors) -> tuple:
+        """The values the rule updates: the master copies, or the weights themselves."""
+        return state.values if self.master_fmt is not None else tuple(p.data for p in tensors)
+
+    def update(self, step, state, params: Params):
+        tensors = params.tensors
+        if params.together is not None:
+            flat = step.new[0]
+            nan_free = size(flat) == 0 or not xp.isnan(xp.min(flat))
+            values = split(flat, [p.shape for p in tensors]).parts
+        else:
+            flat, nan_free, values = None, None, step.new
+        for p, value in zip(tensors, values):
+            self.write(p, value, nan_free)
+        return step, WriteBackState(tuple(values), flat)
+
+    def write(self, p, new, nan_free: "bool | None") -> None:
+        """``new`` (in the update format) into the weights of ``p``; ``nan_free``: whether
+        ``new`` is known to hold no NaN (None: look)."""
+        if self.master_fmt is None:
+            p.data = new
+            return
+        if p.fmt == self.master_fmt:
+            if nan_free is None:
+                nan_free = size(new) == 0 or not xp.isnan(xp.min(new))
+            if nan_free:
+                p.data = new       # rounding into its own format: the identity; one array for
+                return             # both (fpsim never writes into either in place)
+        p.data = round_to(new, p.fmt)
+
+
+find_overflow = FindOverflow
+skip_on_overflow = SkipOnOverflow
+unscale_gradients = UnscaleGradients
+measure_global_norm = MeasureGlobalNorm
+clip_by_global_norm = ClipByGlobalNorm
+apply_rule = ApplyRule
+count_lost_updates = CountLostUpdates
+write_back = WriteBack
+
+
+def _format_or_none(fmt) -> "Format | None":
+    return None if fmt is None else get(fmt)
+
+
+def arith_of(fmt: Format) -> Arith:
+    """The ``Arith`` of ``fmt`` on the current backend (one per format: it holds only
+    constants of the format)."""
+    return _arith(backend_in_use(), fmt)
+
+
+@lru_cache(maxsize=None)
+def _arith(backend_name: str, fmt: Format) -> Arith:
+    return Arith(fmt)
