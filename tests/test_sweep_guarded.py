@@ -239,3 +239,29 @@ def test_kill_9_of_the_driver_leaves_every_finished_cell_in_the_table(tmp_path):
         rows = list(csv.DictReader(handle))
     assert {row["key"] for row in rows} == finished
     assert (out / LOCK_NAME).exists()       # left behind: the next run takes it over, noted
+
+
+def test_seeds_that_disagree_are_drawn_mixed_with_their_counts(tmp_path, monkeypatch):
+    from fpsim.sweep import phase_diagram
+    from fpsim.sweep.record import SWEEP_FORMAT
+    from fpsim.sweep.results import HEAD, METRICS, write_tables
+    import fpsim.plots.phase as plots_phase
+
+    spec = {"name": "ties", "description": "", "base": {},
+            "grid": {"lr": [0.1], "policy": ["16-mixed", "bf16-mixed"], "seed": [0, 1]},
+            "zip": {}}
+    (tmp_path / "sweep.json").write_text(json.dumps(
+        {"format": SWEEP_FORMAT, "version": 1, "fpsim": "x", "spec": spec, "cells": []}))
+    # seed 0 and 1 of 16-mixed end at 1.2402 and 1.2500: either side of the threshold
+    ends = [("16-mixed", 0, "converged"), ("16-mixed", 1, "stalled"),
+            ("bf16-mixed", 0, "converged"), ("bf16-mixed", 1, "converged")]
+    rows = [dict({name: None for name in METRICS}, cell=i, key=f"k{i}", lr=0.1, policy=policy,
+                 seed=seed, status="ok", outcome=outcome)
+            for i, (policy, seed, outcome) in enumerate(ends)]
+    write_tables(tmp_path, rows, [*HEAD, "lr", "policy", "seed", *METRICS])
+    drawn = {}
+    monkeypatch.setattr(plots_phase, "plot_phase_diagram",
+                        lambda panels, **kwargs: drawn.update(panels) or [])
+    phase_diagram(tmp_path, "policy", "lr")
+    (grid,) = drawn.values()
+    assert grid == [[("mixed", {"converged": 1, "stalled": 1}, 2), ("converged", {}, 2)]]

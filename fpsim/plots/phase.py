@@ -2,8 +2,9 @@
 a third axis.
 
 The cells hold what the sweep's rows say after aggregation (``fpsim.sweep.phase``): an
-outcome name (``converged``, ``stalled``, ``diverged``, ``failed``) with how many of the
-runs behind the cell agree, or a number (the median of the runs behind it).
+outcome name (``converged``, ``stalled``, ``diverged``, ``failed``) when the runs behind the
+cell agree, ``mixed`` with how many ended each way when they do not, or a number (the median
+of the runs behind it).
 """
 from __future__ import annotations
 
@@ -19,15 +20,16 @@ from .style import figure_style, new_figure, save_figure
 __all__ = ["plot_phase_diagram", "OUTCOME_COLORS"]
 
 OUTCOME_COLORS = {"converged": "#4c9a2a", "stalled": "#e0a526", "diverged": "#c0392b",
-                  "failed": "#555555"}
+                  "failed": "#555555", "mixed": "#7d5ba6"}
 
 
 def plot_phase_diagram(panels: dict, *, x_values: list[str], y_values: list[str], x_label: str,
                        y_label: str, outcome: str, stem: "str | Path",
                        title: str = "") -> list[Path]:
     """``panels``: panel title -> grid (rows: ``y_values``, columns: ``x_values``) of cells,
-    each ``None`` (no run), ``(outcome name, agreeing runs, runs)`` when ``outcome`` is
-    "outcome", or a number. Writes ``stem.png`` and ``stem.svg``."""
+    each ``None`` (no run), ``(outcome name, {outcome: runs} when they disagree, runs)``
+    when ``outcome`` is "outcome" (name "mixed" when the runs disagree), or a number.
+    Writes ``stem.png`` and ``stem.svg``."""
     categorical = outcome == "outcome"
     names = list(OUTCOME_COLORS)
     with figure_style():
@@ -87,6 +89,6 @@ def _annotation(cell, categorical: bool) -> str:
     if cell is None:
         return ""
     if categorical:
-        _, agree, runs = cell
-        return "" if agree == runs else f"{agree}/{runs}"
+        _, counts, _ = cell     # a disagreement: how many runs ended each way
+        return "\n".join(f"{n} {name[:4]}" for name, n in counts.items())
     return "" if not math.isfinite(cell) else f"{cell:.3g}"

@@ -1,9 +1,10 @@
 """The phase diagram of a finished (or partly finished) sweep: one outcome over two axes.
 
 Runs that share the two axes' values (and the facet's) but differ on other axes (seeds, say)
-are gathered into one cell: for ``outcome`` the most common outcome (a tie goes to the worse:
-failed, diverged, stalled, converged) and how many runs agree; for a number, the median of
-its finite values.
+are gathered into one cell: for ``outcome`` their outcome when they all agree, else "mixed"
+with how many runs ended each way (two seeds a hair apart on either side of a threshold are
+shown as the disagreement they are, never as one of the two); for a number, the median of its
+finite values.
 """
 from __future__ import annotations
 
@@ -14,13 +15,13 @@ from pathlib import Path
 from .record import read_sweep_record
 from .results import OUTCOMES, read_table
 
-__all__ = ["phase_diagram", "NUMERIC_OUTCOMES", "PLOTTED"]
+__all__ = ["phase_diagram", "NUMERIC_OUTCOMES", "PLOTTED", "MIXED"]
 
 NUMERIC_OUTCOMES = ("final_loss", "trailing_loss", "best_loss", "best_step",
                     "plateau_left_step", "skipped_steps", "final_scale", "underflow_fraction",
                     "lost_update_fraction", "nan_step", "wall_time")
 PLOTTED = ("outcome", *NUMERIC_OUTCOMES)
-WORST_FIRST = tuple(reversed(OUTCOMES))
+MIXED = "mixed"     # runs gathered in one square that ended differently
 
 
 def phase_diagram(folder: "str | Path", x: str, y: str, *, outcome: str = "outcome",
@@ -99,10 +100,11 @@ def _gather(runs: list[dict], outcome: str):
     if not runs:
         return None
     if outcome == "outcome":
-        counts = {name: sum(row["outcome"] == name for row in runs) for name in WORST_FIRST}
-        top = max(counts.values())
-        name = next(n for n in WORST_FIRST if counts[n] == top)
-        return name, top, len(runs)
+        counts = {name: sum(row["outcome"] == name for row in runs) for name in OUTCOMES}
+        found = {name: n for name, n in counts.items() if n}
+        if len(found) == 1:
+            return next(iter(found)), {}, len(runs)
+        return MIXED, found, len(runs)
     values = sorted(float(row[outcome]) for row in runs if row[outcome] not in ("", None))
     values = [v for v in values if math.isfinite(v)]
     if not values:
