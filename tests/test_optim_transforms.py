@@ -25,7 +25,8 @@ def trajectory_hash(rule, master, fmts, clip, scaler, steps=6, size=None) -> str
     rng = np.random.default_rng(17)
     shapes = [(size,)] if size else [SHAPES[i % len(SHAPES)] for i in range(len(fmts))]
     params = [(f"p{i}", Tensor(rng.standard_normal(shape).astype(np.float32) * 4, fmt,
-                               requires_grad=True)) for i, (shape, fmt) in enumerate(zip(shapes, fmts))]
+                               requires_grad=True))
+              for i, (shape, fmt) in enumerate(zip(shapes, fmts))]
     optimizer = Optimizer(params, rule, master=master, clip_norm=clip)
     state = scaler.init() if scaler is not None else None
     digest = hashlib.sha256()

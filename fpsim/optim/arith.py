@@ -85,7 +85,8 @@ class Arith:
             xp.copyto(out, x, casting="same_kind")
             if size(out) == 0 or not math.isnan(xp.min(out)):
                 return
-        out[...] = round_to(astype(x, xp.float64, copy=False), self.fmt)
+        # the rounded float64 values are the format's, so the cast into float32 is exact
+        xp.copyto(out, round_to(astype(x, xp.float64, copy=False), self.fmt), casting="same_kind")
 
     def scalar(self, value: float):
         """A Python scalar as the kernels see it: rounded once to the format (a 0-d float32

@@ -6,11 +6,12 @@ A transform is a frozen config with two functions::
     init(named) -> state                           # a NamedTuple, never changed in place
     update(step, state, params) -> (step, state)   # a new StepData and a new state
 
-``named``: the parameters as (name, ``Tensor``) pairs; ``step`` (``StepData``) carries the gradients and what the step has found so far; ``params``
-(``Params``) the parameters and the values the rule updates. ``chain(*transforms)`` is itself
-a transform: it runs them in order and stops after the first that marks the step skipped,
-the later ones' states staying as they were (optax's ``apply_if_finite``, jmp's
-``select_tree(finite, new, old)``). ``Optimizer.step`` runs::
+``named``: the parameters as (name, ``Tensor``) pairs; ``step`` (``StepData``) carries the
+gradients and what the step has found so far; ``params`` (``Params``) the parameters and the
+values the rule updates. ``chain(*transforms)`` is itself a transform: it runs them in order
+and stops after the first that marks the step skipped, the later ones' states staying as they
+were (optax's ``apply_if_finite``, jmp's ``select_tree(finite, new, old)``).
+``Optimizer.step`` runs::
 
     chain(find_overflow(),                    # found_inf, the scaler's next state
           skip_on_overflow(),                 # stop where that state skips the step
