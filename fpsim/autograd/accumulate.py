@@ -4,7 +4,7 @@ a format, and gradients summed back down to a broadcast operand's shape.
 Every op that adds many values (``matmul``, ``linear``, ``sum``, ``mean``, the reduction of a
 broadcast operand's gradient in the elementwise ops) goes through ``acc_matmul`` / ``acc_sum``,
 so the accumulation model (``fpsim.exact.accumulation``) decides every such rounding. In the
-float64 reference mode they are plain float64 NumPy sums.
+float64 reference mode they are plain float64 sums (``xp.sum``).
 
 >>> import numpy as np
 >>> from fpsim.formats import FP16

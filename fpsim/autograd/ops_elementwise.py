@@ -11,7 +11,8 @@ Where each rounds (``fmt`` is the op's output format from the policy, see ``ops_
 - Transcendental ops (exp, log, tanh, sigmoid, gelu): correctly rounded to ``fmt`` from the
   exact operand values (``fpsim.exact``: a float64 evaluation with + - * / only, certified by
   its error bound, a Decimal fallback for the rare uncertified element), so the bits depend on
-  no math library. ``pow`` is still NumPy's float64 ``np.power`` rounded once.
+  no math library. ``pow`` is still the backend's float64 ``xp.power`` (libm's ``pow`` on
+  NumPy) rounded once, so its bits may differ between backends and machines.
 - Backward: single-operation gradients (g, -g, g*y, g/y, relu's mask) in float32 opmath,
   composite formulas (tanh's g*(1-t*t) with t the libm-free float64 tanh, div's -g*x/y**2,
   ...) in float64; each rounded once to the input's ``grad_fmt``. Where an input was broadcast, the full-shape gradient is then

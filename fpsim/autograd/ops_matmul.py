@@ -13,7 +13,7 @@ Backward (autocast's rule: gradients of fp16 operands are fp16)::
     dx = acc(g @ W)   -> x.grad_fmt        dW = acc(g.T @ x) -> W.grad_fmt
     db = acc(sum(g, batch axes)) -> b.grad_fmt
 
-In the float64 reference mode products are plain float64 ``numpy.matmul``.
+In the float64 reference mode products are plain float64 ``xp.matmul``.
 
 >>> from fpsim.autograd import Tensor, use_policy
 >>> with use_policy("16-mixed"):
