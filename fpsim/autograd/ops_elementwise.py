@@ -186,9 +186,10 @@ def _zero_where(drop, values):
     scalar on float32."""
     if values.dtype != xp.float32 or values.shape != drop.shape:
         return xp.where(drop, backend.scalar(0, values.dtype), values)
-    mask = backend.astype(drop, xp.uint32)
-    mask -= 1                                        # 1 -> 0, 0 -> 0xFFFFFFFF
-    return backend.from_bits(xp.bitwise_and(backend.bits(values), mask, out=mask))
+    mask = backend.astype(drop, xp.int32)
+    mask -= 1                                        # 1 -> 0, 0 -> -1 (all 32 bits set)
+    kept = xp.bitwise_and(backend.bitcast(values, xp.int32), mask, out=mask)
+    return backend.bitcast(kept, xp.float32)
 
 
 def sqrt(x) -> Tensor:

@@ -6,6 +6,8 @@ Its arrays are ``StrictArray`` objects around NumPy arrays: the same values, the
 but engine code (``interface.is_engine_module``) that does any of these gets a
 ``StrictError`` naming the rule:
 
+- computes with unsigned integer arrays beyond ``& | ^ ~ == !=`` (arithmetic, shifts, order,
+  reductions: torch has none of them on uint32 / uint64);
 - reads an array attribute outside ``ARRAY_ATTRIBUTES`` (``x.astype``, ``x.view``,
   ``x.size``, ``x.copy()``, ``x.sum()``, ``x.flags``, ...): these are backend functions;
 - mixes, in one arithmetic or comparison, a 0-d float array with an n-d float array of
@@ -76,7 +78,12 @@ _ARITHMETIC = {"add", "subtract", "multiply", "divide", "power", "maximum", "min
 _COMPARISON = {"equal", "not_equal", "less", "less_equal", "greater", "greater_equal"}
 _BITWISE = {"bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift",
             "logical_and", "logical_or"}
-_CHECKED = _ARITHMETIC | _COMPARISON | _BITWISE
+# torch has only & | ^ ~ == != on uint32 / uint64: no arithmetic, shifts, order or reductions
+_UNSIGNED_OK = {"bitwise_and", "bitwise_or", "bitwise_xor", "equal", "not_equal", "where",
+                "logical_and", "logical_or"}
+_REDUCTIONS = {"sum", "prod", "cumsum", "max", "min", "argmax", "argsort", "unique", "bincount",
+               "count_nonzero"}
+_CHECKED = _ARITHMETIC | _COMPARISON | _BITWISE | _REDUCTIONS
 
 
 def _check_mix(op: str, operands) -> None:
@@ -85,6 +92,10 @@ def _check_mix(op: str, operands) -> None:
     floats = [a for a in arrays if a.dtype.kind == "f"]
     ints = [a for a in arrays if a.dtype.kind in "iu"]
     bools = [a for a in arrays if a.dtype.kind == "b"]
+    unsigned = [a for a in arrays if a.dtype.kind == "u"]
+    if unsigned and op not in _UNSIGNED_OK:
+        raise StrictError(f"{op} on {unsigned[0].dtype} arrays (torch has only & | ^ ~ == != on "
+                          f"unsigned integers); work on a signed view (backend.bitcast)")
     if bools and op in _ARITHMETIC - {"where"}:
         raise StrictError(f"{op} on bool arrays (torch refuses bool arithmetic; use where "
                           f"or a cast)")
@@ -230,8 +241,9 @@ class StrictArray:
 
     def __neg__(self):
         where = _engine_caller()
-        if self.array.dtype.kind == "b" and where:
-            raise StrictError(f"{where}: negative of a bool array (torch refuses it)")
+        if self.array.dtype.kind in "bu" and where:
+            raise StrictError(f"{where}: negative of a {self.array.dtype} array (torch refuses "
+                              f"it)")
         return StrictArray(np.asarray(-self.array))
 
     def __pos__(self):
