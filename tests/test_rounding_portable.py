@@ -10,6 +10,7 @@ test reads the source for what no run shows (array methods, unsigned dtypes, Num
 from __future__ import annotations
 
 import ast
+import doctest
 import types
 from pathlib import Path
 from typing import NamedTuple
@@ -168,6 +169,26 @@ def test_hard_cases(engine, fmt, mode):
         check_same_bits(engine, x, fmt, mode, **options_of(mode))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
+def test_every_float32_in_the_critical_binades(fmt, mode):
+    """Every float32 (both signs) in the binades where a format's rounding changes rules:
+    below half its smallest subnormal, its subnormals and smallest normals, 1, its largest
+    finite binade and the one above (overflow), 2**24 patterns at a time; float32's own
+    subnormals stand for binades below its range (measured: 20 to 60 s a format and
+    deterministic mode, a few minutes stochastic, on one shared core)."""
+    exponents = {fmt.emin - fmt.man_bits - 1, fmt.emin - 1, fmt.emin, 0, fmt.emax, fmt.emax + 1}
+    fields = sorted({min(max(e + 127, 0), 254) for e in exponents})
+    fraction = np.arange(1 << 23, dtype=np.uint32)
+    with backend.use_backend("numpy"):
+        engine = Engine(backend.current(), portable)
+        for i, field in enumerate(fields):
+            magnitudes = np.uint32(field << 23) | fraction
+            x = np.concatenate([magnitudes, magnitudes | np.uint32(1 << 31)]).view(np.float32)
+            check_same_bits(engine, x, fmt, mode, **options_of(mode, offset=i << 24))
+
+
 FLAGS = [{"subnormals": False}, {"subnormals": True}, {"saturate": True},
          {"saturate": False}, {"daz": True},
          {"subnormals": False, "saturate": True, "daz": True}]
@@ -311,6 +332,11 @@ def portability_problems(source: str) -> list[str]:
         if any("uint" in name for name in names):
             problems.append(f"{line}: an unsigned dtype ({' '.join(names).strip()})")
     return problems
+
+
+def test_docstring_examples():
+    result = doctest.testmod(portable)
+    assert result.attempted > 0 and result.failed == 0
 
 
 def test_portable_source_uses_arrays_portably():

@@ -13,6 +13,10 @@ Where the rounding happens, and how:
   chunk by chunk in cache, on up to two threads. Every other case takes the float64 kernel
   that handles every mode. Both give the same bits; the tests check them against each other,
   against MPFR, Berkeley TestFloat, numpy.float16 and ml_dtypes.
+- Other array libraries: ``portable.round_to_portable`` and ``philox_uniforms_portable``
+  compute the same bits from a backend's array namespace and kernels only (no unsigned
+  arithmetic), so a new backend gets every mode by construction; these NumPy kernels are the
+  NumPy backend's faster implementation of them.
 
 Overflow follows IEEE 754: nearest modes go to infinity, directed modes go to infinity only in
 their own direction and to the largest finite value otherwise; stochastic rounding overflows

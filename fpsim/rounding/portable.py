@@ -48,7 +48,16 @@ def round_to_portable(ops, x, fmt, mode: str = "nearest_even", *, seed=None, off
     """``fpsim.rounding.round_to(x, fmt, mode, ...)`` for a float32 or float64 array ``x``
     of the backend ``ops`` (0-d included): an array of x's dtype and shape, the same bits
     (signed zeros and NaN payloads included), the same argument checks and messages.
-    Element i (C order) of a stochastic rounding uses Philox counter ``offset + i``."""
+    Element i (C order) of a stochastic rounding uses Philox counter ``offset + i``.
+
+    >>> from fpsim import backend
+    >>> ops = backend.current()
+    >>> x = ops.asarray([0.1, 70000.0, -2.0 ** -26])
+    >>> backend.to_list(round_to_portable(ops, x, "fp16"))
+    [0.0999755859375, inf, -0.0]
+    >>> backend.to_list(round_to_portable(ops, x, "fp16", "toward_zero"))
+    [0.0999755859375, 65504.0, -0.0]
+    """
     check_environment()
     xp = ops.xp
     fmt = get(fmt)
@@ -163,7 +172,14 @@ def _settle_nans(ops, result, x, rules: Rules):
 def philox_uniforms_portable(ops, seed: int, offset: int, n: int):
     """``fpsim.rounding.philox_uniforms(seed, offset, n)`` as a float64 array of the backend
     ``ops``, the same bits: element i is drawn from counter ``offset + i`` (a 64-bit value
-    split into words c0 = low, c1 = high, c2 = c3 = 0) under key (seed low, seed high)."""
+    split into words c0 = low, c1 = high, c2 = c3 = 0) under key (seed low, seed high).
+
+    >>> from fpsim import backend
+    >>> from fpsim.rounding import philox_uniforms
+    >>> draws = philox_uniforms_portable(backend.current(), 7, 2**32 - 1, 3)
+    >>> backend.to_list(draws) == philox_uniforms(7, 2**32 - 1, 3).tolist()
+    True
+    """
     seed, offset, n = check_counters(seed, offset, n)
     xp = ops.xp
     index = xp.arange(n, dtype=xp.int64)               # n <= 2**64 - offset, but i < 2**63
