@@ -182,7 +182,7 @@ def philox_uniforms_portable(ops, seed: int, offset: int, n: int):
     """
     seed, offset, n = check_counters(seed, offset, n)
     xp = ops.xp
-    index = xp.arange(n, dtype=xp.int64)               # n <= 2**64 - offset, but i < 2**63
+    index = xp.arange(n, dtype=xp.int64)       # element indices, below 2**63 (no array is longer)
     low = (index & WORD) + (offset & WORD)             # below 2**33: the carry is bit 32
     counter_low = low & WORD
     counter_high = ((index >> 32) + (offset >> 32) + (low >> 32)) & WORD
