@@ -37,10 +37,12 @@ rounding kernel, say) only with the same bits, which the parity tests check.
 """
 from __future__ import annotations
 
+from ..rounding import round_to as host_round_to
+from ..rounding.portable import philox_uniforms_portable, round_to_portable
 from .tuning import Tuning
 
 __all__ = ["NAMESPACE", "ARRAY_ATTRIBUTES", "DTYPE_KINDS", "ENGINE_PACKAGES", "HOST_PACKAGES",
-           "HOST_MODULES", "is_engine_module", "Backend"]
+           "HOST_MODULES", "PORTABLE_MODULES", "is_engine_module", "Backend"]
 
 NAMESPACE = frozenset("""
     ndarray generic integer bool_ float16 float32 float64 int8 int32 int64 intp uint8 uint16
@@ -74,13 +76,16 @@ ENGINE_PACKAGES = frozenset({"exact", "autograd", "nn", "optim", "scaling", "tra
 HOST_PACKAGES = frozenset({"experiments", "plots", "conformance", "cli", "__main__", "sweep"})
 HOST_MODULES = frozenset({"fpsim.train.checkpoint", "fpsim.train.trace", "fpsim.train.data",
                           "fpsim.train.cli"})
+#: below the seam but written on the namespace and kernels for every backend, so bound to the
+#: same rules: the reference rounding and Philox that ``Backend`` runs by default
+PORTABLE_MODULES = frozenset({"fpsim.rounding.portable"})
 
 
 def is_engine_module(module: str) -> bool:
     """Whether the module named ``module`` is engine code, bound to the seam's rules."""
     parts = module.split(".")
     return (len(parts) > 1 and parts[0] == "fpsim" and parts[1] in ENGINE_PACKAGES
-            and module not in HOST_MODULES)
+            and module not in HOST_MODULES) or module in PORTABLE_MODULES
 
 
 class Backend:
@@ -161,13 +166,23 @@ class Backend:
 
     def round_to(self, x, fmt, mode="nearest_even", *, seed=None, offset=None,
                  subnormals=None, saturate=None, daz=False):
-        """``fpsim.rounding.round_to`` on this backend's arrays, the same bits."""
-        raise NotImplementedError
+        """``fpsim.rounding.round_to`` on this backend's arrays, the same bits. By default
+        ``fpsim.rounding.portable.round_to_portable`` on this backend's namespace and kernels
+        (every mode, stochastic rounding, FTZ, DAZ, saturation); a backend may override it
+        with a faster kernel under the parity tests (``tests/test_rounding_portable.py``).
+        Host values (Python numbers, exact rationals, NumPy scalars and arrays) are rounded on
+        the host by ``fpsim.rounding.round_to`` and come back as host values."""
+        if not self.is_array(x):
+            return host_round_to(x, fmt, mode, seed=seed, offset=offset,
+                                 subnormals=subnormals, saturate=saturate, daz=daz)
+        return round_to_portable(self, x, fmt, mode, seed=seed, offset=offset,
+                                 subnormals=subnormals, saturate=saturate, daz=daz)
 
     def uniforms(self, seed: int, offset: int, n: int):
         """The n float64 uniforms of stochastic rounding for elements ``offset .. offset+n-1``
-        under ``seed`` (Philox4x32-10, as ``fpsim.rounding.philox_uniforms``)."""
-        raise NotImplementedError
+        under ``seed`` (Philox4x32-10, as ``fpsim.rounding.philox_uniforms``); by default
+        ``philox_uniforms_portable`` on this backend's namespace."""
+        return philox_uniforms_portable(self, seed, offset, n)
 
     def scratch(self, slot, dtype, n: int):
         """A work array of n elements of ``dtype`` for this thread, reused between calls with

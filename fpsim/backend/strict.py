@@ -21,7 +21,9 @@ but engine code (``interface.is_engine_module``) that does any of these gets a
 
 Code outside the engine (tests, host adapters) may use a ``StrictArray`` as a NumPy array:
 the checks apply where the calling frame is engine code.
-The kernels are NumpyBackend's on the arrays inside, so every result has NumPy's bits.
+The kernels are NumpyBackend's on the arrays inside, so every result has NumPy's bits, except
+rounding and Philox: those are the portable reference (``fpsim.rounding.portable``, the
+``Backend`` default every new backend starts from), run on the strict namespace.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ import sys
 
 import numpy as np
 
-from .interface import ARRAY_ATTRIBUTES, NAMESPACE, is_engine_module
+from .interface import ARRAY_ATTRIBUTES, NAMESPACE, Backend, is_engine_module
 from .numpy_backend import NumpyBackend
 
 __all__ = ["StrictArray", "StrictBackend", "StrictError"]
@@ -344,11 +346,10 @@ class StrictBackend(NumpyBackend):
     def from_bits(self, pattern):
         return StrictArray(super().from_bits(_plain(pattern)))
 
-    def round_to(self, x, fmt, mode="nearest_even", **options):
-        return _wrap(super().round_to(_plain(x), fmt, mode, **options), {})
-
-    def uniforms(self, seed: int, offset: int, n: int):
-        return StrictArray(super().uniforms(seed, offset, n))
+    # rounding and Philox: the portable reference (Backend's), checked like engine code,
+    # not NumPy's kernels
+    round_to = Backend.round_to
+    uniforms = Backend.uniforms
 
     def scratch(self, slot, dtype, n: int):
         return StrictArray(super().scratch(slot, dtype, n))
