@@ -207,7 +207,7 @@ def test_help_is_plain_text_with_defaults(command, capsys, monkeypatch):
         assert "learning rate (default: 0.1)" in text
         assert "(default: the recipe's" in text
     if command == "reproduce":
-        assert "(default: figures)" in text
+        assert "(default: figures, or figures/quick with --quick" in " ".join(text.split())
 
 
 def test_train_plot_draws_the_run_beside_its_trace(tmp_path, capsys):
