@@ -122,8 +122,9 @@ def test_zero_sums_of_nonzero_lines_take_the_ieee_sign():
 def test_gathered_products_from_any_operand_layout(order, monkeypatch):
     """The exact step gathers from the float32 operands where they are C- or F-ordered,
     else from their float64 copies: same bits for every layout, split certificate off."""
-    def certify_nothing(terms, upper):
-        return np.zeros(terms.shape[0], np.float32), np.zeros(terms.shape[0], bool)
+    def certify_nothing(terms, upper):       # the engine's arrays, on any backend
+        return (backend.xp.zeros(terms.shape[0], backend.xp.float32),
+                backend.xp.zeros(terms.shape[0], bool))
 
     monkeypatch.setattr(gathered, "split_certify", certify_nothing)
     rng = np.random.default_rng(5)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fpsim import backend
 from fpsim.exact import fast_matmul, gathered
 from fpsim.exact.certificate import split_certify
 from fpsim.exact.sums import round_to_odd_sum
@@ -64,8 +65,9 @@ def test_split_certify_agrees_with_the_exact_sum_wherever_it_answers(kind, k):
 def test_matmul_2d_exact_route_alone_matches_the_reference(kind, monkeypatch):
     """With the split certificate answering nothing, every element it would take goes
     through the integer limbs: the same bits as the reference."""
-    def certify_nothing(terms, upper):
-        return np.zeros(terms.shape[0], np.float32), np.zeros(terms.shape[0], bool)
+    def certify_nothing(terms, upper):       # the engine's arrays, on any backend
+        return (backend.xp.zeros(terms.shape[0], backend.xp.float32),
+                backend.xp.zeros(terms.shape[0], bool))
 
     monkeypatch.setattr(gathered, "split_certify", certify_nothing)
     rng = np.random.default_rng(len(kind))

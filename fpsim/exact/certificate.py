@@ -67,8 +67,7 @@ from __future__ import annotations
 
 import math
 
-from ..backend import (astype, bits, from_bits, is_contiguous, scratch, size, tuning,
-                       xp)
+from ..backend import astype, bitcast, bits, is_contiguous, scratch, size, tuning, xp
 from .sums import zero_sum
 
 __all__ = ["error_factor", "tight_error_factor", "width_factor", "certify", "certify_fp32_open",
@@ -111,8 +110,11 @@ def certify(approx: xp.ndarray, width: xp.ndarray, width_cols: xp.ndarray | None
     cast, computed chunk by chunk (``tuning().certificate_chunk`` elements) so the
     temporaries stay in cache: ``low`` and
     ``certified`` then live in this thread's reused buffers, valid until the next call, and
-    ``high`` is a fresh float32 array. ``approx`` has at least one axis.
+    ``high`` is a fresh float32 array. ``approx`` has at least one axis. Host arrays are
+    taken as the backend's (``xp.asarray``), as by every function exported here.
     """
+    approx, width = xp.asarray(approx), xp.asarray(width)
+    width_cols = None if width_cols is None else xp.asarray(width_cols)
     if round_end is not None:
         with xp.errstate(invalid="ignore", over="ignore"):
             w = width if width_cols is None else width * width_cols
@@ -179,6 +181,8 @@ def certify_fp32_open(approx: xp.ndarray, width_rows: xp.ndarray, width_cols: xp
     chunk (widths of very different sizes), the chunk is taken again with w throughout.
     Chunk sizes and thresholds: ``tuning()``'s ``certificate_open_chunk``, ``einsum_from``,
     ``recheck_share``."""
+    approx, width_rows, width_cols = (xp.asarray(x) for x in (approx, width_rows, width_cols))
+    high = xp.asarray(high)              # the caller's array itself (it receives the ends)
     settings = tuning()
     recheck_share = settings.recheck_share
     lines, n = approx.shape
@@ -283,34 +287,38 @@ def line_quanta(x: xp.ndarray, axis: int) -> xp.ndarray:
     Clearing a pattern's lowest set bit (p & (p - 1)) lowers |x| by exactly that bit's value
     where the fraction is nonzero (Sterbenz: the difference is exact), by at least |x| / 2
     for a power of two (an exponent bit goes): the line's smallest such difference, cut to
-    the power of two at or below it, divides every element. Patterns compare as unsigned
-    integers in the order of the non-negative values they hold; subtracting 1 sends the
-    zeros' differences to the top, out of the minimum. The minimum may be taken over parts
-    of a line and combined (``lowest_bit_patterns``, ``quanta_from_patterns``)."""
+    the power of two at or below it, divides every element. The patterns of negative
+    float32 values, read as int32, order like the values' magnitudes above -2**31 (the
+    pattern of +0), so the minimum of the negated differences' patterns is the smallest
+    nonzero difference (a zero difference, +0, stays out of it). The minimum may be taken
+    over parts of a line and combined (``lowest_bit_patterns``, ``quanta_from_patterns``).
+    Signed integers only: torch has no arithmetic on unsigned ones."""
     return quanta_from_patterns(lowest_bit_patterns(x, axis))
 
 
 def lowest_bit_patterns(x: xp.ndarray, axis: int) -> xp.ndarray:
-    """Per line of the finite float32 ``x`` along ``axis``: the smallest lowest-bit
-    difference of its elements as a uint32 pattern, less 1 (zeros wrap to the top); the
-    minimum of these over parts of a line is the whole line's (``line_quanta``)."""
-    # Python int operands take the uint32 patterns' dtype (weak scalars)
-    mag = _like(x, "quanta.mag", xp.uint32)
-    xp.bitwise_and(bits(x), 0x7FFFFFFF, out=mag)
-    low = _like(x, "quanta.low", xp.uint32)
-    xp.subtract(mag, 1, out=low)                       # zeros wrap; they give 0 below
-    xp.bitwise_and(low, mag, out=low)
-    xp.subtract(from_bits(mag), from_bits(low), out=from_bits(low))
-    low -= 1
+    """Per line of the finite float32 ``x`` along ``axis``: the smallest nonzero lowest-bit
+    difference d of its elements as the int32 pattern of -d (-2**31 + d's pattern), or 0
+    (+0's) for an all-zero line; the minimum of these over parts of a line is the whole
+    line's (``line_quanta``)."""
+    # Python int operands take the int32 patterns' dtype (weak scalars)
+    mag = _like(x, "quanta.mag", xp.int32)
+    xp.bitwise_and(bitcast(x, xp.int32), 0x7FFFFFFF, out=mag)      # |x|, >= 0
+    low = _like(x, "quanta.low", xp.int32)
+    xp.subtract(mag, 1, out=low)                       # -1 for zeros: they give 0 below
+    xp.bitwise_and(low, mag, out=low)                  # |x| less its lowest set bit
+    # -d = (|x| less that bit) - |x|, exact (Sterbenz); +0 for x = 0
+    cleared = bitcast(low, xp.float32)
+    xp.subtract(cleared, bitcast(mag, xp.float32), out=cleared)
     return xp.min(low, axis=axis)
 
 
 def quanta_from_patterns(patterns: xp.ndarray) -> xp.ndarray:
     """``line_quanta`` from the lines' ``lowest_bit_patterns`` (combined by minimum)."""
-    smallest = patterns + 1                             # an all-zero line wraps back to 0
+    smallest = patterns & 0x7FFFFFFF                    # d's pattern; 0 for an all-zero line
     normal = smallest >= 0x00800000                     # subnormal differences: powers of two
-    smallest[normal] &= 0xFF800000
-    quanta = astype(from_bits(smallest), xp.float64)
+    smallest[normal] &= 0x7F800000
+    quanta = astype(bitcast(smallest, xp.float32), xp.float64)
     quanta[quanta == 0] = 1.0
     return quanta
 
@@ -328,6 +336,7 @@ def split_certify(terms: xp.ndarray, upper: xp.ndarray) -> tuple[xp.ndarray, xp.
     values) whose absolute sum is at most ``upper``, the exact row sum rounded once to fp32
     (nearest even, IEEE sign for exact zeros) where ``known``; garbage elsewhere (the split
     certificate in the module docstring)."""
+    terms, upper = xp.asarray(terms), xp.asarray(upper)
     rows, k = terms.shape
     if k >= 1 << 26:
         return xp.zeros(rows, xp.float32), xp.zeros(rows, bool)

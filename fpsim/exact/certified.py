@@ -13,7 +13,7 @@ summation order or its thread count: only certified or exactly computed values a
 """
 from __future__ import annotations
 
-from ..backend import (astype, bits, from_bits, is_contiguous, round_to, scratch, size, tuning,
+from ..backend import (astype, bitcast, is_contiguous, round_to, scratch, size, to_list, tuning,
                        xp)
 from ..formats import FP32
 from .certificate import certify, error_factor, sums_exactly, width_factor
@@ -47,6 +47,7 @@ def exact_matmul(a3: xp.ndarray, b3: xp.ndarray, acc, *, force_fallback: bool = 
     Each element is the exact dot product rounded once to ``acc`` (nearest even); the sign
     of a zero follows IEEE addition of the exact products (see the module docstring).
     """
+    a3, b3 = xp.asarray(a3), xp.asarray(b3)
     nb, m, k = a3.shape
     n = b3.shape[2]
     finite_a, finite_b = xp.isfinite(a3), xp.isfinite(b3)
@@ -101,6 +102,7 @@ def exact_rows_sum(rows: xp.ndarray, acc, *, force_fallback: bool = False
     zero-sign rule (``sums.zero_sum``); the other rows, inf and NaN among them, take
     ``_rows_sum_certified``.
     """
+    rows = xp.asarray(rows)
     k = rows.shape[1]
     if force_fallback or not size(rows):
         return _rows_sum_certified(rows, acc, force_fallback)
@@ -119,21 +121,22 @@ def exact_rows_sum(rows: xp.ndarray, acc, *, force_fallback: bool = False
     return out, count
 
 
-# Python ints: they take the uint32 patterns' dtype (weak scalars in every array library)
-_EXPONENT_SHIFT = 24            # 2|x|'s pattern >> 24: the exponent field
+# Python ints: they take the int32 patterns' dtype (weak scalars in every array library)
+_EXPONENT_SHIFT = 23            # |x|'s pattern >> 23: the exponent field
 _LARGEST_FINITE_EXPONENT = 254
 
 
 def exponent_window_open(top: xp.ndarray, low: xp.ndarray, terms: int) -> xp.ndarray:
     """Where a float64 sum of ``terms`` finite float32 values may not be exact, judged from
-    their exponent window alone (``_sums_and_patterns``: ``top`` = 2 * the largest |x|
-    pattern, ``low`` = 2 * the smallest nonzero |x| pattern - 1, uint32; all-zero lines are
-    never open, lines holding inf or NaN always). Outside the mask the float64 sum, in any
-    order, IS the exact sum.
+    their exponent window alone (``_sums_and_patterns``: ``top`` = the largest |x| pattern,
+    ``low`` = the smallest nonzero |x| pattern - 1, int32 (2**31 - 1 for an all-zero line);
+    all-zero lines are never open, lines holding inf or NaN always). Outside the mask the
+    float64 sum, in any order, IS the exact sum.
 
-    Proof. Doubling a pattern drops the sign bit, so ``top >> 24`` is the largest biased
-    exponent E of the line's values and ``low >> 24`` at most the smallest nonzero one's
-    (one low when that value is a power of two: 2p - 1 borrows from the exponent field).
+    Proof. A pattern without its sign bit is the magnitude's, so ``top >> 23`` is the
+    largest biased exponent E of the line's values and ``low >> 23`` at most the smallest
+    nonzero one's (one low when that value is a power of two: p - 1 borrows from the
+    exponent field).
     With e = max(E, 1) every finite float32 x has |x| < 2**(e - 126) and is a multiple of
     2**(e - 150) (subnormals: e = 1, multiples of 2**-149), and patterns order like
     magnitudes, so every nonzero term is a multiple of 2**q, q = e_low - 150, and
@@ -151,7 +154,7 @@ def exponent_window_open(top: xp.ndarray, low: xp.ndarray, terms: int) -> xp.nda
     if limit < 0:
         return xp.ones(top.shape, bool)
     # The bound is capped at 254, the largest finite exponent: a line holding inf or NaN
-    # (top >> 24 = 255) is open too.
+    # (top >> 23 = 255) is open too.
     bound = xp.add(low >> _EXPONENT_SHIFT, limit)
     return (top >> _EXPONENT_SHIFT) > xp.minimum(bound, _LARGEST_FINITE_EXPONENT, out=bound)
 
@@ -201,26 +204,29 @@ def _rows_sum_certified(rows: xp.ndarray, acc, force_fallback: bool
 
 def _sums_and_patterns(rows: xp.ndarray):
     """(fl64 sum, ``top``, ``low``) of each row of float32 ``rows``, as
-    ``exponent_window_open`` reads them: top = max of 2|x|'s pattern, low = min of it less 1
-    (zeros wrap to 2**32 - 1, out of the minimum). Block by block in memory order through a
-    reused buffer, as ``_float64_sums``; the sums are float64 sums of the widened values
-    (any order: see the certificates). Call under errstate(invalid="ignore")."""
+    ``exponent_window_open`` reads them: top = max of |x|'s pattern, low = min of it less 1,
+    int32 (zeros go to 2**31 - 1, out of the minimum; signed integers only: torch has no
+    arithmetic on unsigned ones). Block by block in memory order through a reused buffer,
+    as ``_float64_sums``; the sums are float64 sums of the widened values (any order: see
+    the certificates). Call under errstate(invalid="ignore")."""
     across = is_contiguous(rows, "F") and not is_contiguous(rows, "C")
     lines = rows.T if across else rows      # across: the sums run across the lines
     count, width = lines.shape
-    # uint32 elements per block (tuning().certified_pattern_block)
+    # int32 elements per block (tuning().certified_pattern_block)
     step = max(1, tuning().certified_pattern_block // width)
-    doubled = scratch("rows_sum.patterns", xp.uint32, min(step, count) * width)
+    patterns = scratch("rows_sum.patterns", xp.int32, min(step, count) * width)
     axis = 0 if across else 1
     parts = []
     for lo in range(0, count, step):
         hi = min(lo + step, count)
         part = lines[lo:hi]
-        pattern = xp.reshape(doubled[:(hi - lo) * width], (hi - lo, width))
-        xp.left_shift(bits(part), 1, out=pattern)
+        pattern = xp.reshape(patterns[:(hi - lo) * width], (hi - lo, width))
+        xp.bitwise_and(bitcast(part, xp.int32), 0x7FFFFFFF, out=pattern)     # |x|'s
         approx = xp.sum(part, axis=axis, dtype=xp.float64)
         top = xp.max(pattern, axis=axis)
-        parts.append((approx, top, xp.min(xp.subtract(pattern, 1, out=pattern), axis=axis)))
+        xp.subtract(pattern, 1, out=pattern)                   # zeros: -1 ...
+        xp.bitwise_and(pattern, 0x7FFFFFFF, out=pattern)       # ... and then 2**31 - 1
+        parts.append((approx, top, xp.min(pattern, axis=axis)))
     if len(parts) == 1:
         return parts[0]
     if not across:
@@ -270,10 +276,10 @@ def lowest_bit_exponent(x: xp.ndarray, axis: int) -> xp.ndarray:
     exactly that bit's value when the fraction is nonzero. For a power of two it clears an
     exponent bit instead and lowers |x| by at least |x| / 2: one bit low, still a bound.
     """
-    magnitude = bits(xp.ascontiguousarray(x)) & 0x7FFFFFFF
-    cleared = magnitude - 1                # zeros wrap around; they are masked out below
+    magnitude = bitcast(xp.ascontiguousarray(x), xp.int32) & 0x7FFFFFFF
+    cleared = magnitude - 1                # -1 for zeros; they are masked out below
     cleared &= magnitude
-    low = from_bits(magnitude) - from_bits(cleared)             # exact (Sterbenz)
+    low = bitcast(magnitude, xp.float32) - bitcast(cleared, xp.float32)     # exact (Sterbenz)
     if low.shape[axis] == 0:
         return xp.full(low.shape[:axis] + low.shape[axis + 1:], 2000, xp.int64)
     # a plain where + min (not ufunc.reduce(where=, initial=)): every array library has both
@@ -310,7 +316,9 @@ def _fix_zero_signs(out, all_zero, a3, b3) -> None:
     with a product of positive sign is +0 (a nonzero one cancels; all zero: +0 + -0)."""
     if not xp.any(all_zero):
         return
-    for batch in xp.unique(xp.nonzero(all_zero)[0]):
+    # host ints: an integer index gives a view of out[batch], written below (a 0-d array
+    # index would give a copy in NumPy)
+    for batch in to_list(xp.unique(xp.nonzero(all_zero)[0])):
         mask = all_zero[batch]
         rows, cols = xp.nonzero(xp.any(mask, axis=1))[0], xp.nonzero(xp.any(mask, axis=0))[0]
         dtype = xp.float32 if a3.shape[2] < 1 << 24 else xp.float64  # exact counts

@@ -104,6 +104,8 @@ def matmul_2d(a: xp.ndarray, b: xp.ndarray, out_fmt, bias: xp.ndarray | None = N
     """exact(fp32) ``a @ b`` (+ ``bias`` in the fp32 accumulator) rounded to ``out_fmt``, as
     float32; None where the fast path does not apply. ``note``: report (accumulator + bias,
     output) to the underflow counter, as ``accumulation._to_output`` does."""
+    a, b = xp.asarray(a), xp.asarray(b)
+    bias = None if bias is None else xp.asarray(bias)
     m, k = a.shape
     n = b.shape[1]
     if k == 0 or m == 0 or n == 0:
@@ -235,7 +237,7 @@ def _widen_with_norms(x: xp.ndarray, name: str, axis: int, quanta: bool = False)
         patterns = lowest_bit_patterns(src, across) if quanta else None
     else:
         squares = xp.empty(lines, xp.float64) if along_rows else xp.zeros(width, xp.float64)
-        patterns = xp.empty(lines, xp.uint32) if quanta and along_rows else None
+        patterns = xp.empty(lines, xp.int32) if quanta and along_rows else None
         for lo in range(0, lines, step):
             part = wide[lo:lo + step]
             xp.copyto(part, src[lo:lo + step])

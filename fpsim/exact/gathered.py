@@ -21,7 +21,7 @@ Operands are float32 C- or F-ordered arrays, or their float64 copies (``gather_s
 """
 from __future__ import annotations
 
-from ..backend import astype, bits, is_contiguous, size, tuning, xp
+from ..backend import astype, bitcast, is_contiguous, size, tuning, xp
 
 from .certificate import error_factor, split_certify
 from .certified import cauchy_schwarz_bound
@@ -33,6 +33,8 @@ __all__ = ["exact_elements", "exact_zero_signs", "gather_source"]
 def exact_elements(a, b, row_norm, col_norm, rows, cols, approx) -> xp.ndarray:
     """float32 exact sums of elements (rows, cols) of a @ b, rounded once to fp32 (module
     docstring); ``approx``: their float64 BLAS values (only where they are zero matters)."""
+    a, b, row_norm, col_norm, rows, cols, approx = (
+        xp.asarray(x) for x in (a, b, row_norm, col_norm, rows, cols, approx))
     count = size(rows)
     out = xp.empty(count, xp.float32)
     todo = xp.arange(count)
@@ -94,9 +96,8 @@ def _zero_sums_of_sparse_rows(a, b, rows, cols, support_max: int):
 
 def _has_sign_bits(x) -> bool:
     """Whether any element of the float32 or float64 ``x`` has its sign bit set (-0 too):
-    its largest bit pattern, read as an unsigned integer, has the top bit."""
-    sign = 1 << (31 if x.dtype == xp.float32 else 63)
-    return int(xp.max(bits(x))) >= sign
+    its smallest bit pattern, read as a signed integer, is negative."""
+    return int(xp.min(bitcast(x, xp.int32 if x.dtype == xp.float32 else xp.int64))) < 0
 
 
 def exact_zero_signs(a, b, rows, cols) -> xp.ndarray:
@@ -104,6 +105,7 @@ def exact_zero_signs(a, b, rows, cols) -> xp.ndarray:
     exactly when every product is -0, that is (the sum being zero) when signbit(a_ik) !=
     signbit(b_kj) for every k (every product is then <= 0, so each is -0). A few probes
     first, the whole lines only where every probe differs."""
+    a, b, rows, cols = (xp.asarray(x) for x in (a, b, rows, cols))
     value = xp.zeros(size(rows), xp.float32)
     k = a.shape[1]
     count = tuning().probes         # sign probes before the whole lines are compared

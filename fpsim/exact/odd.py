@@ -16,7 +16,7 @@ True
 """
 from __future__ import annotations
 
-from ..backend import astype, bits, copy, from_bits, xp
+from ..backend import astype, bitcast, copy, xp
 
 __all__ = ["round_to_odd", "add_round_to_odd"]
 
@@ -28,16 +28,18 @@ def round_to_odd(near, residual) -> xp.ndarray:
 
     The neighbour toward zero is x truncated to 53 bits; setting its last bit (the sticky
     bit) when x is inexact gives the odd neighbour, or keeps it when it already is odd.
+    The pattern is read as int64 (two's complement: the same bits as unsigned arithmetic;
+    torch has no arithmetic on unsigned integers).
     """
     near = xp.asarray(near, xp.float64)
     with xp.errstate(invalid="ignore"):
         inexact = (residual != 0) & xp.isfinite(near)
     if not xp.any(inexact):
         return near
-    pattern = bits(copy(near))
-    pattern -= astype(inexact & (xp.signbit(residual) != xp.signbit(near)), xp.uint64)
-    pattern |= astype(inexact, xp.uint64)
-    return from_bits(pattern)
+    pattern = bitcast(copy(near), xp.int64)
+    pattern -= astype(inexact & (xp.signbit(residual) != xp.signbit(near)), xp.int64)
+    pattern |= astype(inexact, xp.int64)
+    return bitcast(pattern, xp.float64)
 
 
 def add_round_to_odd(x, y) -> xp.ndarray:

@@ -158,18 +158,16 @@ def _limbs_to_float_round_to_odd(limbs: xp.ndarray, first: int) -> xp.ndarray:
 
     top_bits = astype(xp.frexp(astype(xp.maximum(top, 1), xp.float64))[1], xp.int64)  # 1..32
     drop = top_bits + 11                        # bits of the 96-bit (top, second, third) window
-    wide = drop >= _LIMB                        # below the 53 kept: 12..43
-    far = astype(xp.where(wide, drop - _LIMB, 0), xp.uint64)
-    near = astype(xp.where(wide, _LIMB, drop), xp.uint64)
-    # uint64 from here on; Python ints mix with it as uint64 (weak scalars)
-    head = (astype(top, xp.uint64) << _LIMB) | astype(second, xp.uint64)   # below 2**64
-    third = astype(third, xp.uint64)
-    kept_wide = head >> far
-    kept_near = (head << xp.where(wide, 0, _LIMB - near)) | (third >> near)
-    kept = xp.where(wide, kept_wide, kept_near)
-    lost_wide = ((head & ((1 << far) - 1)) != 0) | (third != 0)
-    lost_near = (third & ((1 << near) - 1)) != 0
-    sticky |= xp.where(wide, lost_wide, lost_near)
+    #                                             below the 53 kept: 12..43
+    # kept = floor(window / 2**drop) in int64, every part below 2**53 (signed integers only:
+    # torch has no unsigned arithmetic): top's bits moved up by 64 - drop = 53 - top_bits,
+    # second's moved down by drop - 32 (or up by 32 - drop), third's down by drop
+    far = xp.maximum(drop - _LIMB, 0)
+    kept = ((top << (53 - top_bits)) | ((second >> far) << xp.maximum(_LIMB - drop, 0))
+            | (third >> drop))
+    # the bits below the cut: second's lowest far, third's lowest min(drop, 32)
+    lost = (second & ((1 << far) - 1)) | (third & ((1 << (drop - far)) - 1))
+    sticky |= lost != 0
     exponent = _LIMB * (top_index - 2 + first) + drop - 1075
     # kept holds exactly 53 bits and the result is normal (module docstring), so the float's
     # last bit is kept's: the truncation plus the sticky bit is the round-to-odd value.
