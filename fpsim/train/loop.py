@@ -298,11 +298,13 @@ def _kept_trace(trace_path: Path, start: int) -> tuple[list[StepRecord], str]:
     torn = bool(text) and not text.endswith("\n")
     records = read_trace(trace_path, drop_torn_tail=True)
     kept = [r for r in records if r.step < start]
-    if [r.step for r in kept] != list(range(start)):
-        steps = f"steps {kept[0].step}..{kept[-1].step}" if kept else "no steps"
-        raise ValueError(f"cannot resume at step {start}: {trace_path} holds {steps} before it "
-                         f"(it must hold 0..{start - 1} in order); the resumed trace would "
-                         f"have a gap")
+    if len(kept) < start:     # read_trace refused gaps, repeats and disorder: it stops short
+        first = len(kept)
+        missing = f"step {first} is" if first == start - 1 else f"steps {first}..{start - 1} are"
+        raise ValueError(f"cannot resume at step {start}: {trace_path} "
+                         f"{'holds no steps' if not kept else f'ends at step {first - 1}'}, so "
+                         f"{missing} missing; the resumed trace would have a gap (resume from "
+                         f"a checkpoint at or before step {first}, or from the start)")
     dropped = len(records) - len(kept)
     parts = ([f"{dropped} step(s) after step {start - 1}"] if dropped else []) + \
         (["a last line torn by an interruption"] if torn else [])
