@@ -1,6 +1,12 @@
 """The backend seam, read from the source: above ``fpsim.backend`` nothing imports an array
-library, every ``xp.NAME`` is in the closed ``NAMESPACE``, and rounding and Philox kernels
-are reached through the backend, not ``fpsim.rounding``.
+library, every ``xp.NAME`` is in the closed ``NAMESPACE``, no array attribute outside the
+closed ``ARRAY_ATTRIBUTES`` is read, no NumPy scalar type is called as a constructor, and
+rounding and Philox kernels are reached through the backend, not ``fpsim.rounding``.
+
+The attribute check is static, so it sees only names that cannot be something else: an
+ndarray attribute that an engine class (``Tensor.sum``, ``Tensor.size``) or a builtin type
+(``dict.copy``) also has is refused only on ``<tensor>.data``. The ``numpy-strict`` backend
+checks every array at run time (``test_engine_tests_pass_on_numpy_strict``).
 
 The exceptions are named: modules that read and write files or talk to frameworks on the host
 (the CLI, experiments, plots, conformance adapters, checkpoint / trace / dataset files).
@@ -9,6 +15,7 @@ from __future__ import annotations
 
 import ast
 
+import numpy as np
 import pytest
 
 from fpsim import backend
@@ -40,6 +47,54 @@ def _engine_modules():
 ENGINE = sorted(_engine_modules())
 
 
+def _engine_class_attributes() -> set:
+    names = set()
+    for _, _, tree in ENGINE:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                for item in ast.walk(node):
+                    if isinstance(item, ast.FunctionDef):
+                        names.add(item.name)
+                    elif isinstance(item, ast.Assign):
+                        names |= {t.id for t in item.targets if isinstance(t, ast.Name)}
+    return names
+
+
+def _builtin_attributes() -> set:
+    return {name for kind in (dict, list, set, frozenset, tuple, str, bytes, int, float, complex)
+            for name in dir(kind) if not name.startswith("_")}
+
+
+NDARRAY_ATTRIBUTES = {name for name in dir(np.ndarray) if not name.startswith("_")}
+# ndarray names that engine classes or builtins also have: refused on ``.data`` only
+AMBIGUOUS = (NDARRAY_ATTRIBUTES & (_engine_class_attributes() | _builtin_attributes())
+             - backend.ARRAY_ATTRIBUTES)
+# plus the dtype attributes that only NumPy has
+REFUSED = (NDARRAY_ATTRIBUTES - backend.ARRAY_ATTRIBUTES - AMBIGUOUS) | {"kind", "char", "num"}
+SCALAR_TYPES = {name for name in backend.NAMESPACE if isinstance(getattr(np, name), type)
+                and issubclass(getattr(np, name), np.generic)}
+
+
+def array_attribute_uses(tree) -> list:
+    """(line, what) for each array attribute or scalar constructor the seam refuses."""
+    modules = {(alias.asname or alias.name).split(".")[0] for node in ast.walk(tree)
+               if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in modules | {"xp", "backend"}:
+                continue
+            on_data = isinstance(owner, ast.Attribute) and owner.attr == "data"
+            if node.attr in REFUSED or node.attr in AMBIGUOUS and on_data:
+                found.append((node.lineno, f".{node.attr}"))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and isinstance(node.func.value, ast.Name) and node.func.value.id == "xp"
+              and node.func.attr in SCALAR_TYPES):
+            found.append((node.lineno, f"xp.{node.func.attr}(...)"))
+    return sorted(found)
+
+
 def test_engine_modules_found():
     names = {name for name, _, _ in ENGINE}
     assert {"fpsim.exact.accumulation", "fpsim.autograd.tensor", "fpsim.optim.optimizer",
@@ -66,6 +121,28 @@ def test_xp_names_are_in_the_closed_namespace(name, path, tree):
             and node.value.id == "xp"}
     outside = sorted((line, attr) for line, attr in used if attr not in backend.NAMESPACE)
     assert not outside, f"{path}: xp names outside fpsim.backend.NAMESPACE: {outside}"
+
+
+@pytest.mark.parametrize("name,path,tree", ENGINE, ids=[n for n, _, _ in ENGINE])
+def test_no_array_attributes_outside_the_closed_list(name, path, tree):
+    used = array_attribute_uses(tree)
+    assert not used, (f"{path}: array attributes outside fpsim.backend.ARRAY_ATTRIBUTES "
+                      f"({', '.join(sorted(backend.ARRAY_ATTRIBUTES))}) or NumPy scalar "
+                      f"constructors; use fpsim.backend's functions: {used}")
+
+
+def test_the_attribute_check_can_fail():
+    source = """
+from ..backend import xp
+import math
+def f(x, t, d):
+    y = x.astype(xp.float64).view(xp.uint64)
+    if d.dtype.kind == "f" and x.flags.c_contiguous:
+        return t.data.reshape(-1), t.data.sum(), x.tolist(), xp.float32(1.5)
+    return x.shape, x.T, t.sum(), t.reshape(2), {}.copy(), math.pi, xp.reshape(x, (2,))
+"""
+    assert [what for _, what in array_attribute_uses(ast.parse(source))] == [
+        ".astype", ".view", ".flags", ".kind", ".reshape", ".sum", ".tolist", "xp.float32(...)"]
 
 
 @pytest.mark.parametrize("name,path,tree", ENGINE, ids=[n for n, _, _ in ENGINE])
@@ -105,6 +182,20 @@ def test_unknown_backend_from_the_environment(tmp_path):
                           text=True)
     assert done.returncode != 0
     assert "FPSIM_BACKEND='tpu' is not a backend of this fpsim; available: numpy" in done.stderr
+
+
+def test_unknown_backend_under_python_m_fpsim_is_one_line():
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "FPSIM_BACKEND": "cupy"}
+    done = subprocess.run([sys.executable, "-m", "fpsim", "--help"], env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        "fpsim: error: FPSIM_BACKEND='cupy' is not a backend of this fpsim; available: numpy, "
+        "numpy-strict (unset FPSIM_BACKEND for numpy; the GPU backends are not part of this "
+        "version)"]
 
 
 @pytest.mark.parametrize("value,chosen", [(None, "numpy"), ("", "numpy"), ("  ", "numpy"),

@@ -48,6 +48,7 @@ AttributeError: xp.exp is not in fpsim's kernel namespace (fpsim.backend.NAMESPA
 from __future__ import annotations
 
 import os
+import sys
 from contextlib import contextmanager
 
 import numpy as np
@@ -301,4 +302,12 @@ def backend_from_environment(value: "str | None") -> str:
     return chosen
 
 
-_install(_make(backend_from_environment(os.environ.get("FPSIM_BACKEND"))))
+try:
+    _install(_make(backend_from_environment(os.environ.get("FPSIM_BACKEND"))))
+except ValueError as err:
+    # ``python -m fpsim``: Python imports the package before any of fpsim's command-line code
+    # runs (sys.argv[0] is "-m" until then), so the command's one-line error is given here
+    if sys.argv[:1] == ["-m"]:
+        sys.stderr.write(f"fpsim: error: {err}\n")
+        raise SystemExit(2) from None
+    raise
