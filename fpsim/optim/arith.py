@@ -33,8 +33,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from ..backend import (astype, bitcast, bits, name, round_to, scalar, scratch, size, tuning,
-                       xp)
+from ..backend import astype, bitcast, name, round_to, scalar, scratch, size, tuning, xp
 from ..exact.odd import add_round_to_odd
 from ..formats import FP32, Format, get
 
@@ -65,9 +64,11 @@ class Arith:
         self.fmt = get(fmt)
         self.native = self.fmt == FP32
         # a float64 value at a midpoint of the format's grid has its low 51 - man_bits
-        # significand bits zero, one on its grid (normal range) also the next (see ``fma``)
-        self._low_bits = scalar((1 << (51 - self.fmt.man_bits)) - 1, xp.uint64)
-        self._grid_bits = scalar((1 << (52 - self.fmt.man_bits)) - 1, xp.uint64)
+        # significand bits zero, one on its grid (normal range) also the next (see ``fma``);
+        # the bit patterns are read as int64 (the masks are positive; torch counts and
+        # compares signed integers only)
+        self._low_bits = scalar((1 << (51 - self.fmt.man_bits)) - 1, xp.int64)
+        self._grid_bits = scalar((1 << (52 - self.fmt.man_bits)) - 1, xp.int64)
 
     def round(self, x) -> xp.ndarray:
         x = xp.asarray(x)
@@ -112,8 +113,8 @@ class Arith:
         shape, a64, b64 = a64.shape, xp.reshape(a64, (-1,)), xp.reshape(b64, (-1,))
         with xp.errstate(over="ignore", invalid="ignore"):
             total = op(a64, b64)
-            low = bits(total) & self._low_bits
-            if xp.count_nonzero(low) < size(low):
+            low = bitcast(total, xp.int64) & self._low_bits
+            if xp.count_nonzero(low) < low.shape[0]:
                 first, factor, second = (a64, 1.0, b64) if op is xp.add else (b64, -1.0, a64)
                 self._settle_ties(first, xp.asarray(factor, xp.float64), second, total,
                                   xp.flatnonzero(low == 0))
@@ -170,14 +171,14 @@ class Arith:
         shape = _common_shape(a, b, c)
         out = xp.empty(shape, xp.float32)
         flat_out = xp.reshape(out, (-1,))
-        n = size(flat_out)
+        n = flat_out.shape[0]
         chunk = tuning().arith_chunk
         width = min(n, chunk)
         work = scratch("arith.fma", xp.float64, 2 * width)   # the sums, then their low bits
         with xp.errstate(over="ignore", invalid="ignore"):
             a, b, c = _flat(a, shape), _flat(b, shape), _flat(c, shape)
             if n == width:                  # one chunk: the loop's only pass, without it
-                self._fma_chunk(a, b, c, flat_out, work[:n], bitcast(work[n:], xp.uint64),
+                self._fma_chunk(a, b, c, flat_out, work[:n], bitcast(work[n:], xp.int64),
                                 counts)
                 return out
             for lo in range(0, n, chunk):
@@ -185,7 +186,7 @@ class Arith:
                 hi = lo + part
                 self._fma_chunk(a if a.ndim == 0 else a[lo:hi], b if b.ndim == 0 else b[lo:hi],
                                 c if c.ndim == 0 else c[lo:hi], flat_out[lo:hi], work[:part],
-                                bitcast(work[width:width + part], xp.uint64), counts)
+                                bitcast(work[width:width + part], xp.int64), counts)
         return out
 
     def _fma_chunk(self, a, b, c, out, total, low, counts) -> None:
@@ -204,8 +205,8 @@ class Arith:
             moved = xp.not_equal(total, 0)
             counts[0] += int(xp.count_nonzero(moved))
         xp.add(total, c, out=total)
-        xp.bitwise_and(bits(total), self._low_bits, out=low)
-        if xp.count_nonzero(low) < size(low):
+        xp.bitwise_and(bitcast(total, xp.int64), self._low_bits, out=low)
+        if xp.count_nonzero(low) < low.shape[0]:
             self._settle_ties(a, b, c, total, xp.flatnonzero(low == 0))
         self._round_into(total, out)
         if counts is not None:
@@ -220,10 +221,10 @@ class Arith:
         reference returns that sum too; recomputing an element alone may give a NaN another
         sign bit)."""
         found = total[at]
-        tie = (bits(found) & self._grid_bits) != 0
+        tie = (bitcast(found, xp.int64) & self._grid_bits) != 0
         tie |= xp.abs(found) < self.fmt.min_normal
         at = at[tie & xp.isfinite(found)]
-        if size(at):
+        if at.shape[0]:
             total[at] = fma_round_to_odd(a if a.ndim == 0 else a[at], b if b.ndim == 0 else b[at],
                                          c if c.ndim == 0 else c[at])
 
@@ -253,4 +254,5 @@ def _flat(v, shape) -> xp.ndarray:
         v = astype(v, xp.float64)
     if v.shape != shape:
         v = xp.broadcast_to(v, shape)
-    return xp.reshape(xp.ascontiguousarray(v), (-1,))
+    v = xp.ascontiguousarray(v)
+    return v if v.ndim == 1 else xp.reshape(v, (-1,))

@@ -51,8 +51,9 @@ NOT_JOINED = Joined((), None)
 
 
 def join(arrays):
-    """The arrays' elements, in C order, one array after the other, in one new flat array."""
-    return xp.concatenate([xp.reshape(a, (-1,)) for a in arrays])
+    """The arrays' elements, in C order, one array after the other, in one new flat array.
+    (NumPy's ``concatenate(axis=None)`` does the same, measured slower.)"""
+    return xp.concatenate([a if a.ndim == 1 else xp.reshape(a, (-1,)) for a in arrays])
 
 
 def rejoin(arrays, last: Joined):
@@ -64,11 +65,13 @@ def rejoin(arrays, last: Joined):
 
 
 def split(flat, shapes) -> Joined:
-    """``flat`` as consecutive views of the given shapes (the inverse of ``join``)."""
+    """``flat`` (one dimension) as consecutive views of the given shapes (the inverse of
+    ``join``)."""
     parts, start = [], 0
     for shape in shapes:
         stop = start + math.prod(shape)
-        parts.append(xp.reshape(flat[start:stop], shape))
+        part = flat[start:stop]
+        parts.append(part if len(shape) == 1 else xp.reshape(part, shape))
         start = stop
     return Joined(tuple(parts), flat)
 
@@ -81,7 +84,7 @@ def together_format(rule, tensors, stored, states, master_fmt) -> "Format | None
     weights; ``states``: the rule's state of each parameter) are float32 arrays."""
     if type(rule) not in ELEMENTWISE_RULES or len(tensors) < 2:
         return None
-    if sum(p.size for p in tensors) > (len(tensors) - 1) * tuning().together_max:
+    if sum(math.prod(p.shape) for p in tensors) > (len(tensors) - 1) * tuning().together_max:
         return None
     fmt = master_fmt if master_fmt is not None else tensors[0].fmt
     if master_fmt is None and any(p.fmt != fmt for p in tensors):

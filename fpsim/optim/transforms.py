@@ -166,7 +166,9 @@ class SkipOnOverflow(Stateless):
 
     def update(self, step, state, params=None):
         following = step.next_scaler_state
-        return step._replace(skipped=following is not None and following.skipped), state
+        if following is not None and following.skipped:
+            return step._replace(skipped=True), state
+        return step, state
 
 
 @dataclass(frozen=True)
@@ -272,8 +274,8 @@ class ApplyRule:
                                               for field in zip(*state.states)))
             result: Update = self.rule.apply(arith_of(params.together), params.stored[0],
                                              step.grads[0], flat_state, count)
-            new = xp.reshape(xp.asarray(result.param, xp.float32), (-1,))
-            flats = type(result.state)(*(None if v is None else xp.reshape(v, (-1,))
+            new = _one_dimensional(xp.asarray(result.param, xp.float32))
+            flats = type(result.state)(*(None if v is None else _one_dimensional(v)
                                          for v in result.state))
             shapes = [p.shape for p in params.tensors]
             fields = [(None,) * len(shapes) if v is None else split(v, shapes).parts
@@ -394,6 +396,10 @@ clip_by_global_norm = ClipByGlobalNorm
 apply_rule = ApplyRule
 count_lost_updates = CountLostUpdates
 write_back = WriteBack
+
+
+def _one_dimensional(array):
+    return array if array.ndim == 1 else xp.reshape(array, (-1,))
 
 
 def _format_or_none(fmt) -> "Format | None":
