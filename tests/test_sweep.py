@@ -142,6 +142,14 @@ def test_failing_cells_are_recorded_and_the_sweep_goes_on(cluster, tmp_path):
     assert sgd["16-mixed", "1000000.0"]["outcome"] == "diverged"
     assert sgd["16-mixed", "1000000.0"]["nan_step"] != ""
     assert sgd["16-mixed", "0.1"]["outcome"] == "converged"
+    # a NaN result is written as the string JSON allows and read back: a rerun of the folder
+    # (to resume, or to rewrite the table) reads every cell, the diverged ones included
+    nan_cell = sgd["16-mixed", "1000000.0"]["key"]
+    assert '"final_loss": "nan"' in (tmp_path / "out" / "cells" / nan_cell / "result.json"
+                                     ).read_text()
+    again = run_sweep(load_spec(spec), tmp_path / "out", progress=False)
+    assert (again.earlier, again.outcomes) == (8, summary.outcomes)
+    assert _table(tmp_path / "out") == rows
 
 
 def _kill_a_busy_worker(cluster, killed: list):

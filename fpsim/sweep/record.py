@@ -4,15 +4,22 @@
 Every problem is a ``ValueError`` naming the file and what is wrong in it (a JSON decode error
 included), so a damaged or hand-edited file gives one clear line instead of a ``KeyError`` or
 ``AttributeError`` deep inside the sweep.
+
+JSON has no NaN or inf: a result that is one (the final loss of a run that diverged) is
+written as the string ``"nan"``, ``"inf"`` or ``"-inf"``, as traces write them
+(``cell_row_text``), and read back as the float.
 """
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 from ..train.trace import strict_json
 from .results import METRICS, OUTCOMES, STATUSES
 
-__all__ = ["SWEEP_FORMAT", "read_json_object", "read_sweep_record", "read_cell_row"]
+__all__ = ["SWEEP_FORMAT", "read_json_object", "read_sweep_record", "read_cell_row",
+           "cell_row_text"]
 
 SWEEP_FORMAT = "fpsim-sweep"
 SPEC_KEYS = {"name": str, "description": str, "base": dict, "grid": dict, "zip": dict}
@@ -22,6 +29,7 @@ RECORD_KEYS = {"format": str, "version": int, "fpsim": str, "spec": dict, "cells
 NUMERIC_METRICS = ("steps_run", "final_loss", "trailing_loss", "best_loss", "best_step",
                    "plateau_left_step", "skipped_steps", "final_scale", "underflow_fraction",
                    "lost_update_fraction", "nan_step", "wall_time")
+NON_FINITE = ("nan", "inf", "-inf")     # how result.json spells the floats JSON lacks
 
 
 def read_json_object(path: Path, what: str) -> dict:
@@ -80,6 +88,14 @@ def read_sweep_record(path: Path) -> dict:
     return record
 
 
+def cell_row_text(row: dict) -> str:
+    """A cell's row as its ``result.json`` text: strict JSON, a NaN or inf result as its
+    string (``NON_FINITE``)."""
+    spelled = {name: repr(value) if isinstance(value, float) and not math.isfinite(value)
+               else value for name, value in row.items()}
+    return json.dumps(spelled, indent=1, sort_keys=True, allow_nan=False) + "\n"
+
+
 def read_cell_row(path: Path, key: str, config: dict) -> dict:
     """A finished cell's ``result.json``: its row, which must belong to the cell keyed ``key``
     with ``config`` and hold every result column with values of the right kind."""
@@ -102,8 +118,10 @@ def read_cell_row(path: Path, key: str, config: dict) -> dict:
                          f"among {', '.join(STATUSES)} / {', '.join(OUTCOMES)}; {hint}")
     for name in NUMERIC_METRICS:
         value = row[name]
-        if value is not None and (isinstance(value, bool) or
-                                  not isinstance(value, (int, float))):
-            raise ValueError(f"{path}: {name} must be a number or null, not {_kind(value)} "
-                             f"({str(value)[:40]}); {hint}")
+        if value in NON_FINITE:
+            row[name] = float(value)
+        elif value is not None and (isinstance(value, bool) or
+                                    not isinstance(value, (int, float))):
+            raise ValueError(f"{path}: {name} must be a number, {', '.join(map(repr, NON_FINITE))}"
+                             f" or null, not {_kind(value)} ({str(value)[:40]}); {hint}")
     return row

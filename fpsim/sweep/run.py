@@ -30,7 +30,7 @@ from .._version import __version__
 from ..train.progress import progress_bar
 from ..files import LOCK_NAME, folder_lock, write_text
 from .cells import Cell, cell_count, expand, run_cell
-from .record import SWEEP_FORMAT, read_cell_row, read_sweep_record
+from .record import SWEEP_FORMAT, cell_row_text, read_cell_row, read_sweep_record
 from .results import HEAD, METRICS, OUTCOMES, write_tables
 from .spec import SweepSpec
 
@@ -153,7 +153,7 @@ def _save_cell(out: Path, cell: Cell, payload: dict) -> dict:
     for name, text in payload["files"].items():
         write_text(folder / name, text)
     row = payload["row"]
-    write_text(folder / "result.json", json.dumps(row, indent=1, sort_keys=True) + "\n")
+    write_text(folder / "result.json", cell_row_text(row))
     return row
 
 
