@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import signal
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 from child_process import ctrl_c_reaches_python
 
 from fpsim.cli import main
-from fpsim.sweep import load_spec, run_sweep
+from fpsim.sweep import load_spec, read_table, run_sweep
 from fpsim.sweep.run import local_cluster
 
 REPO = Path(__file__).resolve().parents[1]
@@ -150,6 +151,32 @@ def test_failing_cells_are_recorded_and_the_sweep_goes_on(cluster, tmp_path):
     again = run_sweep(load_spec(spec), tmp_path / "out", progress=False)
     assert (again.earlier, again.outcomes) == (8, summary.outcomes)
     assert _table(tmp_path / "out") == rows
+
+
+def test_the_table_judges_each_cell_against_its_fp32_cell(cluster, tmp_path):
+    spec = _spec(tmp_path, TINY.replace('"16-mixed", "bf16-mixed"', '"32-true", "16-mixed"'))
+    out = tmp_path / "out"
+    summary = run_sweep(load_spec(spec), out, scheduler=cluster.scheduler_address,
+                        progress=False)
+    rows = read_table(out / "results.csv")
+    fp32 = {row["seed"]: row for row in rows if row["policy"] == "32-true"}
+    assert [(r["judged_by"], r["baseline_cell"], r["outcome"]) for r in fp32.values()] == [
+        ("absolute", "", "converged")] * 2          # the references: fixed thresholds
+    plateau = math.log(4)
+    for row in rows[2:]:
+        reference = fp32[row["seed"]]
+        assert (row["policy"], row["judged_by"], row["baseline_cell"]) == (
+            "16-mixed", "baseline", reference["cell"])
+        assert row["baseline_trailing_loss"] == reference["trailing_loss"]
+        trailing, baseline = float(row["trailing_loss"]), float(reference["trailing_loss"])
+        assert row["outcome"] == ("converged" if trailing - baseline <= plateau - trailing
+                                  else "stalled")
+        # the cell's own row keeps what the fixed thresholds say
+        own = json.loads((out / "cells" / row["key"] / "result.json").read_text())
+        assert own["outcome"] == ("converged" if trailing < 0.9 * plateau else "stalled")
+        assert "judged_by" not in own
+    assert summary.outcomes == {outcome: sum(r["outcome"] == outcome for r in rows)
+                                for outcome in {r["outcome"] for r in rows}}
 
 
 def _kill_a_busy_worker(cluster, killed: list):

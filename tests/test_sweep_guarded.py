@@ -173,7 +173,7 @@ def test_a_malformed_cell_result_gives_one_line_naming_it(swept, tmp_path, capsy
 
 
 @pytest.mark.parametrize("damage", ["torn last row", "extra field", "unknown outcome",
-                                    "no header", "text number"])
+                                    "no header", "text number", "unknown judge"])
 def test_sweep_plot_refuses_a_damaged_table_naming_the_row(swept, tmp_path, capsys, damage):
     _, finished = swept
     copy = tmp_path / "copy"
@@ -188,6 +188,9 @@ def test_sweep_plot_refuses_a_damaged_table_naming_the_row(swept, tmp_path, caps
         lines[2] = lines[2].replace("converged", "great")
     elif damage == "no header":
         lines = lines[1:]
+    elif damage == "unknown judge":
+        assert lines[2].count(",absolute,") == 1
+        lines[2] = lines[2].replace(",absolute,", ",vibes,")
     else:
         header = lines[0].rstrip("\n").split(",")
         fields = next(csv.reader([lines[2]]))
@@ -244,7 +247,8 @@ def test_kill_9_of_the_driver_leaves_every_finished_cell_in_the_table(tmp_path):
 def test_seeds_that_disagree_are_drawn_mixed_with_their_counts(tmp_path, monkeypatch):
     from fpsim.sweep import phase_diagram
     from fpsim.sweep.record import SWEEP_FORMAT
-    from fpsim.sweep.results import HEAD, METRICS, write_tables
+    from fpsim.sweep.baseline import judge
+    from fpsim.sweep.results import HEAD, METRICS, TABLE_METRICS, write_tables
     import fpsim.plots.phase as plots_phase
 
     spec = {"name": "ties", "description": "", "base": {},
@@ -258,7 +262,7 @@ def test_seeds_that_disagree_are_drawn_mixed_with_their_counts(tmp_path, monkeyp
     rows = [dict({name: None for name in METRICS}, cell=i, key=f"k{i}", lr=0.1, policy=policy,
                  seed=seed, status="ok", outcome=outcome)
             for i, (policy, seed, outcome) in enumerate(ends)]
-    write_tables(tmp_path, rows, [*HEAD, "lr", "policy", "seed", *METRICS])
+    write_tables(tmp_path, judge(rows, {}), [*HEAD, "lr", "policy", "seed", *TABLE_METRICS])
     drawn = {}
     monkeypatch.setattr(plots_phase, "plot_phase_diagram",
                         lambda panels, **kwargs: drawn.update(panels) or [])

@@ -8,7 +8,8 @@ import pytest
 from fpsim.cli import main
 from fpsim.sweep import SpecError, expand, parse_spec
 from fpsim.sweep.cells import config_key
-from fpsim.sweep.results import METRICS, read_table, summarize, write_tables
+from fpsim.sweep.baseline import judge
+from fpsim.sweep.results import TABLE_METRICS, read_table, summarize, write_tables
 from fpsim.train import StepRecord
 
 SPEC = """
@@ -117,7 +118,7 @@ def _rows():
     config = {"classes": 4, "lr": 0.1, "clip_norm": None}
     ok = summarize(1, "b", config, _records([1.4] * 5 + [0.5] * 20), 65536.0, 1.5, None)
     failed = summarize(0, "a", config, [], None, 0.1, "ValueError: no")
-    return [ok, failed], ["cell", "key", "lr", "clip_norm", *METRICS]
+    return judge([ok, failed], {}), ["cell", "key", "lr", "clip_norm", *TABLE_METRICS]
 
 
 def test_csv_table_is_exact_and_sorted_by_cell(tmp_path, monkeypatch):

@@ -4,7 +4,8 @@ Runs that share the two axes' values (and the facet's) but differ on other axes 
 are gathered into one cell: for ``outcome`` their outcome when they all agree, else "mixed"
 with how many runs ended each way (two seeds a hair apart on either side of a threshold are
 shown as the disagreement they are, never as one of the two); for a number, the median of its
-finite values.
+finite values. Outcomes are the table's: judged against each run's fp32 baseline where the
+sweep has one (``fpsim.sweep.baseline``); the title says how many were.
 """
 from __future__ import annotations
 
@@ -74,6 +75,10 @@ def phase_diagram(folder: "str | Path", x: str, y: str, *, outcome: str = "outco
     from ..plots.phase import plot_phase_diagram  # matplotlib only when drawing
 
     title = f"{info['spec']['name']}: {outcome}" if outcome != "outcome" else info["spec"]["name"]
+    against_baseline = sum(row["judged_by"] == "baseline" for row in rows)
+    if outcome == "outcome" and against_baseline:
+        title += (f"\n{against_baseline} of {len(rows)} runs judged against their fp32 "
+                  f"baseline, the others by fixed thresholds")
     return plot_phase_diagram(panels, x_values=[_label(v) for v in order[x]],
                               y_values=[_label(v) for v in order[y]], x_label=_name(x, order[x]),
                               y_label=_name(y, order[y]),

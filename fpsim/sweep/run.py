@@ -5,6 +5,8 @@ client writes them under ``DIR/cells/KEY/`` (``result.json`` last, so a cell fol
 ``result.json`` is complete) and rewrites ``results.csv`` from the finished cells, whole and
 atomically, as cells finish. So an interrupted sweep leaves complete rows only, rerunning the
 same command skips the cells already done, and workers on other machines need no shared disk.
+Each table judges every finished cell against its baseline where the sweep has one and it has
+finished (``fpsim.sweep.baseline``), so the last table judges against every baseline.
 
 A worker process that dies mid-cell (killed, out of memory) is noticed by the scheduler, which
 gives the cell to a worker again (up to ``distributed.scheduler.allowed-failures`` times, 3 by
@@ -29,9 +31,10 @@ from pathlib import Path
 from .._version import __version__
 from ..train.progress import progress_bar
 from ..files import LOCK_NAME, folder_lock, write_text
+from .baseline import find_baselines, judge
 from .cells import Cell, cell_count, expand, run_cell
 from .record import SWEEP_FORMAT, cell_row_text, read_cell_row, read_sweep_record
-from .results import HEAD, METRICS, OUTCOMES, write_tables
+from .results import HEAD, OUTCOMES, TABLE_METRICS, write_tables
 from .spec import SweepSpec
 
 __all__ = ["run_sweep", "SweepSummary", "SWEEP_FORMAT", "local_cluster"]
@@ -74,7 +77,7 @@ class SweepSummary:
 
 def columns(spec: SweepSpec) -> list[str]:
     """The table's columns: cell and key, the axes, the other training fields, the results."""
-    return [*HEAD, *spec.axes, *(name for name in sorted(spec.base)), *METRICS]
+    return [*HEAD, *spec.axes, *(name for name in sorted(spec.base)), *TABLE_METRICS]
 
 
 def check_folder(spec: SweepSpec, out: Path) -> None:
@@ -114,15 +117,30 @@ def locked_folder(spec: SweepSpec, out: Path, note):
         yield
 
 
+def _result_path(out: Path, cell: Cell) -> Path:
+    """A cell's ``result.json``: written last, so the cell is finished when it exists."""
+    return out / "cells" / cell.key / "result.json"
+
+
 def finished_rows(cells: list[Cell], out: Path) -> dict[int, dict]:
     """The rows of the cells already finished in ``out``, by cell index, each checked as it
     is read (``read_cell_row``)."""
     done = {}
     for cell in cells:
-        path = out / "cells" / cell.key / "result.json"
+        path = _result_path(out, cell)
         if path.exists():
             done[cell.index] = dict(read_cell_row(path, cell.key, cell.config), cell=cell.index)
     return done
+
+
+def write_results(out: Path, spec: SweepSpec, done: dict[int, dict], baselines: dict[int, int],
+                  *, parquet: bool = True) -> tuple[list[Path], dict[int, dict]]:
+    """The tables of the finished cells (``done``: each cell's own row), each judged against
+    its baseline (``baselines``, from ``find_baselines``) where that has finished: the paths
+    written and the table's rows by cell."""
+    rows = judge(list(done.values()), baselines)
+    return (write_tables(out, rows, columns(spec), parquet=parquet),
+            {row["cell"]: row for row in rows})
 
 
 def write_record(spec: SweepSpec, cells: list[Cell], out: Path) -> None:
@@ -148,12 +166,12 @@ def _versions() -> dict:
 
 
 def _save_cell(out: Path, cell: Cell, payload: dict) -> dict:
-    folder = out / "cells" / cell.key
-    folder.mkdir(parents=True, exist_ok=True)
+    result = _result_path(out, cell)
+    result.parent.mkdir(parents=True, exist_ok=True)
     for name, text in payload["files"].items():
-        write_text(folder / name, text)
+        write_text(result.parent / name, text)
     row = payload["row"]
-    write_text(folder / "result.json", cell_row_text(row))
+    write_text(result, cell_row_text(row))
     return row
 
 
@@ -253,6 +271,7 @@ def run_sweep(spec: SweepSpec, out: "str | Path", *, workers: int | None = None,
                          f"it into several sweeps, each into its own --out")
     out = Path(out)
     cells = expand(spec)
+    baselines = find_baselines({cell.index: cell.config for cell in cells})
     check_folder(spec, out)
     began = time.perf_counter()
     with locked_folder(spec, out, lambda text: announce(f"note: {text}")):
@@ -268,18 +287,21 @@ def run_sweep(spec: SweepSpec, out: "str | Path", *, workers: int | None = None,
             n_workers = _check_versions(client) if client is not None else 0
             write_record(spec, cells, out)
             summary = SweepSummary(out, len(cells), len(done), workers=n_workers)
+            table = {}
             try:
                 if pending:
-                    _run_pending(client, pending, out, done, spec, summary, progress, retries)
+                    _run_pending(client, pending, out, done, spec, baselines, summary,
+                                 progress, retries)
             finally:
-                summary.tables = write_tables(out, list(done.values()), columns(spec))
+                summary.tables, table = write_results(out, spec, done, baselines)
     summary.seconds = time.perf_counter() - began
-    for row in done.values():
+    for row in table.values():
         summary.outcomes[row["outcome"]] = summary.outcomes.get(row["outcome"], 0) + 1
     return summary
 
 
-def _run_pending(client, pending, out, done, spec, summary, progress, retries) -> None:
+def _run_pending(client, pending, out, done, spec, baselines, summary, progress,
+                 retries) -> None:
     from distributed import as_completed
 
     futures = {}
@@ -288,6 +310,7 @@ def _run_pending(client, pending, out, done, spec, summary, progress, retries) -
                                retries=retries, pure=False)
         futures[future] = cell
     bar = progress_bar(summary.cells, summary.earlier, "cell", progress)
+    table = {}
     last_parquet = time.perf_counter()
     try:
         for future in as_completed(list(futures)):
@@ -304,13 +327,13 @@ def _run_pending(client, pending, out, done, spec, summary, progress, retries) -
                     # of this process loses no row); parquet, slower to write, follows at
                     # intervals and at the end
                     parquet = time.perf_counter() - last_parquet > PARQUET_EVERY_S
-                    write_tables(out, list(done.values()), columns(spec), parquet=parquet)
+                    _, table = write_results(out, spec, done, baselines, parquet=parquet)
                     if parquet:
                         last_parquet = time.perf_counter()
             future.release()
             if bar is not None:
                 bar.update(1)
-                outcome = done[cell.index]["outcome"] if cell.index in done else "not run"
+                outcome = table[cell.index]["outcome"] if cell.index in done else "not run"
                 bar.set_postfix_str(f"cell {cell.index}: {outcome}")
     finally:
         for future in futures:
