@@ -99,6 +99,42 @@ def test_an_unwritable_folder_is_refused_before_any_worker_starts(tmp_path, caps
     assert "cannot write the output folder" in one_error_line(capsys)
 
 
+class _Cluster:
+    """A stand-in for ``distributed.Client`` connected to a cluster whose one worker runs
+    another fpsim (``reachable=False``: a scheduler that does not answer)."""
+
+    reachable = True
+
+    def __init__(self, address, timeout):
+        if not self.reachable:
+            raise OSError(f"Timed out trying to connect to {address} after {timeout}")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def run(self, function):
+        return {"tcp://10.0.0.2:40001": "0.0.1-other"}
+
+
+@pytest.mark.parametrize("reachable", [True, False])
+def test_a_cluster_that_cannot_run_the_sweep_is_refused_before_the_folder_is_made(
+        tmp_path, capsys, monkeypatch, no_cluster, reachable):
+    import distributed
+
+    monkeypatch.setattr(_Cluster, "reachable", reachable)
+    monkeypatch.setattr(distributed, "Client", _Cluster)
+    spec = tmp_path / "spec.toml"
+    spec.write_text(TINY)
+    out = tmp_path / "out"
+    assert main(["sweep", str(spec), "--out", str(out), "--scheduler", "tcp://sched:8786"]) == 2
+    line = one_error_line(capsys)
+    assert ("runs fpsim 0.0.1-other" if reachable else "cannot reach the Dask scheduler") in line
+    assert not out.exists()
+
+
 def test_absurd_worker_counts_and_grids_are_refused(tmp_path, capsys, no_cluster):
     spec = tmp_path / "spec.toml"
     spec.write_text(TINY)

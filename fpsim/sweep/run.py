@@ -274,7 +274,14 @@ def run_sweep(spec: SweepSpec, out: "str | Path", *, workers: int | None = None,
     baselines = find_baselines({cell.index: cell.config for cell in cells})
     check_folder(spec, out)
     began = time.perf_counter()
-    with locked_folder(spec, out, lambda text: announce(f"note: {text}")):
+    with contextlib.ExitStack() as stack:
+        client, n_workers = None, 0
+        if scheduler is not None and not all(_result_path(out, c).exists() for c in cells):
+            # an existing cluster is reached, and its workers' fpsim checked, before the
+            # folder is made: a refused cluster leaves nothing behind
+            client = stack.enter_context(_client(None, scheduler))
+            n_workers = _check_versions(client)
+        stack.enter_context(locked_folder(spec, out, lambda text: announce(f"note: {text}")))
         done = finished_rows(cells, out)
         pending = [cell for cell in cells if cell.index not in done]
         started = min(workers, len(pending)) if scheduler is None else None
@@ -283,17 +290,18 @@ def run_sweep(spec: SweepSpec, out: "str | Path", *, workers: int | None = None,
         announce(f"sweep: {len(cells)} cells, {len(done)} done earlier, {len(pending)} to run"
                  + (f" on {where}" if pending else ""))
         # every cell done already: no cluster to start, the table is rewritten from the cells
-        with contextlib.nullcontext() if not pending else _client(started, scheduler) as client:
-            n_workers = _check_versions(client) if client is not None else 0
-            write_record(spec, cells, out)
-            summary = SweepSummary(out, len(cells), len(done), workers=n_workers)
-            table = {}
-            try:
-                if pending:
-                    _run_pending(client, pending, out, done, spec, baselines, summary,
-                                 progress, retries)
-            finally:
-                summary.tables, table = write_results(out, spec, done, baselines)
+        if pending and client is None:
+            client = stack.enter_context(_client(started, scheduler))
+            n_workers = _check_versions(client)
+        write_record(spec, cells, out)
+        summary = SweepSummary(out, len(cells), len(done), workers=n_workers)
+        table = {}
+        try:
+            if pending:
+                _run_pending(client, pending, out, done, spec, baselines, summary, progress,
+                             retries)
+        finally:
+            summary.tables, table = write_results(out, spec, done, baselines)
     summary.seconds = time.perf_counter() - began
     for row in table.values():
         summary.outcomes[row["outcome"]] = summary.outcomes.get(row["outcome"], 0) + 1
