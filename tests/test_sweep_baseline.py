@@ -9,8 +9,8 @@ import pytest
 
 from fpsim.sweep import expand, parse_spec
 from fpsim.sweep.baseline import find_baselines, judge
-from fpsim.sweep.results import (CONVERGED, HEAD, TABLE_METRICS, read_table, summarize,
-                                 write_tables)
+from fpsim.sweep.results import (CONVERGED, HEAD, JUDGEMENT, TABLE_METRICS, read_table,
+                                 summarize, write_tables)
 from fpsim.train import StepRecord
 
 PLATEAU = math.log(4)        # 4 classes: 1.3863; fixed threshold 0.9 L = 1.2477
@@ -213,3 +213,16 @@ def test_the_phase_map_draws_the_judged_outcomes_and_says_how_they_were_judged(
     assert drawn[""] == [[("converged", {}, 2), ("converged", {}, 2)]]
     assert drawn["title"] == ("ties\n2 of 4 runs judged against their fp32 baseline, the "
                               "others by fixed thresholds")
+
+
+def test_a_table_from_before_the_judgement_columns_says_how_to_rewrite_it(tmp_path,
+                                                                          monkeypatch):
+    lines = _table(tmp_path, monkeypatch)
+    header = lines[0].rstrip("\n").split(",")
+    keep = [i for i, name in enumerate(header) if name not in JUDGEMENT]
+    (tmp_path / "results.csv").write_text("".join(
+        ",".join(line.rstrip("\n").split(",")[i] for i in keep) + "\n" for line in lines))
+    with pytest.raises(ValueError, match="lacks judged_by, baseline_cell, baseline_trailing_loss"
+                       ": a table written before .* rerun fpsim sweep with its spec and "
+                       f"--out {tmp_path} to rewrite it"):
+        read_table(tmp_path / "results.csv")

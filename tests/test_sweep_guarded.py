@@ -185,7 +185,7 @@ def test_a_malformed_sweep_json_gives_one_line_naming_it(swept, tmp_path, capsys
 
 
 @pytest.mark.parametrize("damage", ["list", "wrong key", "missing column", "text loss",
-                                    "other config"])
+                                    "other config", "NaN literal"])
 def test_a_malformed_cell_result_gives_one_line_naming_it(swept, tmp_path, capsys, damage,
                                                            no_cluster):
     spec, finished = swept
@@ -201,11 +201,14 @@ def test_a_malformed_cell_result_gives_one_line_naming_it(swept, tmp_path, capsy
         del row["outcome"]
     elif damage == "text loss":
         row["final_loss"] = "low"
+    elif damage == "NaN literal":       # not JSON; result.json spells it "nan"
+        row["final_loss"] = float("nan")
     else:
         row["lr"] = 7.0
     result.write_text(json.dumps(row))
     assert main(["sweep", str(spec), "--out", str(copy)]) == 2
-    assert str(result) in one_error_line(capsys)
+    line = one_error_line(capsys)
+    assert str(result) in line and f"delete {result.parent} to run that cell again" in line
 
 
 @pytest.mark.parametrize("damage", ["torn last row", "extra field", "unknown outcome",

@@ -99,8 +99,11 @@ def cell_row_text(row: dict) -> str:
 def read_cell_row(path: Path, key: str, config: dict) -> dict:
     """A finished cell's ``result.json``: its row, which must belong to the cell keyed ``key``
     with ``config`` and hold every result column with values of the right kind."""
-    row = read_json_object(path, "a sweep cell's result row")
     hint = f"delete {path.parent} to run that cell again"
+    try:
+        row = read_json_object(path, "a sweep cell's result row")
+    except ValueError as err:   # bare NaN literals included, as sweeps before 6d7b8c3 wrote
+        raise ValueError(f"{err}; {hint}") from None
     if row.get("key") != key:
         raise ValueError(f"{path}: 'key' is {row.get('key')!r}, but the folder is cell {key}; "
                          f"{hint}")

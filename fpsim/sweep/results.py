@@ -177,6 +177,10 @@ def read_table(path: "str | Path") -> list[dict]:
         raise ValueError(f"{path} is empty: it should start with its header row")
     header = lines[0]
     missing = [name for name in (*HEAD, *TABLE_METRICS) if name not in header]
+    if missing and set(missing) <= set(JUDGEMENT):
+        raise ValueError(f"{path}: the header lacks {', '.join(missing)}: a table written "
+                         f"before sweeps judged outcomes against fp32; rerun fpsim sweep with "
+                         f"its spec and --out {path.parent} to rewrite it (no cell runs again)")
     if missing:
         raise ValueError(f"{path}: the header lacks {', '.join(missing[:5])}: not a table "
                          f"written by fpsim sweep")
