@@ -211,8 +211,8 @@ def test_the_phase_map_draws_the_judged_outcomes_and_says_how_they_were_judged(
     phase_diagram(tmp_path, "policy", "lr")
     # both fp16 seeds converged against their fp32 runs: one outcome, not a 'mixed' square
     assert drawn[""] == [[("converged", {}, 2), ("converged", {}, 2)]]
-    assert drawn["title"] == ("ties\n2 of 4 runs judged against their fp32 baseline, the "
-                              "others by fixed thresholds")
+    assert drawn["title"] == ("ties\n2 of 4 runs judged against their fp32 run, the rest by "
+                              "fixed thresholds")
 
 
 def test_a_table_from_before_the_judgement_columns_says_how_to_rewrite_it(tmp_path,

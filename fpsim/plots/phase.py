@@ -34,6 +34,8 @@ def plot_phase_diagram(panels: dict, *, x_values: list[str], y_values: list[str]
     names = list(OUTCOME_COLORS)
     with figure_style():
         width = 1.2 + len(panels) * max(2.6, 0.4 * len(x_values) + 0.8)
+        if categorical:     # the outcome legend's five entries and a two-line title fit
+            width = max(width, 7.0)
         height = 1.5 + max(1.6, 0.5 * len(y_values))
         fig, axes = new_figure(width, height, ncols=len(panels), squeeze=False,
                                constrained_layout=True)

@@ -77,8 +77,8 @@ def phase_diagram(folder: "str | Path", x: str, y: str, *, outcome: str = "outco
     title = f"{info['spec']['name']}: {outcome}" if outcome != "outcome" else info["spec"]["name"]
     against_baseline = sum(row["judged_by"] == "baseline" for row in rows)
     if outcome == "outcome" and against_baseline:
-        title += (f"\n{against_baseline} of {len(rows)} runs judged against their fp32 "
-                  f"baseline, the others by fixed thresholds")
+        title += (f"\n{against_baseline} of {len(rows)} runs judged against their fp32 run, "
+                  f"the rest by fixed thresholds")
     return plot_phase_diagram(panels, x_values=[_label(v) for v in order[x]],
                               y_values=[_label(v) for v in order[y]], x_label=_name(x, order[x]),
                               y_label=_name(y, order[y]),
