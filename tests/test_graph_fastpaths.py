@@ -270,6 +270,7 @@ def test_horner_and_exp_clamp_match_their_plain_formulations():
 
 # --- leaf gradients: kept when unshared, copied when shared --------------------------------
 
+@pytest.mark.numpy_only    # reference counts: the NumPy backend's buffer reuse
 def test_unshared_tells_a_sole_array_from_a_shared_one():
     unshared = backend.is_unshared
     fresh = np.ones(4, np.float32)
@@ -294,6 +295,7 @@ def _all_grad_arrays(tensors):
     return [t.grad.data for t in tensors if t.grad is not None]
 
 
+@pytest.mark.numpy_only    # reference counts: the NumPy backend's buffer reuse
 def test_no_two_gradients_share_memory_and_values_are_unchanged():
     rng = np.random.default_rng(8)
     x = Tensor(rng.standard_normal(5).astype(np.float32), requires_grad=True)
@@ -315,6 +317,7 @@ def test_no_two_gradients_share_memory_and_values_are_unchanged():
     assert x.grad.data[0] == 5.0
 
 
+@pytest.mark.numpy_only    # reference counts: the NumPy backend's buffer reuse
 @pytest.mark.parametrize("policy", ["32-true", "16-mixed"])
 def test_mlp_gradients_are_kept_without_copies_and_match_copies(policy, monkeypatch):
     def run():
