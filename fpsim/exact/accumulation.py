@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..backend import astype, round_to, size, xp
+from ..backend import astype, round_to, xp
 from ..formats import FP16, FP32, Format, get
 from ..rounding import MODES
 from . import block_fma as blocks, underflow
@@ -285,13 +285,16 @@ def matmul(a, b, *, out_fmt, model: Accumulation | str = exact()) -> xp.ndarray:
             raise ValueError(f"matmul: batch dimensions of a {a.shape} and b {b.shape} do not "
                              f"broadcast") from None
     m, k, n = a2.shape[-2], a2.shape[-1], b2.shape[-1]
-    if (b2.ndim == 2 and size(a2) and size(b2) and isinstance(model, exact)
-            and model.acc == FP32):
+    if (b2.ndim == 2 and math.prod(a2.shape) and math.prod(b2.shape)
+            and isinstance(model, exact) and model.acc == FP32):
         # Every element is its own exact dot product: stacking a's batches into rows
         # changes no bit, and the 2-D fast path certifies straight to out_fmt.
-        out = matmul_2d(xp.reshape(a2, (-1, k)), b2, out_fmt)
+        # (2-D a, the common case, needs no reshape: a call each way saved)
+        out = matmul_2d(a2 if a2.ndim == 2 else xp.reshape(a2, (-1, k)), b2, out_fmt)
         if out is not None:
-            return _drop_vector_axes(xp.reshape(out, a2.shape[:-1] + (n,)), a, b)
+            if a2.ndim != 2:
+                out = xp.reshape(out, a2.shape[:-1] + (n,))
+            return _drop_vector_axes(out, a, b)
     count = math.prod(batch)
     a3 = xp.reshape(xp.broadcast_to(a2, batch + (m, k)), (count, m, k))
     b3 = xp.reshape(xp.broadcast_to(b2, batch + (k, n)), (count, k, n))
@@ -352,7 +355,9 @@ def reduce_sum(x, axis=None, keepdims: bool = False, *, out_fmt,
     # the models read values, never the layout.
     rows = xp.reshape(moved, (math.prod(kept_shape), width))
     acc = _accumulate_rows(rows, model)
-    out = xp.reshape(_to_output(acc, out_fmt), kept_shape)
+    out = _to_output(acc, out_fmt)
+    if out.shape != kept_shape:             # (a 1-D result needs no reshape call)
+        out = xp.reshape(out, kept_shape)
     if keepdims:
         out = xp.reshape(out, tuple(1 if d in axes else x.shape[d] for d in range(x.ndim)))
     return out

@@ -181,7 +181,8 @@ def certify_fp32_open(approx: xp.ndarray, width_rows: xp.ndarray, width_cols: xp
     chunk (widths of very different sizes), the chunk is taken again with w throughout.
     Chunk sizes and thresholds: ``tuning()``'s ``certificate_open_chunk``, ``einsum_from``,
     ``recheck_share``."""
-    approx, width_rows, width_cols = (xp.asarray(x) for x in (approx, width_rows, width_cols))
+    approx, width_rows, width_cols = xp.asarray(approx), xp.asarray(width_rows), \
+        xp.asarray(width_cols)
     high = xp.asarray(high)              # the caller's array itself (it receives the ends)
     settings = tuning()
     recheck_share = settings.recheck_share
@@ -214,13 +215,15 @@ def certify_fp32_open(approx: xp.ndarray, width_rows: xp.ndarray, width_cols: xp
             low = xp.subtract(x, wide, out=low_buf[:hi - lo])
             xp.add(x, wide, out=top)
             differ = xp.not_equal(bits(low), bits(top), out=open_buf[:hi - lo])
-            if not xp.any(differ):
+            if not xp.count_nonzero(differ):      # (NumPy's any costs 10x the count here)
                 continue
             where = xp.flatnonzero(differ)
+            # flat indices into the C-ordered chunks: thousands of elements may be open
+            # (fp32 ties of narrow data), and 1-D gathers are the cheap ones
             if widest_col is None:
                 found.append((where + lo * n, _flat(low)[where], _flat(top)[where]))
                 continue
-            if size(where) * recheck_share > size(differ):              # w over the chunk
+            if where.shape[0] * recheck_share > (hi - lo) * n:         # w over the chunk
                 w = outer(width_rows[lo:hi], width_cols,
                           _w_buffer(outer is _outer_einsum, rows, n)[:hi - lo])
                 low = xp.subtract(x, w, out=low)
@@ -237,7 +240,7 @@ def certify_fp32_open(approx: xp.ndarray, width_rows: xp.ndarray, width_cols: xp
             _flat(top)[where] = up
             keep = xp.flatnonzero(bits(low) != bits(up))
             found.append((where[keep] + lo * n, low[keep], up[keep]))
-    found = [part for part in found if size(part[0])]
+    found = [part for part in found if part[0].shape[0]]
     if not found:
         return xp.zeros(0, xp.intp), xp.zeros(0, xp.float32), xp.zeros(0, xp.float32)
     if len(found) == 1:
@@ -302,9 +305,10 @@ def lowest_bit_patterns(x: xp.ndarray, axis: int) -> xp.ndarray:
     (+0's) for an all-zero line; the minimum of these over parts of a line is the whole
     line's (``line_quanta``)."""
     # Python int operands take the int32 patterns' dtype (weak scalars)
-    mag = _like(x, "quanta.mag", xp.int32)
+    across = is_contiguous(x, "F") and not is_contiguous(x, "C")
+    mag = _like(x, across, "quanta.mag", xp.int32)
     xp.bitwise_and(bitcast(x, xp.int32), 0x7FFFFFFF, out=mag)      # |x|, >= 0
-    low = _like(x, "quanta.low", xp.int32)
+    low = _like(x, across, "quanta.low", xp.int32)
     xp.subtract(mag, 1, out=low)                       # -1 for zeros: they give 0 below
     xp.bitwise_and(low, mag, out=low)                  # |x| less its lowest set bit
     # -d = (|x| less that bit) - |x|, exact (Sterbenz); +0 for x = 0
@@ -323,10 +327,11 @@ def quanta_from_patterns(patterns: xp.ndarray) -> xp.ndarray:
     return quanta
 
 
-def _like(x: xp.ndarray, name: str, dtype) -> xp.ndarray:
-    """A reused work array shaped like the 2-D x, in x's memory order."""
-    work = scratch(name, dtype, size(x))
-    if is_contiguous(x, "F") and not is_contiguous(x, "C"):
+def _like(x: xp.ndarray, column_major: bool, name: str, dtype) -> xp.ndarray:
+    """A reused work array shaped like the 2-D x, in x's memory order (``column_major``:
+    x is F- and not C-ordered)."""
+    work = scratch(name, dtype, x.shape[0] * x.shape[1])
+    if column_major:
         return xp.reshape(work, x.shape[::-1]).T
     return xp.reshape(work, x.shape)
 

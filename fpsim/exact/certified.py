@@ -104,17 +104,18 @@ def exact_rows_sum(rows: xp.ndarray, acc, *, force_fallback: bool = False
     """
     rows = xp.asarray(rows)
     k = rows.shape[1]
-    if force_fallback or not size(rows):
+    if force_fallback or not rows.shape[0] * k:
         return _rows_sum_certified(rows, acc, force_fallback)
     with xp.errstate(invalid="ignore", over="ignore"):
         approx, top, low = _sums_and_patterns(rows)
         out = astype(astype(approx, xp.float32), xp.float64) if acc == FP32 else \
             round_to(approx, acc)                       # as _round_acc
+    # (bool counts: NumPy's any costs several times more on these small arrays)
     zero = top == 0
-    if xp.any(zero):                                   # a row of zeros (+0 or -0)
+    if xp.count_nonzero(zero):                         # a row of zeros (+0 or -0)
         out[zero] = zero_sum(rows[zero])
     open_rows = exponent_window_open(top, low, k)
-    if not xp.any(open_rows):
+    if not xp.count_nonzero(open_rows):
         return out, 0
     idx = xp.nonzero(open_rows)[0]
     out[idx], count = _rows_sum_certified(rows[idx], acc, False)
@@ -129,14 +130,15 @@ _LARGEST_FINITE_EXPONENT = 254
 def exponent_window_open(top: xp.ndarray, low: xp.ndarray, terms: int) -> xp.ndarray:
     """Where a float64 sum of ``terms`` finite float32 values may not be exact, judged from
     their exponent window alone (``_sums_and_patterns``: ``top`` = the largest |x| pattern,
-    ``low`` = the smallest nonzero |x| pattern - 1, int32 (2**31 - 1 for an all-zero line);
-    all-zero lines are never open, lines holding inf or NaN always). Outside the mask the
-    float64 sum, in any order, IS the exact sum.
+    ``low`` = the pattern of minus the smallest nonzero |x|, -2**31 + p, or 0 for an
+    all-zero line, int32; all-zero lines are never open, lines holding inf or NaN always).
+    Outside the mask the float64 sum, in any order, IS the exact sum.
 
     Proof. A pattern without its sign bit is the magnitude's, so ``top >> 23`` is the
-    largest biased exponent E of the line's values and ``low >> 23`` at most the smallest
-    nonzero one's (one low when that value is a power of two: p - 1 borrows from the
-    exponent field).
+    largest biased exponent E of the line's values, and ((``low`` - 1) >> 23) + 256, that
+    is (p - 1) >> 23 with p the smallest nonzero |x| pattern, is at most the smallest
+    nonzero value's (one low when that value is a power of two: p - 1 borrows from the
+    exponent field; an all-zero line gives (-1 >> 23) + 256 = 255).
     With e = max(E, 1) every finite float32 x has |x| < 2**(e - 126) and is a multiple of
     2**(e - 150) (subnormals: e = 1, multiples of 2**-149), and patterns order like
     magnitudes, so every nonzero term is a multiple of 2**q, q = e_low - 150, and
@@ -155,7 +157,9 @@ def exponent_window_open(top: xp.ndarray, low: xp.ndarray, terms: int) -> xp.nda
         return xp.ones(top.shape, bool)
     # The bound is capped at 254, the largest finite exponent: a line holding inf or NaN
     # (top >> 23 = 255) is open too.
-    bound = xp.add(low >> _EXPONENT_SHIFT, limit)
+    # (p - 1) >> 23 from low - 1 = -2**31 + p - 1 (arithmetic shift: -256 + that), 255 for
+    # an all-zero line (low - 1 = -1)
+    bound = xp.add((low - 1) >> _EXPONENT_SHIFT, limit + 256)
     return (top >> _EXPONENT_SHIFT) > xp.minimum(bound, _LARGEST_FINITE_EXPONENT, out=bound)
 
 
@@ -204,11 +208,12 @@ def _rows_sum_certified(rows: xp.ndarray, acc, force_fallback: bool
 
 def _sums_and_patterns(rows: xp.ndarray):
     """(fl64 sum, ``top``, ``low``) of each row of float32 ``rows``, as
-    ``exponent_window_open`` reads them: top = max of |x|'s pattern, low = min of it less 1,
-    int32 (zeros go to 2**31 - 1, out of the minimum; signed integers only: torch has no
-    arithmetic on unsigned ones). Block by block in memory order through a reused buffer,
-    as ``_float64_sums``; the sums are float64 sums of the widened values (any order: see
-    the certificates). Call under errstate(invalid="ignore")."""
+    ``exponent_window_open`` reads them: top = max of |x|'s int32 pattern, low = min of the
+    int32 pattern of 0 - |x|: -2**31 + |x|'s for nonzero x, ordered like |x|, and +0's, 0,
+    for zeros, out of the minimum (signed integers only: torch has no arithmetic on
+    unsigned ones). Block by block in memory order through a reused buffer, as
+    ``_float64_sums``; the sums are float64 sums of the widened values (any order: see the
+    certificates). Call under errstate(invalid="ignore")."""
     across = is_contiguous(rows, "F") and not is_contiguous(rows, "C")
     lines = rows.T if across else rows      # across: the sums run across the lines
     count, width = lines.shape
@@ -224,8 +229,8 @@ def _sums_and_patterns(rows: xp.ndarray):
         xp.bitwise_and(bitcast(part, xp.int32), 0x7FFFFFFF, out=pattern)     # |x|'s
         approx = xp.sum(part, axis=axis, dtype=xp.float64)
         top = xp.max(pattern, axis=axis)
-        xp.subtract(pattern, 1, out=pattern)                   # zeros: -1 ...
-        xp.bitwise_and(pattern, 0x7FFFFFFF, out=pattern)       # ... and then 2**31 - 1
+        magnitude = bitcast(pattern, xp.float32)
+        xp.subtract(0.0, magnitude, out=magnitude)             # -|x|; +0 for zeros
         parts.append((approx, top, xp.min(pattern, axis=axis)))
     if len(parts) == 1:
         return parts[0]

@@ -41,7 +41,7 @@ from __future__ import annotations
 import struct
 from functools import lru_cache
 
-from ..backend import astype, bitcast, copy, name, xp
+from ..backend import astype, bitcast, copy, name, size, xp
 from .odd import round_to_odd
 
 __all__ = ["pow2", "exp_parts", "exp", "expm1_neg", "log", "log1p", "tanh", "sigmoid", "gelu",
@@ -112,7 +112,8 @@ def exp(y):
     formulas that use it therefore see a tiny nonzero gradient, flushed by the rounding into
     the gradient format and counted as underflow, where libm's exp gave an exact 0."""
     y = xp.asarray(y, xp.float64)
-    finite = bool(xp.all(xp.isfinite(y)))
+    # all finite: as many finite values as values (a count: NumPy's all costs more)
+    finite = xp.count_nonzero(xp.isfinite(y)) == size(y)
     # the clamp as maximum then minimum: clip's values (no NaN here), without its wrapper
     k, p = exp_parts(xp.minimum(xp.maximum(y if finite else xp.where(xp.isfinite(y), y, 0.0),
                                            -_CLAMP), _CLAMP))
@@ -147,7 +148,7 @@ def log(x):
     inf -> inf, NaN -> itself."""
     x = xp.asarray(x, xp.float64)
     bad = ~(x > 0) | xp.isinf(x)
-    any_bad = bool(xp.any(bad))
+    any_bad = bool(xp.count_nonzero(bad))
     m, e = xp.frexp(xp.where(bad, 1.0, x) if any_bad else x)
     low = m < SQRT_HALF
     m = xp.where(low, m + m, m)                      # exact doubling where low
@@ -164,9 +165,10 @@ def log1p(t):
     """log(1 + t) for float64 t >= 0 within 9u (``LOG1P_BOUND``); inf -> inf."""
     t = xp.asarray(t, xp.float64)
     small = t < 0.4
-    if xp.all(small):    # one branch only where all take it: the same bits, half the work
-        return _atanh2(t / (2.0 + t))
-    if not xp.any(small):  # (NaN is not small: log keeps it)
+    count = xp.count_nonzero(small)
+    if count == size(t):   # one branch only where all take it: the same bits,
+        return _atanh2(t / (2.0 + t))  # half the work
+    if not count:        # (NaN is not small: log keeps it)
         return log(1.0 + t)
     ts = xp.where(small, t, 0.0)
     return xp.where(small, _atanh2(ts / (2.0 + ts)), log(1.0 + xp.where(small, 0.0, t)))
@@ -176,7 +178,7 @@ def tanh(x):
     """tanh of float64 x within 8u (``TANH_BOUND``); sign of zero kept, NaN -> itself."""
     x = xp.asarray(x, xp.float64)
     nan = xp.isnan(x)
-    any_nan = bool(xp.any(nan))
+    any_nan = bool(xp.count_nonzero(nan))
     big = expm1_neg(-2.0 * xp.minimum(xp.abs(xp.where(nan, 0.0, x) if any_nan else x), _CLAMP))
     t = xp.copysign(-big / (2.0 + big), x)
     return xp.where(nan, x, t) if any_nan else t

@@ -73,7 +73,7 @@ from __future__ import annotations
 
 import math
 
-from ..backend import bits, is_contiguous, round_to, scratch, size, tuning, xp
+from ..backend import bitcast, bits, is_contiguous, round_to, scratch, tuning, xp
 from ..formats import FP32
 from . import underflow
 from .certificate import (certify_fp32_open, error_factor, lowest_bit_patterns,
@@ -124,9 +124,9 @@ def _matmul_2d(a, b, out_fmt, bias, note, m, k, n):
     a64, row_norm, row_quanta = _widen_with_norms(a, "a", 1, try_exact)
     b64, col_norm, col_quanta = _widen_with_norms(b, "b", 0, try_exact)
     # Squares of float32 values cannot overflow a float64 sum (K 2**256 < 2**1024), so the
-    # norms (and their sums, below 2**256 (M + N)) are finite exactly when a and b are: one
-    # check, no extra pass over the operands.
-    if not xp.isfinite(xp.sum(row_norm) + xp.sum(col_norm)):
+    # norms (and the sums of their squares, below 2**256 K (M + N)) are finite exactly when
+    # a and b are: one check, no extra pass over the operands (dot products: one call each)
+    if not xp.isfinite(row_norm @ row_norm + col_norm @ col_norm):
         return None
     approx = xp.matmul(a64, b64, out=_scratch("approx", (m, n), xp.float64))
     fp32_out = out_fmt == FP32
@@ -147,7 +147,7 @@ def _matmul_2d(a, b, out_fmt, bias, note, m, k, n):
     if bias is not None:
         pre += bias                             # the fp32 epilogue: one float32 addition
     out = pre if fp32_out else round_to(pre, out_fmt)     # acc = hi32 wherever certified
-    if size(opened):
+    if opened.shape[0]:
         _settle_open(a, b, a64, b64, row_norm, col_norm, approx, opened, low32, pre, out,
                      bias, out_fmt, fp32_out)
     if note:
@@ -162,8 +162,8 @@ def _exact_rows_worth_trying(a, b, m, k, n) -> bool:
     column hold no value of more than 16 significant bits (fp32 data: their rows are almost
     never exact)."""
     return not (m * n < tuning().exact_min_saving + k * (m + n)
-                or xp.any(xp.bitwise_and(bits(a[0]), _WIDE_BITS) != 0)
-                or xp.any(xp.bitwise_and(bits(b[:, 0]), _WIDE_BITS) != 0))
+                or xp.count_nonzero(bitcast(a[0], xp.int32) & _WIDE_BITS)
+                or xp.count_nonzero(bitcast(b[:, 0], xp.int32) & _WIDE_BITS))
 
 
 def _exact_rows(row_norm, col_norm, row_quanta, col_quanta, k):
@@ -174,7 +174,7 @@ def _exact_rows(row_norm, col_norm, row_quanta, col_quanta, k):
     rho = row_norm / row_quanta
     sigma = col_norm / col_quanta
     exact = cauchy_schwarz_bound(rho, xp.max(sigma), error_factor(k)) < _EXACT_BELOW
-    return exact if 2 * xp.count_nonzero(exact) >= size(rho) else None
+    return exact if 2 * xp.count_nonzero(exact) >= rho.shape[0] else None
 
 
 def _certify_exact_rows(approx, exact_rows, row_width, col_width, pre, a, b):
@@ -184,14 +184,15 @@ def _certify_exact_rows(approx, exact_rows, row_width, col_width, pre, a, b):
     to gather from); the other rows take the first certificate."""
     n = approx.shape[1]
     xp.copyto(pre, approx)                  # overflow to inf: the caller's error state
+    # flat indices (often thousands of zeros: 1-D gathers are the cheaper ones)
     zeros = xp.flatnonzero(xp.equal(pre, 0, out=_scratch("zeros", pre.shape, bool)))
     zeros = zeros[exact_rows[zeros // n] & (_flat(approx)[zeros] == 0)]
-    if size(zeros):
+    if zeros.shape[0]:
         _flat(pre)[zeros] = exact_zero_signs(a, b, *xp.divmod(zeros, n))
-    if xp.all(exact_rows):
-        return xp.zeros(0, xp.intp), xp.zeros(0, xp.float32), xp.zeros(0, xp.float32)
     rest = xp.flatnonzero(xp.logical_not(exact_rows))
-    high = xp.empty((size(rest), n), xp.float32)
+    if not rest.shape[0]:
+        return xp.zeros(0, xp.intp), xp.zeros(0, xp.float32), xp.zeros(0, xp.float32)
+    high = xp.empty((rest.shape[0], n), xp.float32)
     opened, low32, high32 = certify_fp32_open(approx[rest], row_width[rest], col_width, high)
     pre[rest] = high
     return rest[opened // n] * n + opened % n, low32, high32
@@ -266,8 +267,9 @@ def _row_squares(x: xp.ndarray, dot_from: int, out: xp.ndarray | None = None) ->
     lines = x.shape[0]
     if x.shape[1] < dot_from:
         return xp.einsum("pq,pq->p", x, x, out=out)
-    into = None if out is None else xp.reshape(out, (lines, 1, 1))
-    return xp.reshape(xp.matmul(x[:, None, :], x[:, :, None], out=into), (lines,))
+    # views by indexing, not reshape calls: out[:, None, None] writes into out
+    into = None if out is None else out[:, None, None]
+    return xp.matmul(x[:, None, :], x[:, :, None], out=into)[:, 0, 0]
 
 
 def _settle_open(a, b, a64, b64, row_norm, col_norm, approx, opened, low32, pre, out, bias,
@@ -279,21 +281,24 @@ def _settle_open(a, b, a64, b64, row_norm, col_norm, approx, opened, low32, pre,
     pattern of the exact path; pre and out there are already f's values at the high end);
     it only helps when f is coarser than rnd32 (an output format or a bias). The rest are
     summed exactly."""
+    # flat indices into the C-ordered pre, out and approx (thousands of elements may be
+    # open: 1-D gathers are the cheap ones)
     n = pre.shape[1]
+    flat_pre, flat_out = _flat(pre), _flat(out)
     if bias is not None or not fp32_out:
         pre_low = low32 if bias is None else low32 + bias[opened % n]
-        ok = _f_agree(pre_low, _flat(pre)[opened], _flat(out)[opened], out_fmt, fp32_out)
+        ok = _f_agree(pre_low, flat_pre[opened], flat_out[opened], out_fmt, fp32_out)
         opened = opened[xp.logical_not(ok, out=ok)]
-        if not size(opened):
+        if not opened.shape[0]:
             return
     rows, cols = xp.divmod(opened, n)
     acc = exact_elements(gather_source(a, a64), gather_source(b, b64), row_norm, col_norm,
                          rows, cols, _flat(approx)[opened])
     if bias is not None:
         acc += bias[cols]
-    _flat(pre)[opened] = acc
+    flat_pre[opened] = acc
     if not fp32_out:
-        _flat(out)[opened] = round_to(acc, out_fmt)
+        flat_out[opened] = round_to(acc, out_fmt)
 
 
 def _f_agree(pre_low, pre_high, out_high, out_fmt, fp32_out) -> xp.ndarray:

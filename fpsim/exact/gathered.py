@@ -33,8 +33,9 @@ __all__ = ["exact_elements", "exact_zero_signs", "gather_source"]
 def exact_elements(a, b, row_norm, col_norm, rows, cols, approx) -> xp.ndarray:
     """float32 exact sums of elements (rows, cols) of a @ b, rounded once to fp32 (module
     docstring); ``approx``: their float64 BLAS values (only where they are zero matters)."""
-    a, b, row_norm, col_norm, rows, cols, approx = (
-        xp.asarray(x) for x in (a, b, row_norm, col_norm, rows, cols, approx))
+    a, b, rows, cols, approx = xp.asarray(a), xp.asarray(b), xp.asarray(rows), \
+        xp.asarray(cols), xp.asarray(approx)
+    row_norm, col_norm = xp.asarray(row_norm), xp.asarray(col_norm)
     count = size(rows)
     out = xp.empty(count, xp.float32)
     todo = xp.arange(count)
@@ -105,7 +106,7 @@ def exact_zero_signs(a, b, rows, cols) -> xp.ndarray:
     exactly when every product is -0, that is (the sum being zero) when signbit(a_ik) !=
     signbit(b_kj) for every k (every product is then <= 0, so each is -0). A few probes
     first, the whole lines only where every probe differs."""
-    a, b, rows, cols = (xp.asarray(x) for x in (a, b, rows, cols))
+    a, b, rows, cols = xp.asarray(a), xp.asarray(b), xp.asarray(rows), xp.asarray(cols)
     value = xp.zeros(size(rows), xp.float32)
     k = a.shape[1]
     count = tuning().probes         # sign probes before the whole lines are compared

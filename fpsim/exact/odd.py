@@ -16,7 +16,7 @@ True
 """
 from __future__ import annotations
 
-from ..backend import astype, bitcast, copy, xp
+from ..backend import astype, bitcast, xp
 
 __all__ = ["round_to_odd", "add_round_to_odd"]
 
@@ -34,10 +34,11 @@ def round_to_odd(near, residual) -> xp.ndarray:
     near = xp.asarray(near, xp.float64)
     with xp.errstate(invalid="ignore"):
         inexact = (residual != 0) & xp.isfinite(near)
-    if not xp.any(inexact):
+    if not xp.count_nonzero(inexact):     # (NumPy's any costs several times more)
         return near
-    pattern = bitcast(copy(near), xp.int64)
-    pattern -= astype(inexact & (xp.signbit(residual) != xp.signbit(near)), xp.int64)
+    # a fresh pattern array (near itself is not written)
+    pattern = bitcast(near, xp.int64) - astype(
+        inexact & (xp.signbit(residual) != xp.signbit(near)), xp.int64)
     pattern |= astype(inexact, xp.int64)
     return bitcast(pattern, xp.float64)
 

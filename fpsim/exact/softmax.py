@@ -64,7 +64,7 @@ def _sum_rows(rest):
     the hi_j add exactly (53 bits), the lo_j (< 2**(E - 40) each) with an error below
     n*n 2**(E - 92), so hi + lo is within u + 2**-70 of the sum. Beyond 4096 terms, NumPy's
     sum, within 1.01 (n - 1) u."""
-    if rest.shape[1] > 4096 or not xp.all(xp.isfinite(rest)):
+    if rest.shape[1] > 4096 or xp.count_nonzero(xp.isfinite(rest)) < size(rest):
         return xp.sum(rest, axis=1, keepdims=True), False
     _, ex = xp.frexp(xp.max(rest, axis=1, keepdims=True))
     big = 1.5 * el.pow2(astype(ex + 12, xp.float64))
@@ -102,7 +102,7 @@ def _back(rows, shape, axis):
 def settle_rows(x_rows, v, ok, fmt, kind):
     """``v`` (R, n) with each element not ``ok`` replaced by ``settle``'s proxy for the
     ``kind`` ("softmax" or "log_softmax") of its row of ``x_rows``."""
-    if xp.all(ok):
+    if xp.count_nonzero(ok) == size(ok):
         return v
     dvalue = {"softmax": ref.softmax_enclosure, "log_softmax": ref.log_softmax_enclosure}[kind]
     v = copy(v)
@@ -151,10 +151,11 @@ def cr_cross_entropy(logits, labels, reduction, fmt, *, with_log_softmax: bool =
         eps = el.LOG1P_BOUND + eps_t[:, 0] + 3 * _U
         if reduction == "none":
             ok = certified(loss, eps, fmt) | ~xp.isfinite(loss)
-            value = loss if xp.all(ok) else _settle_each(logits, labels, loss, ok, fmt)
+            value = (loss if xp.count_nonzero(ok) == ok.shape[0]
+                     else _settle_each(logits, labels, loss, ok, fmt))
             return (value, logp) if with_log_softmax else value
         total = xp.sum(loss)
-        bound = (xp.max(eps) if size(eps) else 0.0) + 1.01 * max(n - 1, 0) * _U
+        bound = (xp.max(eps) if n else 0.0) + 1.01 * max(n - 1, 0) * _U
         if reduction == "mean":
             total, bound = total / n, bound + _U
         total = xp.asarray(total)

@@ -145,8 +145,10 @@ def _limbs_to_float_round_to_odd(limbs: xp.ndarray, first: int) -> xp.ndarray:
     rows, count = limbs.shape
     nonzero = limbs != 0
     any_nonzero = xp.any(nonzero, axis=1)
-    # the highest nonzero limb (0 in an all-zero row, whose value is set to 0 below)
-    top_index = xp.max(xp.where(nonzero, xp.arange(count), 0), axis=1)
+    # the highest nonzero limb: the first nonzero one in reversed order (argmax of a bool
+    # array: the first True; the reversal is a take, not a negative-step slice)
+    top_index = count - 1 - xp.argmax(xp.take(nonzero, xp.arange(count - 1, -1, -1), axis=1),
+                                      axis=1)
     padded = xp.concatenate([xp.zeros((rows, 2), xp.int64), limbs], axis=1)
     row = xp.arange(rows)
     top = padded[row, top_index + 2]
