@@ -57,6 +57,8 @@ def _engine_class_attributes() -> set:
                         names.add(item.name)
                     elif isinstance(item, ast.Assign):
                         names |= {t.id for t in item.targets if isinstance(t, ast.Name)}
+                    elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                        names.add(item.target.id)      # dataclass fields (UnderflowCount)
     return names
 
 
