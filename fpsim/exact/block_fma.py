@@ -114,7 +114,7 @@ def _exact_block(acc: xp.ndarray, terms: list, fmt, mode: str) -> xp.ndarray:
     _, rounded, certified = certify(total, magnitude * width_factor(len(terms) + 1),
                                     round_end=lambda x: round_to(x, fmt, mode))
     todo = ~certified
-    if xp.count_nonzero(todo):
+    if xp.any(todo):
         stacked = xp.stack([acc[todo]] + [xp.broadcast_to(t, acc.shape)[todo] for t in terms],
                            axis=-1)
         with xp.errstate(over="ignore", invalid="ignore"):

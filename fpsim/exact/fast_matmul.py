@@ -264,7 +264,6 @@ def _row_squares(x: xp.ndarray, dot_from: int, out: xp.ndarray | None = None) ->
     matrix products (BLAS dot products: about twice as fast as einsum's loop for long
     rows, slower below ``dot_from`` elements (``tuning().dot_from``); any summation order
     keeps the norms' bound)."""
-    lines = x.shape[0]
     if x.shape[1] < dot_from:
         return xp.einsum("pq,pq->p", x, x, out=out)
     # views by indexing, not reshape calls: out[:, None, None] writes into out
