@@ -388,6 +388,8 @@ class WriteBack:
         p.data = round_to(new, p.fmt)
 
 
+# optax's spelling: the lower-case names build the transforms (the classes are the types
+# ``Chain.index`` looks for)
 find_overflow = FindOverflow
 skip_on_overflow = SkipOnOverflow
 unscale_gradients = UnscaleGradients
