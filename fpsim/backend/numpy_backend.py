@@ -1,18 +1,21 @@
 """The NumPy backend: the reference implementation of the kernel interface, on the CPU.
 
 Its speed tricks live here and in ``host_memory.py``, not in the engine: freed heap memory
-kept for NumPy's temporaries, and gradient buffers kept without a copy when reference counts
-show nobody else holds them (``is_unshared``).
+kept for NumPy's temporaries, gradient buffers kept without a copy when reference counts
+show nobody else holds them (``is_unshared``), and a namespace whose reshape and reductions
+call the array's own methods (the same C code as ``numpy.reshape`` / ``numpy.sum``, without
+their Python dispatch: 0.6 to 1.2 us a call, about a thousand calls per training step).
 """
 from __future__ import annotations
 
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 
 from ..rounding import philox_uniforms, round_to, thread_scratch
 from .host_memory import keep_freed_memory
-from .interface import DTYPE_KINDS, Backend
+from .interface import DTYPE_KINDS, NAMESPACE, Backend
 
 __all__ = ["NumpyBackend"]
 
@@ -23,9 +26,31 @@ _KINDS = {"bool": "b", "signed integer": "i", "unsigned integer": "u", "integral
 assert set(_KINDS) == DTYPE_KINDS
 
 
+def _by_method(name: str):
+    """``numpy.<name>(a, ...)`` as ``a.<name>(...)`` for ndarrays (same results: NumPy's
+    function calls the method after its dispatch), the function itself for anything else."""
+    function, method = getattr(np, name), getattr(np.ndarray, name)
+
+    def call(a, *args, **kwargs):
+        if type(a) is np.ndarray:
+            return method(a, *args, **kwargs)
+        return function(a, *args, **kwargs)
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"numpy.{name}, through ndarray.{name} for ndarrays"
+    return call
+
+
+def numpy_namespace() -> SimpleNamespace:
+    """NumPy's ``NAMESPACE`` functions, with reshape and the reductions by method."""
+    names = {attr: getattr(np, attr) for attr in NAMESPACE}
+    names.update({attr: _by_method(attr) for attr in ("reshape", "sum", "max", "min", "any",
+                                                      "all")})
+    return SimpleNamespace(**names)
+
+
 class NumpyBackend(Backend):
     name = "numpy"
-    xp = np
+    xp = numpy_namespace()
     container = np.float32
 
     def __init__(self):
@@ -54,7 +79,7 @@ class NumpyBackend(Backend):
         return np.array(array, copy=True)
 
     def size(self, array) -> int:
-        return int(np.size(array))
+        return array.size if type(array) is np.ndarray else int(np.size(array))
 
     def scalar(self, value, dtype):
         return np.dtype(dtype).type(value)
@@ -74,13 +99,13 @@ class NumpyBackend(Backend):
         return array.view(dtype)
 
     def bits(self, array):
-        uint = _UINT_OF.get(np.dtype(array.dtype))
+        uint = _UINT_OF.get(array.dtype)
         if uint is None:
             raise TypeError(f"bits() takes float32 or float64 arrays, got {array.dtype}")
         return array.view(uint)
 
     def from_bits(self, pattern):
-        flt = _FLOAT_OF.get(np.dtype(pattern.dtype))
+        flt = _FLOAT_OF.get(pattern.dtype)
         if flt is None:
             raise TypeError(f"from_bits() takes uint32 or uint64 arrays, got {pattern.dtype}")
         return pattern.view(flt)
