@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from _timing import best_seconds
-from fpsim.exact.certified import exact_matmul
+from fpsim.exact.exact_dots import exact_matmul
 from fpsim.exact.accumulation import matmul
 from fpsim.formats import FP32
 from fpsim.rounding import round_to

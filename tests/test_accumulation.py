@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from fpsim.exact.certified import exact_matmul, exact_rows_sum
+from fpsim.exact.exact_dots import exact_matmul, exact_rows_sum
 from fpsim.exact.sums import round_to_odd_sum
-from fpsim.exact.accumulation import (Accumulation, blocked, exact, get_accumulation,
-                                         matmul, reduce_sum, sequential, tensor_core)
+from fpsim.exact.accumulation import (Accumulation, BlockedAccumulation, ExactAccumulation,
+                                     SequentialAccumulation, get_accumulation, matmul, reduce_sum,
+                                     tensor_core)
 from fpsim.formats import BF16, FP16, FP32, get
 from fpsim.rounding import round_to
 
@@ -157,7 +158,7 @@ def test_exact_output_format_is_a_second_rounding():
     rng = np.random.default_rng(6)
     a, b = random_case(rng, 5, 40, 4, 3)
     for acc, out in [(FP32, BF16), (FP32, "e4m3"), (BF16, FP16), (FP16, FP32)]:
-        got = matmul(a, b, out_fmt=out, model=exact(acc))
+        got = matmul(a, b, out_fmt=out, model=ExactAccumulation(acc))
         assert same_bits(got, round_to(f32(oracle_matmul(a, b, acc)), out))
 
 
@@ -225,7 +226,7 @@ def test_round_to_odd_sum_against_fractions():
 
 def test_sequential_fp16_stalls_at_2048():
     ones = np.ones((1, 4096), np.float32)
-    got = matmul(ones, ones.T, out_fmt="fp32", model=sequential("fp16"))
+    got = matmul(ones, ones.T, out_fmt="fp32", model=SequentialAccumulation("fp16"))
     assert got[0, 0] == 2048.0
     assert reduce_sum(ones, out_fmt="fp32", model="sequential:fp16") == 2048.0
     assert matmul(ones, ones.T, out_fmt="fp32")[0, 0] == 4096.0
@@ -247,7 +248,7 @@ def test_sequential_matches_step_by_step_reference(fmt, fused):
     rng = np.random.default_rng(21)
     a = round_to(f32(rng.standard_normal((4, 50)) * 3), fmt)
     b = round_to(f32(rng.standard_normal((50, 3))), fmt)
-    got = matmul(a, b, out_fmt="fp32", model=sequential(fmt, fused))
+    got = matmul(a, b, out_fmt="fp32", model=SequentialAccumulation(fmt, fused))
     want = [[sequential_reference(a[i], b[:, j], fmt, fused) for j in range(3)] for i in range(4)]
     assert np.array_equal(got, f32(want))
 
@@ -255,7 +256,7 @@ def test_sequential_matches_step_by_step_reference(fmt, fused):
 def test_sequential_fp32_unfused_is_numpy_float32_loop():
     rng = np.random.default_rng(22)
     a, b = random_case(rng, 3, 64, 2, 4)
-    got = matmul(a, b, out_fmt="fp32", model=sequential("fp32", fused=False))
+    got = matmul(a, b, out_fmt="fp32", model=SequentialAccumulation("fp32", fused=False))
     for i in range(3):
         for j in range(2):
             total = np.float32(0)
@@ -275,8 +276,8 @@ def test_sequential_hand_computed():
     # subnormal); rounding the product 1 + 2**-9 + 2**-20 to fp16 first loses it.
     x = f32([[-(1 + 2.0 ** -9), 1 + 2.0 ** -10]])
     y = f32([[1.0], [1 + 2.0 ** -10]])
-    fused = matmul(x, y, out_fmt="fp32", model=sequential("fp16"))[0, 0]
-    unfused = matmul(x, y, out_fmt="fp32", model=sequential("fp16", fused=False))[0, 0]
+    fused = matmul(x, y, out_fmt="fp32", model=SequentialAccumulation("fp16"))[0, 0]
+    unfused = matmul(x, y, out_fmt="fp32", model=SequentialAccumulation("fp16", fused=False))[0, 0]
     assert fused == np.float32(2.0 ** -20) and unfused == 0.0
 
 
@@ -285,8 +286,8 @@ def test_sequential_equals_blocked_one_exact():
     a, b = random_case(rng, 5, 30, 4, 20)
     for fmt in ("fp16", "bf16", "fp32"):
         with np.errstate(over="ignore"):
-            s = matmul(a, b, out_fmt="fp32", model=sequential(fmt))
-            k1 = matmul(a, b, out_fmt="fp32", model=blocked(1, fmt))
+            s = matmul(a, b, out_fmt="fp32", model=SequentialAccumulation(fmt))
+            k1 = matmul(a, b, out_fmt="fp32", model=BlockedAccumulation(1, fmt))
         assert same_bits(s, k1)
 
 
@@ -322,10 +323,11 @@ def blocked_reference(a_row, b_col, k, fmt, bits, mode, input_emin):
     return acc
 
 
-@pytest.mark.parametrize("model", [blocked.v100(), blocked.a100(), blocked.h100(),
-                                   blocked.a100("bf16"), blocked(4, "fp16"),
-                                   blocked(8, "fp32", 3, "nearest_even"),
-                                   blocked.v100("fp16")])
+@pytest.mark.parametrize("model", [BlockedAccumulation.v100(), BlockedAccumulation.a100(),
+                                   BlockedAccumulation.h100(), BlockedAccumulation.a100("bf16"),
+                                   BlockedAccumulation(4, "fp16"),
+                                   BlockedAccumulation(8, "fp32", 3, "nearest_even"),
+                                   BlockedAccumulation.v100("fp16")])
 def test_blocked_matches_scalar_reference(model):
     rng = np.random.default_rng(31)
     fmt_in = model.input_format or FP32
@@ -340,7 +342,7 @@ def test_blocked_matches_scalar_reference(model):
 
 def test_blocked_reproduces_fhmp_v100_observations():
     """Results the V100 tensor cores give in the FHMP test suite (tc_test_numerics*.cu)."""
-    v100 = blocked.v100()
+    v100 = BlockedAccumulation.v100()
     h = 2.0 ** -23
     one4 = f32([1, 1, 1, 1])
 
@@ -358,8 +360,8 @@ def test_blocked_reproduces_fhmp_v100_observations():
     assert fma(1 + 2 * h + h, one4, one4) == 5.0                 # truncation when normalising
     assert fma(-1 - 2 * h - h, one4, -one4) == -5.0
     # One extra bit (A100) keeps the 2**-24 that V100 loses.
-    assert float(blocked.a100().block_fma(f32(-(1 - 2.0 ** -24)), f32([1.0]), f32([1.0]))) \
-        == 2.0 ** -24
+    a100 = BlockedAccumulation.a100()
+    assert float(a100.block_fma(f32(-(1 - 2.0 ** -24)), f32([1.0]), f32([1.0]))) == 2.0 ** -24
 
 
 def test_blocked_exact_blocks_on_ties_and_cancellation():
@@ -368,21 +370,22 @@ def test_blocked_exact_blocks_on_ties_and_cancellation():
              [-1.0, -tie, 2.0 ** -90, -(2.0 ** -90)], [3.0, -3.0, 0, 0], [-0.0, 0.0, 0, 0]])
     b = f32(np.ones((4, 1)))
     b[1, 0] = -0.0
-    for model in (blocked(2), blocked(4), blocked(2, rounding="toward_zero"),
-                  blocked(4, "bf16", rounding="up")):
+    for model in (BlockedAccumulation(2), BlockedAccumulation(4),
+                  BlockedAccumulation(2, rounding="toward_zero"),
+                  BlockedAccumulation(4, "bf16", rounding="up")):
         got = matmul(a, b, out_fmt=model.fmt, model=model)
         want = [[blocked_reference(a[i], b[:, 0], model.k, model.fmt, None, model.rounding,
                                    FP32.emin)] for i in range(a.shape[0])]
         assert np.array_equal(got, f32(want)), model
     ones = f32(np.ones((4, 1)))
-    assert matmul(a, ones, out_fmt="fp32", model=blocked(4))[:3, 0].tolist() == \
+    assert matmul(a, ones, out_fmt="fp32", model=BlockedAccumulation(4))[:3, 0].tolist() == \
         [1.0, 1 + 2.0 ** -22, 1.0]                                # ties to even
 
 
 def test_blocked_single_exact_block_equals_exact_model():
     rng = np.random.default_rng(32)
     a, b = random_case(rng, 6, 40, 5, 30)
-    assert same_bits(matmul(a, b, out_fmt="fp32", model=blocked(40)),
+    assert same_bits(matmul(a, b, out_fmt="fp32", model=BlockedAccumulation(40)),
                      matmul(a, b, out_fmt="fp32"))
 
 
@@ -392,8 +395,8 @@ def test_blocked_specials():
     b = f32(np.ones((5, 1)))
     b[4, 0] = -np.inf                                     # in the second block
     with np.errstate(over="ignore", invalid="ignore"):
-        got = matmul(a, b, out_fmt="fp32", model=blocked.v100(fmt="fp32"))
-        big = matmul(a[3:, :4], b[:4], out_fmt="fp32", model=blocked.v100(fmt="fp32"))
+        got = matmul(a, b, out_fmt="fp32", model=BlockedAccumulation.v100(fmt="fp32"))
+        big = matmul(a[3:, :4], b[:4], out_fmt="fp32", model=BlockedAccumulation.v100(fmt="fp32"))
     assert np.isnan(got[0, 0]) and got[1, 0] == np.inf and np.isnan(got[2, 0])
     assert np.isnan(got[3, 0]) is np.False_ and got[3, 0] == -np.inf
     assert big[0, 0] == np.float32(FP32.max_finite)       # toward zero: largest finite
@@ -405,7 +408,7 @@ def test_blocked_large_block_with_many_alignment_bits_is_exact(bits):
     # 2**-40 needs 54 bits; float64 would drop 2**-40 and tie to 8192, the exact sum rounds
     # up to 8192 + 2**-10. k * 2**(F + 2) >= 2**53: the terms are summed in exact groups.
     x = f32([1.0] * 8192 + [2.0 ** -11, 2.0 ** -17 * (1 + 2.0 ** -23), -(2.0 ** -17)])
-    model = blocked(x.size, "fp32", alignment_bits=bits)
+    model = BlockedAccumulation(x.size, "fp32", alignment_bits=bits)
     want = blocked_reference(x, np.ones_like(x), model.k, model.fmt, bits, model.rounding,
                              FP32.emin)
     assert want == (8192 + 2.0 ** -10 if bits == 40 else 8192.0)
@@ -417,8 +420,9 @@ def test_blocked_large_block_with_many_alignment_bits_is_exact(bits):
 
 # --- reductions ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("model", [exact(), exact("bf16"), sequential("fp16"), blocked(4, "bf16"),
-                                   blocked.h100()])
+@pytest.mark.parametrize("model", [ExactAccumulation(), ExactAccumulation("bf16"),
+                                   SequentialAccumulation("fp16"), BlockedAccumulation(4, "bf16"),
+                                   BlockedAccumulation.h100()])
 def test_reduce_sum_is_matmul_with_ones(model):
     rng = np.random.default_rng(41)
     x = round_to(f32(rng.standard_normal((5, 6, 7)) * 50), "fp16")
@@ -480,20 +484,23 @@ def test_matmul_errors_name_both_shapes():
 
 
 def test_get_accumulation_specs_and_errors():
-    assert get_accumulation("exact") == exact() and get_accumulation("exact:bf16") == exact(BF16)
-    assert get_accumulation("sequential:fp16") == sequential(FP16)
-    assert get_accumulation("sequential:fp16:unfused") == sequential(FP16, fused=False)
-    assert get_accumulation("blocked:4:fp32") == blocked(4, FP32)
-    assert get_accumulation("V100") == blocked.v100() == tensor_core("v100")
-    model = blocked.a100()
+    assert get_accumulation("exact") == ExactAccumulation()
+    assert get_accumulation("exact:bf16") == ExactAccumulation(BF16)
+    assert get_accumulation("sequential:fp16") == SequentialAccumulation(FP16)
+    assert get_accumulation("sequential:fp16:unfused") == SequentialAccumulation(FP16, fused=False)
+    assert get_accumulation("blocked:4:fp32") == BlockedAccumulation(4, FP32)
+    assert get_accumulation("V100") == BlockedAccumulation.v100() == tensor_core("v100")
+    model = BlockedAccumulation.a100()
     assert get_accumulation(model) is model and isinstance(model, Accumulation)
-    for model in (exact(), sequential("fp16"), sequential(fused=False), blocked(8, "bf16"),
-                  blocked.v100(), blocked.h100(), blocked.a100("tf32"), blocked.v100("fp16"),
-                  blocked(16, "fp16", 3, "toward_zero", "bf16")):
+    for model in (ExactAccumulation(), SequentialAccumulation("fp16"),
+                  SequentialAccumulation(fused=False), BlockedAccumulation(8, "bf16"),
+                  BlockedAccumulation.v100(), BlockedAccumulation.h100(),
+                  BlockedAccumulation.a100("tf32"), BlockedAccumulation.v100("fp16"),
+                  BlockedAccumulation(16, "fp16", 3, "toward_zero", "bf16")):
         assert get_accumulation(str(model)) == model, str(model)
-    assert str(blocked.h100()) == "h100"
+    assert str(BlockedAccumulation.h100()) == "h100"
     assert get_accumulation("blocked:8:fp32:align=24:round=toward_zero:input=bf16") == \
-        blocked.a100("bf16")
+        BlockedAccumulation.a100("bf16")
     for bad in ("fast", "blocked:x", "blocked:0", "sequential:fp99", "exact:fp16:x",
                 "sequential:fp16:maybe", "blocked", "blocked:4:fp32:align=x",
                 "blocked:4:fp32:speed=2", "blocked:4:round=up:round=up"):
@@ -502,15 +509,15 @@ def test_get_accumulation_specs_and_errors():
     with pytest.raises(TypeError):
         get_accumulation(3)
     with pytest.raises(ValueError, match="alignment_bits"):
-        blocked(4, alignment_bits=-1)
+        BlockedAccumulation(4, alignment_bits=-1)
     with pytest.raises(ValueError, match="rounding"):
-        blocked(4, rounding="stochastic")
+        BlockedAccumulation(4, rounding="stochastic")
     with pytest.raises(ValueError, match="fp8|e4m3"):
-        blocked.h100("e4m3")
+        BlockedAccumulation.h100("e4m3")
     with pytest.raises(ValueError, match="unknown tensor-core"):
         tensor_core("b200")
     with pytest.raises(Exception):
-        exact().acc = BF16                                      # frozen
+        ExactAccumulation().acc = BF16                                      # frozen
 
 
 # --- determinism across threads ------------------------------------------------------------
@@ -545,7 +552,7 @@ def test_bits_do_not_depend_on_thread_count():
 
 
 def test_lowest_bit_exponent_against_fractions():
-    from fpsim.exact.certified import lowest_bit_exponent as _lowest_bit_exponent
+    from fpsim.exact.exact_dots import lowest_bit_exponent as _lowest_bit_exponent
     rng = np.random.default_rng(14)
     x = f32(rng.standard_normal((40, 30)) * 2.0 ** rng.integers(-160, 120, (40, 30)))
     x[0] = 0

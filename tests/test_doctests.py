@@ -8,7 +8,7 @@ MODULES = ["fpsim.formats", "fpsim.files", "fpsim.rounding", "fpsim.encoding", "
            "fpsim.train.trace", "fpsim.train.checkpoint", "fpsim.optim.arith",
            "fpsim.optim.rules", "fpsim.optim.optimizer", "fpsim.optim.transforms",
            "fpsim.optim.flat", "fpsim.exact", "fpsim.exact.underflow",
-           "fpsim.exact.accumulation", "fpsim.exact.sums", "fpsim.exact.odd",
+           "fpsim.exact.accumulation", "fpsim.exact.sums", "fpsim.exact.odd_rounding",
            "fpsim.exact.certificate",
            "fpsim.backend", "fpsim.autograd", "fpsim.autograd.numerics",
            "fpsim.autograd.policy", "fpsim.autograd.context", "fpsim.autograd.tensor",

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from fpsim import backend
-from fpsim.exact import fast_matmul, gathered
+from fpsim.exact import fast_matmul, open_elements
 from fpsim.exact.certificate import certify, certify_fp32_open, line_quanta, width_factor
-from fpsim.exact.certified import lowest_bit_exponent
+from fpsim.exact.exact_dots import lowest_bit_exponent
 from fpsim.exact.underflow import count_gradient_underflow, in_backward, note
 from fpsim.formats import BF16, FP16, FP32, get
 from fpsim.rounding import round_to
@@ -126,7 +126,7 @@ def test_gathered_products_from_any_operand_layout(order, monkeypatch):
         return (backend.xp.zeros(terms.shape[0], backend.xp.float32),
                 backend.xp.zeros(terms.shape[0], bool))
 
-    monkeypatch.setattr(gathered, "split_certify", certify_nothing)
+    monkeypatch.setattr(open_elements, "split_certify", certify_nothing)
     rng = np.random.default_rng(5)
     a, b, bias = adversarial(rng, 13, 40, 11, "ints")
     if order == "strided":
@@ -331,7 +331,7 @@ def test_zero_sums_of_sparse_rows_take_the_ieee_sign(a_order, b_order, monkeypat
     """The support test of the exact step (every product zero where b vanishes on a sparse
     row's nonzeros; -0 exactly when every product is -0) against the reference, in every
     operand order, output format and with a bias; the test must be taken."""
-    taken = _count_calls(monkeypatch, gathered, "_zero_sums_of_sparse_rows")
+    taken = _count_calls(monkeypatch, open_elements, "_zero_sums_of_sparse_rows")
     rng = np.random.default_rng(11)
     for m, k, n in ((9, 40, 12), (14, 129, 7)):
         a, b, bias = _sparse_row_case(rng, m, k, n)
@@ -353,8 +353,8 @@ def test_zero_sums_of_sparse_rows_against_unsigned_b(a_order, monkeypatch,
     -0 exactly where every a_ik has its sign bit; rows of -0 and negative values, rows with
     one +0, against the reference; the shortcut must be taken."""
     unsigned = []
-    original = gathered._has_sign_bits
-    monkeypatch.setattr(gathered, "_has_sign_bits",
+    original = open_elements._has_sign_bits
+    monkeypatch.setattr(open_elements, "_has_sign_bits",
                         lambda x: original(x) or unsigned.append(1) or False)
     rng = np.random.default_rng(13)
     for m, k, n in ((9, 40, 12), (14, 129, 7)):

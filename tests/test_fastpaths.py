@@ -10,7 +10,7 @@ from fpsim import nn
 from fpsim.autograd import Tensor, use_policy
 from fpsim.autograd import ops_matmul
 from fpsim.exact import accumulation
-from fpsim.exact.certified import exact_matmul
+from fpsim.exact.exact_dots import exact_matmul
 from fpsim.exact.fast_matmul import matmul_2d, round_out
 from fpsim.exact.underflow import count_gradient_underflow
 from fpsim.formats import BF16, FP16, FP32, get

@@ -13,7 +13,7 @@ from fpsim.autograd import tensor as tensor_module
 from fpsim.autograd.ops_elementwise import _relu_values
 from fpsim.exact import elementary as el
 from fpsim.exact.accumulation import reduce_sum
-from fpsim.exact.certified import _sums_and_patterns, exact_rows_sum, exponent_window_open
+from fpsim.exact.exact_dots import _sums_and_patterns, exact_rows_sum, exponent_window_open
 from fpsim.exact.softmax import cr_cross_entropy, log_softmax64
 from fpsim.formats import BF16, FP16, FP32
 from fpsim.rounding import round_to

@@ -2,7 +2,7 @@
 import pytest
 
 from fpsim.autograd import FP64, Policy, current_policy, get_policy, use_policy
-from fpsim.exact.accumulation import sequential
+from fpsim.exact.accumulation import SequentialAccumulation
 from fpsim.formats import BF16, E5M2, FP16, FP32
 
 
@@ -33,7 +33,7 @@ def test_jmp_strings():
         FP32, FP16, FP16, FP16, FP16, FP32)
     q = get_policy("p=f32, c=bf16, o=bf16, grad=e5m2, accumulation=sequential:fp16")
     assert (q.param, q.matmul, q.loss, q.grad) == (FP32, BF16, BF16, E5M2)
-    assert q.accumulation == sequential("fp16")
+    assert q.accumulation == SequentialAccumulation("fp16")
 
 
 @pytest.mark.parametrize("bad, message", [

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fpsim import backend
-from fpsim.exact import fast_matmul, gathered
+from fpsim.exact import fast_matmul, open_elements
 from fpsim.exact.certificate import split_certify
 from fpsim.exact.sums import round_to_odd_sum
 from fpsim.formats import FP16, FP32
@@ -69,7 +69,7 @@ def test_matmul_2d_exact_route_alone_matches_the_reference(kind, monkeypatch):
         return (backend.xp.zeros(terms.shape[0], backend.xp.float32),
                 backend.xp.zeros(terms.shape[0], bool))
 
-    monkeypatch.setattr(gathered, "split_certify", certify_nothing)
+    monkeypatch.setattr(open_elements, "split_certify", certify_nothing)
     rng = np.random.default_rng(len(kind))
     for m, k, n in ((5, 1, 4), (9, 2, 6), (12, 17, 8)):
         a, b, bias = adversarial(rng, m, k, n, kind)
@@ -135,7 +135,7 @@ def test_exact_step_on_ties_cancellations_and_zero_signs(order):
     every = np.arange(a.shape[0])
     terms = a64 * b64.T
     with np.errstate(over="ignore"):
-        got = gathered.exact_elements(a, b, np.sqrt((a64 * a64).sum(axis=1)),
+        got = open_elements.exact_elements(a, b, np.sqrt((a64 * a64).sum(axis=1)),
                                       np.sqrt((b64 * b64).sum(axis=0)), every, every,
                                       terms.sum(axis=1))
     assert same_bits(got, exact_fp32(terms))
@@ -160,6 +160,6 @@ def test_exact_zero_signs_follow_the_sign_bits(order, b_signs):
     expected = np.all(np.signbit(a)[:, :, None] != np.signbit(b)[None], axis=1).reshape(-1)
     assert expected.any() and not expected.all()
     for source in (a, a.astype(np.float64)):
-        got = gathered.exact_zero_signs(source, b, rows, cols)
+        got = open_elements.exact_zero_signs(source, b, rows, cols)
         assert got.dtype == np.float32 and np.all(got == 0)
         assert np.array_equal(np.signbit(got), expected)

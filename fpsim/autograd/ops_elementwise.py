@@ -36,7 +36,7 @@ from ..backend import xp
 
 from .numerics import FP64, round_array
 from ..exact import cr_exp, cr_gelu, cr_log, cr_sigmoid, cr_tanh
-from ..exact import elementary as f64
+from ..exact import elementary
 from .accumulate import accumulation_model as _model
 from .accumulate import sum_to_shape as _unbroadcast
 from .ops_shape import convert, operands
@@ -202,15 +202,15 @@ def exp(x) -> Tensor:
     """e**x correctly rounded to the output format (``fpsim.exact``, no libm). Backward:
     g * exp(x), the float64 product of g and exp(x) within 2**-50, rounded once (not always
     the correctly rounded gradient)."""
-    return _unary("exp", x, "wide", f64.exp, lambda g, d, o: _f64(g) * f64.exp(_f64(d)),
-                  correctly_rounded=cr_exp)
+    return _unary("exp", x, "wide", elementary.exp,
+                  lambda g, d, o: _f64(g) * elementary.exp(_f64(d)), correctly_rounded=cr_exp)
 
 
 def log(x) -> Tensor:
     """Natural log correctly rounded (``fpsim.exact``). Backward: g / x in float64, rounded
     once (correctly rounded: one float64 division of exact values, then one rounding to a
     format of at most 24 bits, is innocuous double rounding)."""
-    return _unary("log", x, "wide", f64.log, lambda g, d, o: _f64(g) / _f64(d),
+    return _unary("log", x, "wide", elementary.log, lambda g, d, o: _f64(g) / _f64(d),
                   correctly_rounded=cr_log)
 
 
@@ -230,16 +230,16 @@ def pow(x, exponent) -> Tensor:
 def tanh(x) -> Tensor:
     """tanh correctly rounded (``fpsim.exact``). Backward: g * (1 - t*t) with t the float64
     tanh (within 2**-48), in float64, rounded once."""
-    return _unary("tanh", x, "elementwise", f64.tanh,
-                  lambda g, d, o: _f64(g) * (1.0 - f64.tanh(_f64(d)) ** 2),
+    return _unary("tanh", x, "elementwise", elementary.tanh,
+                  lambda g, d, o: _f64(g) * (1.0 - elementary.tanh(_f64(d)) ** 2),
                   correctly_rounded=cr_tanh)
 
 
 def sigmoid(x) -> Tensor:
     """1 / (1 + e**-x) correctly rounded (``fpsim.exact``). Backward: g * s * (1 - s) with s
     the float64 sigmoid (within 2**-48), in float64, rounded once."""
-    return _unary("sigmoid", x, "elementwise", f64.sigmoid,
-                  lambda g, d, o: _f64(g) * f64.sigmoid(d) * (1.0 - f64.sigmoid(d)),
+    return _unary("sigmoid", x, "elementwise", elementary.sigmoid,
+                  lambda g, d, o: _f64(g) * elementary.sigmoid(d) * (1.0 - elementary.sigmoid(d)),
                   correctly_rounded=cr_sigmoid)
 
 
@@ -250,8 +250,9 @@ def gelu(x) -> Tensor:
     accuracy before that; here x * Phi(x) is right down to where it leaves the format (x about
     -14 for fp32). Backward: g * (Phi(x) + x phi(x)) from the float64 Phi and phi (within
     2**-49), in float64, rounded once."""
-    return _unary("gelu", x, "elementwise", f64.gelu,
-                  lambda g, d, o: _f64(g) * (f64.normal_cdf(d) + _f64(d) * f64.normal_pdf(d)),
+    return _unary("gelu", x, "elementwise", elementary.gelu,
+                  lambda g, d, o: _f64(g) * (elementary.normal_cdf(d)
+                                             + _f64(d) * elementary.normal_pdf(d)),
                   correctly_rounded=cr_gelu)
 
 

@@ -28,7 +28,7 @@ from .. import backend
 from ..options import check_choice
 from ..backend import round_to, xp
 from ..exact import certify, cr_cross_entropy, round_to_odd_sum, width_factor
-from ..exact import elementary as f64
+from ..exact import elementary
 from ..rounding import float64_round_to_odd
 from .numerics import FP64, round_array
 from .ops_reduce import log_softmax_along
@@ -79,7 +79,7 @@ def _squared_error(pred, target, finite, reduction, fmt) -> xp.ndarray:
 
     p - t may be inexact in float64, but (p - t)**2 = p*p - 2*p*t + t*t and each product of
     two float32 values is exact in float64: ``round_to_odd_sum`` adds them exactly, rounded
-    to odd (see ``fpsim.exact.odd``). "sum", and "mean" over a power of two (an exact
+    to odd (see ``fpsim.exact.odd_rounding``). "sum", and "mean" over a power of two (an exact
     scaling), first try their float64 sum in any order: where the certificate's ends
     (``fpsim.exact.certificate``) round alike, the exact sum and the float64 sum between
     them round to the same value. "mean" over other n divides S, the exact sum: S's 53 bits
@@ -131,7 +131,7 @@ def cross_entropy(logits, labels, reduction: str = "mean") -> Tensor:
     def backward(g, g_fmt):
         g64 = backend.astype(g, xp.float64)
         with xp.errstate(invalid="ignore", under="ignore", over="ignore"):
-            d = f64.exp(logp)
+            d = elementary.exp(logp)
             d[rows, labels] -= 1.0
             if reduction == "none":
                 d *= g64[:, None]

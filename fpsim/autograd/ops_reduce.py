@@ -32,7 +32,7 @@ from .. import backend
 from ..backend import xp
 
 from ..exact import cr_log_softmax, cr_softmax, log_softmax64, softmax64
-from ..exact import elementary as f64
+from ..exact import elementary
 from ..formats import FP32
 from .numerics import FP64, round_array
 from .accumulate import acc_sum
@@ -173,7 +173,7 @@ def log_softmax(x, axis: int = -1) -> Tensor:
     def backward(g, g_fmt):
         g64 = backend.astype(g, xp.float64)
         with xp.errstate(invalid="ignore", under="ignore"):
-            return (round_array(g64 - f64.exp(backend.astype(out, xp.float64))
+            return (round_array(g64 - elementary.exp(backend.astype(out, xp.float64))
                                 * xp.sum(g64, axis=ax, keepdims=True), x.grad_fmt),)
 
     return record(out, fmt, (x,), backward, "log_softmax")

@@ -50,7 +50,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from ..formats import BF16, FP16, FP32, Format
-from ..exact.accumulation import exact, get_accumulation
+from ..exact.accumulation import ExactAccumulation, get_accumulation
 from .numerics import FP64, Float64Reference, resolve
 
 __all__ = ["Policy", "get_policy", "PRESETS", "CATEGORIES"]
@@ -74,7 +74,7 @@ class Policy:
     loss: object = FP32
     elementwise: object = None
     grad: object = None
-    accumulation: object = field(default_factory=exact)
+    accumulation: object = field(default_factory=ExactAccumulation)
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self) -> None:
@@ -180,7 +180,7 @@ def _parse_jmp(spec: str) -> Policy:
     try:
         params, compute, output = (resolve(fields[k]) for k in ("params", "compute", "output"))
         grad = resolve(fields["grad"]) if "grad" in fields else None
-        accumulation = get_accumulation(fields.get("accumulation", exact()))
+        accumulation = get_accumulation(fields.get("accumulation", ExactAccumulation()))
     except ValueError as err:
         raise ValueError(f"policy {spec!r}: {err}") from None
     return Policy(param=params, input=compute, matmul=compute, wide=compute, loss=output,

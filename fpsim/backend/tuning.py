@@ -24,9 +24,9 @@ class Tuning(NamedTuple):
     einsum_from: int = 1 << 15
     #: exact.certificate.certify_fp32_open: open share of a chunk from which w is re-taken
     recheck_share: int = 16
-    #: exact.certified: float64 elements per block of the row sums (256 KiB, stays in cache)
+    #: exact.exact_dots: float64 elements per block of the row sums (256 KiB, stays in cache)
     certified_block: int = 1 << 15
-    #: exact.certified: uint32 elements per block of sums and patterns (1 MiB: fewer calls)
+    #: exact.exact_dots: uint32 elements per block of sums and patterns (1 MiB: fewer calls)
     certified_pattern_block: int = 1 << 18
     #: exact.correctly_rounded: elements per evaluation chunk (float64 temporaries in cache)
     correctly_rounded_chunk: int = 1 << 16
@@ -38,11 +38,11 @@ class Tuning(NamedTuple):
     exact_min_saving: int = 0
     #: exact.fast_matmul: row length from which row norms are BLAS dot products
     dot_from: int = 16
-    #: exact.gathered: nonzeros of a row up to which a zero sum is settled from its support
+    #: exact.open_elements: nonzeros of a row up to which a zero sum is settled from its support
     support: int = 16
-    #: exact.gathered: sign probes before a zero sum's whole lines are compared
+    #: exact.open_elements: sign probes before a zero sum's whole lines are compared
     probes: int = 8
-    #: exact.gathered: products of zero sums from which the support test pays its cost
+    #: exact.open_elements: products of zero sums from which the support test pays its cost
     sparse_from: int = 1 << 12
     #: exact.norm: elements per chunk of the exact squared norm
     norm_chunk: int = 1 << 17

@@ -11,13 +11,14 @@ its thread count.
   under a model, the entry points the autograd ops call.
 - ``certificate.py``: the interval certificate (when a float64 sum provably rounds like the
   exact one), written once with its proof: ``certify``, ``error_factor``, ``sums_exactly``.
-- ``odd.py``: rounding to odd at 53 bits, written once (``round_to_odd``,
+- ``odd_rounding.py``: rounding to odd at 53 bits, written once (``round_to_odd``,
   ``add_round_to_odd``): the exact sum rounded to odd, then rounded once to any format.
-- ``certified.py``: the ``exact`` model's general path: float64 BLAS plus the certificate,
+- ``exact_dots.py``: the ``exact`` model's general path: float64 BLAS plus the certificate,
   exact sums for the elements it cannot certify (``exact_matmul``, ``exact_rows_sum``).
-- ``fast_matmul.py``: the ``exact(fp32)`` 2-D fast path, certified straight to the output
-  format (``matmul_2d``, ``round_out``); ``gathered.py``: its exact step, the elements the
-  certificates leave, summed from their gathered products (or their supports).
+- ``fast_matmul.py``: the ``ExactAccumulation(fp32)`` 2-D fast path, certified straight to
+  the output format (``matmul_2d``, ``round_out``); ``open_elements.py``: its exact step,
+  the elements the certificates leave open, summed from their gathered products (or their
+  supports).
 - ``scatter.py``: scatter-add with exact, order-free totals (``scatter_sum``), the
   gradient of a gather with repeated indices.
 - ``sums.py``: exact sums of float64 terms with integer limbs, rounded to odd
@@ -36,19 +37,20 @@ its thread count.
   roundings here and in ``autograd`` report to.
 
 >>> import numpy as np
->>> from fpsim.exact import matmul, sequential
+>>> from fpsim.exact import SequentialAccumulation, matmul
 >>> a, b = np.ones((1, 4096), np.float32), np.ones((4096, 1), np.float32)
 >>> float(matmul(a, b, out_fmt="fp16")[0, 0]), float(matmul(a, b, out_fmt="fp16",
-...       model=sequential("fp16"))[0, 0])
+...       model=SequentialAccumulation("fp16"))[0, 0])
 (4096.0, 2048.0)
 """
 from . import accumulation, underflow
-from .accumulation import (Accumulation, blocked, exact, get_accumulation, matmul, reduce_sum,
-                           sequential, tensor_core)
+from .accumulation import (Accumulation, BlockedAccumulation, ExactAccumulation,
+                           SequentialAccumulation, get_accumulation, matmul, reduce_sum,
+                           tensor_core)
 from .certificate import certify, error_factor, sums_exactly, width_factor
-from .certified import exact_matmul, exact_rows_sum
+from .exact_dots import exact_matmul, exact_rows_sum
 from .fast_matmul import matmul_2d, round_out
-from .odd import add_round_to_odd, round_to_odd
+from .odd_rounding import add_round_to_odd, round_to_odd
 from .scatter import scatter_sum
 from .sums import round_to_odd_sum
 from .norm import exact_global_norm, global_norm
@@ -58,7 +60,8 @@ from .correctly_rounded import (FALLBACK_COUNT, certified, cr_exp, cr_gelu, cr_l
 from .softmax import (cr_cross_entropy, cr_log_softmax, cr_softmax, log_softmax64, row_terms,
                       settle_rows, softmax64)
 
-__all__ = ["accumulation", "underflow", "Accumulation", "exact", "sequential", "blocked",
+__all__ = ["accumulation", "underflow", "Accumulation", "ExactAccumulation",
+           "SequentialAccumulation", "BlockedAccumulation",
            "tensor_core", "get_accumulation", "matmul", "reduce_sum", "exact_matmul",
            "exact_rows_sum", "error_factor", "width_factor", "certify", "sums_exactly",
            "matmul_2d", "round_out", "round_to_odd", "add_round_to_odd", "round_to_odd_sum",

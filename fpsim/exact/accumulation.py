@@ -5,22 +5,22 @@ return float32 containers holding values of ``out_fmt``. Products of two float32
 exact in float64 (24 + 24 significand bits, exponents >= 2**-298), so every model starts from
 exact products; the models differ only in where the sum is rounded.
 
-``exact(acc="fp32")`` (the default)
+``ExactAccumulation(acc="fp32")`` (the default)
     Each dot product (or sum) is computed exactly, rounded once to ``acc`` (round to nearest,
     ties to even), then once to ``out_fmt``. Fast path (``certified``): a float64 BLAS product
     plus a rigorous error bound that certifies, element by element, that the float64 result
     rounds to the same bits as the exact value; the rare element it cannot certify is summed
     exactly with integer limbs (``sums``). The bits do not depend on the BLAS, its
     order or its threads.
-``sequential(fmt="fp32", fused=True)``
+``SequentialAccumulation(fmt="fp32", fused=True)``
     ``acc = +0; for k in 0..K-1: acc = round_fmt(acc + a[k] * b[k])`` in index order, one
     rounding per step (fused multiply-add: the product is exact). ``fused=False`` rounds the
     product to ``fmt`` first (two roundings per step). Slow (a Python loop over K), but it is
     how an fp16 accumulator stalls: summing 4096 ones in fp16 stops at 2048.
-``blocked(k, fmt="fp32", alignment_bits=None, rounding="nearest_even")``
+``BlockedAccumulation(k, fmt="fp32", alignment_bits=None, rounding="nearest_even")``
     A tensor-core-like multi-term fused add: ``acc = round_fmt(acc + sum of k exact
     products)`` per block of k consecutive products. ``alignment_bits=F`` adds the truncation
-    of NVIDIA's adders (see ``block_fma``; presets ``blocked.v100()``, ``a100()``,
+    of NVIDIA's adders (see ``block_fma``; presets ``BlockedAccumulation.v100()``, ``a100()``,
     ``h100()`` or ``tensor_core("v100")``, after Fasi, Higham, Mikaitis & Pranesh, PeerJ CS
     7:e330, 2021; one block alone: ``model.block_fma(c, a, b)``).
 
@@ -31,7 +31,7 @@ A finite sum beyond the accumulator's range overflows as ``round_to`` does (to i
 >>> import numpy as np
 >>> a = np.ones((1, 4096), np.float32); b = np.ones((4096, 1), np.float32)
 >>> float(matmul(a, b, out_fmt="fp32")[0, 0]), float(matmul(a, b, out_fmt="fp32",
-...       model=sequential("fp16"))[0, 0])
+...       model=SequentialAccumulation("fp16"))[0, 0])
 (4096.0, 2048.0)
 """
 from __future__ import annotations
@@ -43,11 +43,12 @@ from ..backend import astype, round_to, xp
 from ..formats import FP16, FP32, Format, get
 from ..rounding import MODES
 from . import block_fma as blocks, underflow
-from .certified import exact_matmul, exact_rows_sum
+from .exact_dots import exact_matmul, exact_rows_sum
 from .fast_matmul import matmul_2d, round_out
-from .odd import add_round_to_odd
+from .odd_rounding import add_round_to_odd
 
-__all__ = ["Accumulation", "exact", "sequential", "blocked", "tensor_core", "get_accumulation",
+__all__ = ["Accumulation", "ExactAccumulation", "SequentialAccumulation", "BlockedAccumulation",
+           "tensor_core", "get_accumulation",
            "matmul", "reduce_sum"]
 
 
@@ -62,7 +63,7 @@ def _format_field(obj, name: str) -> None:
 
 
 @dataclass(frozen=True)
-class exact(Accumulation):  # noqa: N801 - lower case: read as a function, like jmp policies
+class ExactAccumulation(Accumulation):
     """The exact dot product, rounded once to ``acc`` (nearest even), then to the output.
 
     How, whatever the BLAS: a float64 product certified element by element
@@ -80,13 +81,13 @@ class exact(Accumulation):  # noqa: N801 - lower case: read as a function, like 
 
 
 @dataclass(frozen=True)
-class sequential(Accumulation):  # noqa: N801
+class SequentialAccumulation(Accumulation):
     """Recursive summation in ``fmt``, k = 0..K-1 in index order, acc starting at +0.
 
     ``fused=True``: ``acc = round_fmt(acc + a_k*b_k)``, the product exact, ONE rounding per
     step (a fused multiply-add). ``fused=False``: ``acc = round_fmt(acc + round_fmt(a_k*b_k))``.
     In float64 the sum acc + p may itself round, so each step rounds it to odd
-    (``odd.add_round_to_odd``), then to ``fmt``: one correct rounding, no double rounding.
+    (``odd_rounding.add_round_to_odd``), then to ``fmt``: one correct rounding, no double rounding.
     """
 
     fmt: Format | str = FP32
@@ -102,7 +103,7 @@ class sequential(Accumulation):  # noqa: N801
 
 
 @dataclass(frozen=True)
-class blocked(Accumulation):  # noqa: N801
+class BlockedAccumulation(Accumulation):
     """Blocks of ``k`` exact products added to the running accumulator, rounded once per block.
 
     ``alignment_bits=None``: each block sum (acc + k products) is exact, then rounded to
@@ -113,8 +114,8 @@ class blocked(Accumulation):  # noqa: N801
     format's minimum exponent, as hardware does (None: float32's). See ``block_fma``.
 
     Presets (``fmt`` fp32: round toward zero; fp16: nearest even):
-    ``blocked.v100()`` k=4, F=23; ``blocked.a100()`` k=8, F=24; ``blocked.h100()`` k=16,
-    F=25 (tf32 inputs: k=4 on A100, 8 on H100).
+    ``BlockedAccumulation.v100()`` k=4, F=23; ``.a100()`` k=8, F=24; ``.h100()`` k=16, F=25
+    (tf32 inputs: k=4 on A100, 8 on H100).
     """
 
     k: int
@@ -144,7 +145,7 @@ class blocked(Accumulation):  # noqa: N801
 
     def __str__(self) -> str:
         for gpu in ("v100", "a100", "h100"):
-            if self == getattr(blocked, gpu)():
+            if self == getattr(BlockedAccumulation, gpu)():
                 return gpu
         options = [f"align={self.alignment_bits}"] if self.alignment_bits is not None else []
         if self.rounding != "nearest_even":
@@ -159,23 +160,23 @@ class blocked(Accumulation):  # noqa: N801
         return blocks.block_fma(xp.asarray(c), xp.asarray(a), xp.asarray(b), self)
 
     @classmethod
-    def v100(cls, fmt="fp32") -> "blocked":
+    def v100(cls, fmt="fp32") -> "BlockedAccumulation":
         """NVIDIA V100 (Volta) tensor core, fp16 inputs: 4 products, no extra bits."""
         return cls._preset(4, 23, FP16, fmt)
 
     @classmethod
-    def a100(cls, input_format="fp16", fmt="fp32") -> "blocked":
+    def a100(cls, input_format="fp16", fmt="fp32") -> "BlockedAccumulation":
         """NVIDIA A100 (Ampere): 8 products (4 for tf32 inputs), one extra alignment bit."""
         return cls._preset(4 if get(input_format).name == "tf32" else 8, 24, input_format, fmt)
 
     @classmethod
-    def h100(cls, input_format="fp16", fmt="fp32") -> "blocked":
+    def h100(cls, input_format="fp16", fmt="fp32") -> "BlockedAccumulation":
         """NVIDIA H100 (Hopper): 16 products (8 for tf32 inputs), two extra alignment bits."""
         return cls._preset(8 if get(input_format).name == "tf32" else 16, 25, input_format,
                            fmt)
 
     @classmethod
-    def _preset(cls, k, bits, input_format, fmt) -> "blocked":
+    def _preset(cls, k, bits, input_format, fmt) -> "BlockedAccumulation":
         input_format, fmt = get(input_format), get(fmt)
         if input_format.name not in ("fp16", "bf16", "tf32"):
             raise ValueError(f"tensor-core presets model fp16, bf16 and tf32 inputs, "
@@ -186,13 +187,13 @@ class blocked(Accumulation):  # noqa: N801
         return cls(k, fmt, bits, rounding, input_format)
 
 
-def tensor_core(gpu: str, input_format="fp16", fmt="fp32") -> blocked:
+def tensor_core(gpu: str, input_format="fp16", fmt="fp32") -> BlockedAccumulation:
     """The ``blocked`` preset of a GPU: ``"v100"``, ``"a100"`` or ``"h100"``."""
     key = str(gpu).strip().lower()
     if key == "v100":
-        return blocked.v100(fmt)
+        return BlockedAccumulation.v100(fmt)
     if key in ("a100", "h100"):
-        return getattr(blocked, key)(input_format, fmt)
+        return getattr(BlockedAccumulation, key)(input_format, fmt)
     raise ValueError(f"unknown tensor-core model {gpu!r}; accepted: v100, a100, h100")
 
 
@@ -218,11 +219,12 @@ def get_accumulation(spec) -> Accumulation:
     try:
         kind, args = parts[0], parts[1:]
         if kind == "exact" and len(args) <= 1:
-            return exact(*args)
+            return ExactAccumulation(*args)
         if kind == "sequential" and len(args) <= 2:
             if len(args) == 2 and args[1] not in ("fused", "unfused"):
                 raise ValueError(f"the third field must be 'fused' or 'unfused', got {args[1]!r}")
-            return sequential(*args[:1], fused=not (len(args) == 2 and args[1] == "unfused"))
+            unfused = len(args) == 2 and args[1] == "unfused"
+            return SequentialAccumulation(*args[:1], fused=not unfused)
         if kind == "blocked" and args:
             if not args[0].isdigit():
                 raise ValueError(f"block size must be a positive integer, got {args[0]!r}")
@@ -234,7 +236,7 @@ def get_accumulation(spec) -> Accumulation:
                     raise ValueError(f"unknown or repeated blocked option {item!r}")
                 options[_BLOCKED_OPTIONS[key]] = int(value) if key == "align" and \
                     value.isdigit() else value
-            return blocked(int(args[0]), *positional, **options)
+            return BlockedAccumulation(int(args[0]), *positional, **options)
         if kind in ("v100", "a100", "h100") and not args:
             return tensor_core(kind)
     except (ValueError, TypeError) as err:
@@ -257,7 +259,7 @@ def _operand(x, name: str) -> xp.ndarray:
 
 # --- matmul ------------------------------------------------------------------------------
 
-def matmul(a, b, *, out_fmt, model: Accumulation | str = exact()) -> xp.ndarray:
+def matmul(a, b, *, out_fmt, model: Accumulation | str = ExactAccumulation()) -> xp.ndarray:
     """``a @ b`` under an accumulation model; float32 in, float32 holding ``out_fmt`` values out.
 
     Shapes follow ``numpy.matmul``: a (..., M, K), b (..., K, N), batch dimensions broadcast;
@@ -286,7 +288,7 @@ def matmul(a, b, *, out_fmt, model: Accumulation | str = exact()) -> xp.ndarray:
                              f"broadcast") from None
     m, k, n = a2.shape[-2], a2.shape[-1], b2.shape[-1]
     if (b2.ndim == 2 and math.prod(a2.shape) and math.prod(b2.shape)
-            and isinstance(model, exact) and model.acc == FP32):
+            and isinstance(model, ExactAccumulation) and model.acc == FP32):
         # Every element is its own exact dot product: stacking a's batches into rows
         # changes no bit, and the 2-D fast path certifies straight to out_fmt.
         # (2-D a, the common case, needs no reshape: a call each way saved)
@@ -312,14 +314,14 @@ def _drop_vector_axes(out, a, b):
 
 def _accumulate_matmul(a3: xp.ndarray, b3: xp.ndarray, model: Accumulation) -> xp.ndarray:
     """(nb, M, K) @ (nb, K, N) -> float64 (nb, M, N) holding accumulator-format values."""
-    if isinstance(model, exact):
+    if isinstance(model, ExactAccumulation):
         return exact_matmul(a3, b3, model.acc)[0]
     a64, b64 = astype(a3, xp.float64), astype(b3, xp.float64)
     shape = (a3.shape[0], a3.shape[1], b3.shape[2])
-    if isinstance(model, sequential):
+    if isinstance(model, SequentialAccumulation):
         return _sequential(lambda k: a64[:, :, k, None] * b64[:, None, k, :], a3.shape[2],
                            shape, model)
-    if isinstance(model, blocked):
+    if isinstance(model, BlockedAccumulation):
         return blocks.blocked_matmul(a64, b64, model)
     raise TypeError(f"unknown accumulation model {model!r}")
 
@@ -336,7 +338,7 @@ def _to_output(acc: xp.ndarray, out_fmt: Format) -> xp.ndarray:
 # --- reduce_sum --------------------------------------------------------------------------
 
 def reduce_sum(x, axis=None, keepdims: bool = False, *, out_fmt,
-               model: Accumulation | str = exact()) -> xp.ndarray:
+               model: Accumulation | str = ExactAccumulation()) -> xp.ndarray:
     """Sum over ``axis`` (None: all; int or tuple) under an accumulation model.
 
     The reduced elements of each output are taken in C (index) order of the reduced axes:
@@ -382,19 +384,19 @@ def _normalise_axes(axis, ndim: int) -> tuple[int, ...]:
 
 
 def _accumulate_rows(rows: xp.ndarray, model: Accumulation) -> xp.ndarray:
-    if isinstance(model, exact):
+    if isinstance(model, ExactAccumulation):
         return exact_rows_sum(rows, model.acc)[0]
     x64 = astype(rows, xp.float64)
-    if isinstance(model, sequential):
+    if isinstance(model, SequentialAccumulation):
         return _sequential(lambda k: x64[:, k], rows.shape[1], (rows.shape[0],), model)
-    if isinstance(model, blocked):
+    if isinstance(model, BlockedAccumulation):
         return blocks.blocked_rows(x64, model)
     raise TypeError(f"unknown accumulation model {model!r}")
 
 
 # --- the sequential model ----------------------------------------------------------------
 
-def _sequential(term, count: int, shape: tuple, model: sequential) -> xp.ndarray:
+def _sequential(term, count: int, shape: tuple, model: SequentialAccumulation) -> xp.ndarray:
     fmt = model.fmt
     acc = xp.zeros(shape, xp.float64)
     with xp.errstate(over="ignore", invalid="ignore"):

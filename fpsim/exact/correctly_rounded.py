@@ -28,7 +28,7 @@ from ..formats import FP32
 from ..rounding import float64_round_to_odd
 from . import decimal_ref as ref
 from .certificate import certify
-from . import elementary as el
+from . import elementary
 
 __all__ = ["certified", "settle", "enclosure", "forced_fallback", "cr_exp", "cr_log", "cr_tanh",
            "cr_sigmoid", "cr_gelu", "gelu_bound", "FALLBACK_COUNT"]
@@ -142,22 +142,22 @@ def _finish(x, evaluate, bound, fmt, dref):
 def cr_exp(x, fmt):
     """exp(x) correctly rounded to ``fmt``, as a float64 proxy (see module doc)."""
     x = xp.asarray(x, xp.float64)
-    return _finish(x, el.exp, el.EXP_BOUND, fmt, ref.dexp)
+    return _finish(x, elementary.exp, elementary.EXP_BOUND, fmt, ref.dexp)
 
 
 def cr_log(x, fmt):
     x = xp.asarray(x, xp.float64)
-    return _finish(x, el.log, el.LOG_BOUND, fmt, ref.dln)
+    return _finish(x, elementary.log, elementary.LOG_BOUND, fmt, ref.dln)
 
 
 def cr_tanh(x, fmt):
     x = xp.asarray(x, xp.float64)
-    return _finish(x, el.tanh, el.TANH_BOUND, fmt, ref.dtanh)
+    return _finish(x, elementary.tanh, elementary.TANH_BOUND, fmt, ref.dtanh)
 
 
 def cr_sigmoid(x, fmt):
     x = xp.asarray(x, xp.float64)
-    return _finish(x, el.sigmoid, el.SIGMOID_BOUND, fmt, ref.dsigmoid)
+    return _finish(x, elementary.sigmoid, elementary.SIGMOID_BOUND, fmt, ref.dsigmoid)
 
 
 def gelu_bound(x):
@@ -166,9 +166,9 @@ def gelu_bound(x):
     doc), ``GELU_BOUND`` elsewhere."""
     a = xp.abs(x)
     return xp.where((x >= 10.0) | (x <= -20.0) | ((a < 2.0 ** -60) & (a > 0)), 0.0,
-                    el.GELU_BOUND)
+                    elementary.GELU_BOUND)
 
 
 def cr_gelu(x, fmt):
     x = xp.asarray(x, xp.float64)
-    return _finish(x, el.gelu, gelu_bound(x), fmt, ref.dgelu)
+    return _finish(x, elementary.gelu, gelu_bound(x), fmt, ref.dgelu)

@@ -42,7 +42,7 @@ import struct
 from functools import lru_cache
 
 from ..backend import astype, bitcast, copy, name, size, xp
-from .odd import round_to_odd
+from .odd_rounding import round_to_odd
 
 __all__ = ["pow2", "exp_parts", "exp", "expm1_neg", "log", "log1p", "tanh", "sigmoid", "gelu",
            "gelu_tail_q", "normal_cdf", "normal_pdf", "EXP_BOUND", "LOG_BOUND", "LOG1P_BOUND", "TANH_BOUND",

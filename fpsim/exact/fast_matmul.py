@@ -37,7 +37,7 @@ other w) make w > 0, and the ends are -0 and +0: never certified at the fp32 lev
 level pre is then +-0 + bias, nonzero only for a nonzero bias, where the zero's sign does not
 matter (+-0 + b = b). Any other exact zero sum has approx = +-0 and w > 0, so lo32 and hi32
 differ in sign: not certified at the fp32 level, and at the f level only when a nonzero bias
-makes both pre values that same nonzero number. (4) The exact step (``gathered``), on the
+makes both pre values that same nonzero number. (4) The exact step (``open_elements``), on the
 elements left: where every product is zero, s = 0 with the IEEE sign (-0 exactly when every
 product is -0, ``sums.zero_sum``; found from the support of a sparse row of a where approx =
 +-0, else from the gathered products); else the split certificate
@@ -55,7 +55,7 @@ a row with U < 2**53 has approx = s in every column, and rnd32(s) = fl32(approx)
 cast. Only the sign of an exact zero is not the BLAS's to give: where approx = +-0, s = 0,
 and it is -0 exactly when every product is -0, that is (their sum being zero) when
 signbit(a_ik) != signbit(b_kj) for every k: every product is then <= 0
-(``gathered.exact_zero_signs``). fp16 and bf16 data (at most 11 significant bits) make
+(``open_elements.exact_zero_signs``). fp16 and bf16 data (at most 11 significant bits) make
 nearly every row exact, and their frequent exact fp32 ties
 (which the ends leave open) certified at no cost; fp32 data rarely. Rows are tried where the
 output is large against the operands and where a's first row and b's first column are
@@ -78,8 +78,8 @@ from ..formats import FP32
 from . import underflow
 from .certificate import (certify_fp32_open, error_factor, lowest_bit_patterns,
                           quanta_from_patterns, width_factor)
-from .certified import cauchy_schwarz_bound
-from .gathered import exact_elements, exact_zero_signs, gather_source
+from .exact_dots import cauchy_schwarz_bound
+from .open_elements import exact_elements, exact_zero_signs, gather_source
 
 __all__ = ["matmul_2d", "round_out"]
 
@@ -101,8 +101,8 @@ def round_out(x32: xp.ndarray, fmt) -> xp.ndarray:
 
 def matmul_2d(a: xp.ndarray, b: xp.ndarray, out_fmt, bias: xp.ndarray | None = None,
               *, note: bool = True) -> xp.ndarray | None:
-    """exact(fp32) ``a @ b`` (+ ``bias`` in the fp32 accumulator) rounded to ``out_fmt``, as
-    float32; None where the fast path does not apply. ``note``: report (accumulator + bias,
+    """ExactAccumulation(fp32) ``a @ b`` (+ ``bias`` in the fp32 accumulator) rounded to
+    ``out_fmt``, as float32; None where the fast path does not apply. ``note``: report (accumulator + bias,
     output) to the underflow counter, as ``accumulation._to_output`` does."""
     a, b = xp.asarray(a), xp.asarray(b)
     bias = None if bias is None else xp.asarray(bias)
@@ -180,7 +180,7 @@ def _exact_rows(row_norm, col_norm, row_quanta, col_quanta, k):
 def _certify_exact_rows(approx, exact_rows, row_width, col_width, pre, a, b):
     """``certify_fp32_open`` where some rows are exact sums: there pre = fl32(approx) is
     rnd32(s), save the sign of exact zero sums (a BLAS zero's sign is its own, not IEEE's):
-    s = 0 there, and ``gathered.exact_zero_signs`` gives its IEEE sign (a, b: the operands
+    s = 0 there, and ``open_elements.exact_zero_signs`` gives its IEEE sign (a, b: the operands
     to gather from); the other rows take the first certificate."""
     n = approx.shape[1]
     xp.copyto(pre, approx)                  # overflow to inf: the caller's error state

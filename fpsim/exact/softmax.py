@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from ..backend import astype, copy, size, to_list, xp
 
-from . import elementary as el
+from . import elementary
 from . import softmax_ref as ref
 from .correctly_rounded import certified, settle
 
@@ -46,13 +46,13 @@ def row_terms(x):
     bp = s - x
     err = (x - (s - bp)) + (-m - bp)
     err = xp.where(xp.isfinite(s), err, 0.0)
-    e = el.exp(s)
+    e = elementary.exp(s)
     first = (xp.arange(x.shape[0]), xp.argmax(x, axis=1))
     top = e[first][:, None]
     rest = copy(e)
     rest[first] = 0.0
     t, exact_sum = _sum_rows(rest)
-    eps_e = el.EXP_BOUND + 1.01 * xp.abs(err)
+    eps_e = elementary.EXP_BOUND + 1.01 * xp.abs(err)
     eps_t = xp.max(eps_e, axis=1, keepdims=True) + (3 * _U if exact_sum
                                                      else 1.01 * x.shape[1] * _U)
     return s, err, e, t, eps_e, eps_t, top
@@ -67,7 +67,7 @@ def _sum_rows(rest):
     if rest.shape[1] > 4096 or xp.count_nonzero(xp.isfinite(rest)) < size(rest):
         return xp.sum(rest, axis=1, keepdims=True), False
     _, ex = xp.frexp(xp.max(rest, axis=1, keepdims=True))
-    big = 1.5 * el.pow2(astype(ex + 12, xp.float64))
+    big = 1.5 * elementary.pow2(astype(ex + 12, xp.float64))
     hi = (rest + big) - big
     lo = rest - hi
     return xp.sum(hi, axis=1, keepdims=True) + xp.sum(lo, axis=1, keepdims=True), True
@@ -87,7 +87,7 @@ def log_softmax64(x):
 
 def _log_sum(t, top):
     """log(top + t) as log1p(t) (top is 1), NaN where top is."""
-    return el.log1p(t) + (top - 1.0)
+    return elementary.log1p(t) + (top - 1.0)
 
 
 def _rows_of(x, axis):
@@ -131,7 +131,7 @@ def cr_log_softmax(x, axis, fmt):
     with xp.errstate(invalid="ignore", over="ignore", under="ignore"):
         s, err, _, t, _, eps_t, top = row_terms(rows)
         v = (s - _log_sum(t, top)) + err
-        bound = el.LOG1P_BOUND + eps_t + 3 * _U
+        bound = elementary.LOG1P_BOUND + eps_t + 3 * _U
         ok = certified(v, xp.broadcast_to(bound, v.shape), fmt) | ~xp.isfinite(v)
     return _back(settle_rows(rows, v, ok, fmt, "log_softmax"), shape, axis)
 
@@ -148,7 +148,7 @@ def cr_cross_entropy(logits, labels, reduction, fmt, *, with_log_softmax: bool =
         s, err, _, t, _, eps_t, top = row_terms(logits)
         logp = (s - _log_sum(t, top)) + err             # log_softmax64's operations
         loss = -logp[rows, labels]
-        eps = el.LOG1P_BOUND + eps_t[:, 0] + 3 * _U
+        eps = elementary.LOG1P_BOUND + eps_t[:, 0] + 3 * _U
         if reduction == "none":
             ok = certified(loss, eps, fmt) | ~xp.isfinite(loss)
             value = (loss if xp.count_nonzero(ok) == ok.shape[0]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from ..backend import astype, bitcast, tuning, xp
 
-from .odd import round_to_odd
+from .odd_rounding import round_to_odd
 
 __all__ = ["round_to_odd_sum", "zero_sum"]
 

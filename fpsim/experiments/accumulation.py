@@ -12,16 +12,16 @@ import math
 
 import numpy as np
 
-from ..exact.accumulation import exact, matmul, sequential, tensor_core
+from ..exact.accumulation import ExactAccumulation, SequentialAccumulation, matmul, tensor_core
 from ..plots.accumulation import plot_accumulation_error
 from ..rounding import round_to
 from . import Context, Result, register
 
 MODELS = {
-    "fp16 accumulate": (lambda: sequential("fp16"), "fp16"),
-    "fp32 accumulate": (lambda: sequential("fp32"), "fp32"),
+    "fp16 accumulate": (lambda: SequentialAccumulation("fp16"), "fp16"),
+    "fp32 accumulate": (lambda: SequentialAccumulation("fp32"), "fp32"),
     "V100 tensor core (fp32)": (lambda: tensor_core("v100"), "fp32"),
-    "exact, rounded once to fp32": (lambda: exact(), "fp32"),
+    "exact, rounded once to fp32": (lambda: ExactAccumulation(), "fp32"),
 }
 DATA = {
     "positive (like sums of probabilities)": lambda rng, shape: rng.random(shape),

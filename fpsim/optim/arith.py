@@ -34,7 +34,7 @@ import math
 from functools import lru_cache
 
 from ..backend import astype, bitcast, name, round_to, scalar, scratch, size, tuning, xp
-from ..exact.odd import add_round_to_odd
+from ..exact.odd_rounding import add_round_to_odd
 from ..formats import FP32, Format, get
 
 __all__ = ["Arith", "fma_round_to_odd"]

@@ -3,7 +3,7 @@ lets ``round_to`` and the correctly rounded functions round an exact value once.
 
 Why to odd: a value rounded to odd at float64's 53 bits and then rounded once more, in any
 deterministic mode, to a format of at most 51 bits gives the exact value's correct rounding
-(Boldo & Melquiond, IEEE Transactions on Computers 57(4), 2008; ``fpsim.exact.odd`` rounds
+(Boldo & Melquiond, IEEE Transactions on Computers 57(4), 2008; ``fpsim.exact.odd_rounding`` rounds
 float64 sums the same way). Rounding to nearest float64 first instead would round twice:
 1 + 2**-11 + 2**-60 becomes 1 + 2**-11, an fp16 tie that goes to 1.
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from ..backend import astype, bitcast, is_contiguous, size, tuning, xp
 
 from .certificate import error_factor, split_certify
-from .certified import cauchy_schwarz_bound
+from .exact_dots import cauchy_schwarz_bound
 from .sums import round_to_odd_sum, zero_sum
 
 __all__ = ["exact_elements", "exact_zero_signs", "gather_source"]
