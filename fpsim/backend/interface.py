@@ -1,7 +1,8 @@
 """The kernel interface: what an array library must provide for fpsim to run on it.
 
-Two levels, both closed (a test reads every call site above this layer and checks them
-against these lists):
+Three levels, all closed (``tests/test_backend_seam.py`` reads every call site above this
+layer and checks them against these lists; the ``numpy-strict`` backend checks them again at
+run time):
 
 1. ``NAMESPACE``: the array functions, dtypes and constants the engine may call through
    ``fpsim.backend.xp``, with NumPy's semantics for the argument forms used. All of them are
@@ -11,7 +12,9 @@ against these lists):
    None of them is libm (no exp, log, tanh): those are computed from these primitives in
    ``fpsim.exact.elementary``, so every backend gets the same float64 numbers. The one
    exception is ``power``, which is libm's ``pow`` for non-integer exponents; only
-   ``fpsim.autograd``'s ``pow`` uses it, and its docstring says it is not portable.
+   ``fpsim.autograd``'s ``pow`` uses it, and its docstring says it is not portable. Unsigned
+   integers take only ``& | ^ ~ == !=`` (all torch has on uint32/uint64): bit work on
+   patterns uses signed views (``bitcast``).
 2. ``ARRAY_ATTRIBUTES``: the only attributes the engine reads from an array (``shape``,
    ``ndim``, ``dtype``, ``T``), besides indexing and the arithmetic, comparison and bit
    operators. Every array library has these with one meaning; methods such as ``astype``,
@@ -24,16 +27,23 @@ against these lists):
    (``isdtype``), bit views (``bits`` / ``from_bits`` / ``bitcast``), memory layout
    (``is_contiguous``), host transfer (``asarray`` / ``to_numpy`` / ``to_list`` /
    ``host_bytes``), per-thread work buffers (``scratch``), reuse of a buffer nothing else
-   refers to (``is_unshared``) and the library's floating-point error state (``errstate``).
+   refers to (``is_unshared``) and the library's floating-point error state (``errstate``);
+   and its speed settings, ``tuning`` (``tuning.py``: chunk sizes and path thresholds, never
+   a value).
 
 Where the array API standard (data-apis.org) names the operation, the kernel takes its name
 and semantics (``astype(x, dtype, copy=True)``, ``isdtype(dtype, kind)``).
 
 Everything else the engine needs, exact dot products under every accumulation model, exact
 fixed-order sums, scatter-adds without atomics and the correctly rounded transcendentals, is
-written once in ``fpsim.exact`` on these two levels, so a new backend gets it with the same
-bits by construction. A backend may implement a kernel faster in its own way (a fused CUDA
-rounding kernel, say) only with the same bits, which the parity tests check.
+written once in ``fpsim.exact`` on these levels, so a new backend gets it with the same bits
+by construction; rounding and Philox are written once too (``fpsim.rounding.portable``, the
+default ``round_to`` and ``uniforms`` below). A backend may implement a kernel faster in its
+own way (NumPy's threaded rounding kernels, a fused CUDA kernel) only with the same bits,
+which the parity tests check: ``tests/test_rounding_portable.py`` (every format, mode and
+special value against the portable reference), ``tests/test_strict_backend.py`` (the engine's
+tests on a second backend, same bits as NumPy) and ``tests/test_backend_seam.py`` (a training
+run on a registered backend gives NumPy's bits).
 """
 from __future__ import annotations
 
