@@ -181,15 +181,8 @@ def _zero_where_nonpositive(o, g):
 
 
 def _zero_where(drop, values):
-    """``np.where(drop, +0, values)`` bit for bit (inf and NaN in ``values`` included), as an
-    AND with an all-zeros / all-ones mask: five to ten times faster than ``np.where`` with a
-    scalar on float32."""
-    if values.dtype != xp.float32 or values.shape != drop.shape:
-        return xp.where(drop, backend.scalar(0, values.dtype), values)
-    mask = backend.astype(drop, xp.int32)
-    mask -= 1                                        # 1 -> 0, 0 -> -1 (all 32 bits set)
-    kept = xp.bitwise_and(backend.bitcast(values, xp.int32), mask, out=mask)
-    return backend.bitcast(kept, xp.float32)
+    """+0 where ``drop``, else ``values`` (relu and its gradient)."""
+    return backend.zero_where(drop, values)
 
 
 def sqrt(x) -> Tensor:

@@ -61,11 +61,11 @@ from .tuning import Tuning
 
 __all__ = ["NAMESPACE", "ARRAY_ATTRIBUTES", "DTYPE_KINDS", "HOST_PACKAGES", "HOST_MODULES",
            "Backend", "xp", "name", "current", "available", "register_backend", "set_backend",
-           "use_backend", "asarray", "to_numpy", "to_list", "host_bytes", "is_array", "is_array_like", "astype",
-           "copy", "size", "scalar", "isdtype", "is_contiguous", "is_unshared", "bitcast",
-           "bits", "from_bits", "round_to", "uniforms", "scratch", "errstate", "host_rng",
-           "is_generator", "array_text", "versions", "CONTAINER", "backend_from_environment",
-           "Tuning", "tuning", "use_tuning"]
+           "use_backend", "asarray", "to_numpy", "to_list", "host_bytes", "is_array",
+           "is_array_like", "astype", "copy", "size", "scalar", "isdtype", "is_contiguous",
+           "is_unshared", "zero_where", "bitcast", "bits", "from_bits", "round_to", "uniforms",
+           "scratch", "errstate", "host_rng", "is_generator", "array_text", "versions",
+           "CONTAINER", "backend_from_environment", "Tuning", "tuning", "use_tuning"]
 
 _IMPLEMENTATIONS = {"numpy": NumpyBackend, "numpy-strict": StrictBackend}
 CONTAINER = np.float32  # the container of every fpsim Format, on every backend
@@ -224,6 +224,11 @@ def isdtype(dtype, kind: str) -> bool:
 def is_contiguous(array, order: str = "C") -> bool:
     """Whether ``array`` is contiguous in ``order`` ("C" rows, "F" columns)."""
     return _current.is_contiguous(array, order)
+
+
+def zero_where(mask, values):
+    """+0 where ``mask`` holds, else ``values``, bit for bit."""
+    return _current.zero_where(mask, values)
 
 
 def is_unshared(array) -> bool:

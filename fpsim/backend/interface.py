@@ -27,7 +27,8 @@ run time):
    (``isdtype``), bit views (``bits`` / ``from_bits`` / ``bitcast``), memory layout
    (``is_contiguous``), host transfer (``asarray`` / ``to_numpy`` / ``to_list`` /
    ``host_bytes``), per-thread work buffers (``scratch``), reuse of a buffer nothing else
-   refers to (``is_unshared``) and the library's floating-point error state (``errstate``);
+   refers to (``is_unshared``), +0 where a mask holds (``zero_where``, relu) and the
+   library's floating-point error state (``errstate``);
    and its speed settings, ``tuning`` (``tuning.py``: chunk sizes and path thresholds, never
    a value).
 
@@ -155,6 +156,10 @@ class Backend:
     def is_contiguous(self, array, order: str = "C") -> bool:
         """Whether ``array`` is laid out contiguously in ``order`` ("C": rows, "F": columns)."""
         raise NotImplementedError
+
+    def zero_where(self, mask, values):
+        """``where(mask, +0, values)``, bit for bit (inf and NaN in ``values`` kept)."""
+        return self.xp.where(mask, self.scalar(0, values.dtype), values)
 
     def is_unshared(self, array) -> bool:
         """Whether nothing but the caller's one local variable refers to ``array``'s memory,

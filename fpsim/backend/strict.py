@@ -350,6 +350,7 @@ class StrictBackend(NumpyBackend):
     # not NumPy's kernels
     round_to = Backend.round_to
     uniforms = Backend.uniforms
+    zero_where = Backend.zero_where
 
     def scratch(self, slot, dtype, n: int):
         return StrictArray(super().scratch(slot, dtype, n))
