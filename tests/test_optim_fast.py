@@ -5,7 +5,6 @@ and ``global_norm`` over chunk boundaries."""
 import numpy as np
 import pytest
 
-import fpsim.exact.norm as norm_mod
 from fpsim import backend
 from fpsim.exact import exact_global_norm, global_norm
 from fpsim.optim import SGD, Adam, Arith, Optimizer, Update
@@ -33,9 +32,7 @@ def _values(ops, rng, shape):
 
 
 @pytest.fixture
-def small_chunks(monkeypatch):
-    if hasattr(norm_mod, "CHUNK"):      # the norm's chunk, where it is not a Tuning setting
-        monkeypatch.setattr(norm_mod, "CHUNK", 64)
+def small_chunks():
     with backend.use_tuning(arith_chunk=64, norm_chunk=64):
         yield
 
