@@ -19,6 +19,7 @@ import pytest
 import fpsim.sweep.run as sweep_run
 from fpsim.cli import main
 from fpsim.files import LOCK_NAME
+from test_sweep import SLOW   # cells of about a second each
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = """
@@ -245,17 +246,6 @@ def test_sweep_plot_refuses_a_damaged_table_naming_the_row(swept, tmp_path, caps
     if damage != "no header":
         assert " line 5" in line if damage == "torn last row" else " line 3" in line
     assert not list(tmp_path.glob("p*"))
-
-
-SLOW = """
-[base]
-data = "teacher"
-samples = 256
-hidden = "32,32"
-steps = 40
-[grid]
-seed = [0, 1, 2, 3]
-"""
 
 
 def test_kill_9_of_the_driver_leaves_every_finished_cell_in_the_table(tmp_path):
