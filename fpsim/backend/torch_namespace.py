@@ -13,7 +13,9 @@ compares each with NumPy bit for bit):
   does not, so they are ``where`` on comparisons;
 - ``ldexp``: torch multiplies by ``2.0 ** e``, which overflows or underflows before the
   product does; here the scaling is split so that only the last multiplication rounds;
-- ``spacing``, ``divmod`` (floats) and ``cumsum`` (floats, sequential as NumPy's
+- ``frexp`` keeps a signalling NaN as it is (torch quiets it), as NumPy does;
+- ``divmod`` takes integers only (the engine's use): torch's float fmod is not exact;
+- ``spacing`` and ``cumsum`` (floats, sequential as NumPy's
   ``add.accumulate``; torch accumulates float32 in float64) are built from exact steps;
 - dtype inference follows NumPy: a Python float is float64 where NumPy says so (``zeros``,
   ``arange``, ``asarray``, ``where`` of two scalars), integer division gives float64, a
@@ -41,22 +43,32 @@ _NUMPY_TO_TORCH = {np.dtype(n): getattr(torch, n) for n in (
 _PYTHON_TO_TORCH = {bool: torch.bool, int: torch.int64, float: torch.float64}
 
 
-class _BoolMeta(type):
-    """``xp.bool_`` is both the bool dtype (``x.dtype == xp.bool_``) and, as NumPy's is, a
-    class for ``isinstance`` of host scalars; torch.bool is not a class."""
+class _DtypeClass(type):
+    """``xp.float32`` and kin: each equals its torch dtype (``x.dtype == xp.float32``,
+    hashing alike) and is, as NumPy's scalar types are, a class for ``isinstance`` of host
+    scalars (the engine asks ``isinstance(x, (xp.float32, xp.float64))`` and
+    ``isinstance(flag, (bool, xp.bool_))``); a torch dtype is not a class."""
 
     def __eq__(cls, other):
-        return other is torch.bool or other is cls
+        return other is cls.torch or other is cls
+
+    def __ne__(cls, other):
+        return not _DtypeClass.__eq__(cls, other)
 
     def __hash__(cls):
-        return hash(torch.bool)
+        return hash(cls.torch)
 
     def __instancecheck__(cls, obj):
-        return isinstance(obj, np.bool_)
+        return isinstance(obj, cls.host)
+
+    def __repr__(cls):
+        return f"xp.{cls.__name__}"
 
 
-class bool_(metaclass=_BoolMeta):  # noqa: N801 - NumPy's name
-    """The bool dtype of the torch namespace (see ``_BoolMeta``)."""
+DTYPES = {name: _DtypeClass(name, (), {"torch": getattr(torch, name.rstrip("_")),
+                                       "host": getattr(np, name)})
+          for name in ("bool_", "float16", "float32", "float64", "int8", "int32", "int64",
+                       "uint8", "uint16", "uint32", "uint64")}
 
 
 def torch_dtype(dtype):
@@ -64,8 +76,8 @@ def torch_dtype(dtype):
     as a torch dtype; None stays None."""
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
-    if dtype is bool_:
-        return torch.bool
+    if isinstance(dtype, _DtypeClass):
+        return dtype.torch
     if dtype in _PYTHON_TO_TORCH:
         return _PYTHON_TO_TORCH[dtype]
     return _NUMPY_TO_TORCH[np.dtype(dtype)]
@@ -93,7 +105,7 @@ def _from_host(value, dtype=None):
     """Host data (NumPy array, lists, scalars) as a tensor, NumPy's dtype inference, copied
     out of read-only or negatively strided NumPy memory (torch.from_numpy refuses those)."""
     array = np.asarray(value, dtype=None if dtype is None else _numpy_dtype(dtype))
-    if not (array.flags.writeable and array.flags.c_contiguous) or array.dtype.byteorder == ">":
+    if not (array.flags.c_contiguous and array.flags.writeable) or array.dtype.byteorder == ">":
         array = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("="), copy=True)
     return torch.from_numpy(array)
 
@@ -177,7 +189,7 @@ def correctly_rounded_sqrt(x):
     # (float64 has more than 2 * 24 + 2 bits, so no double rounding)
     root = torch.where(positive, root, wide).to(x.dtype)
     x_bits = x.view(signed)
-    nan_bits = torch.where(torch.isnan(x), x_bits | (1 << quiet),
+    nan_bits = torch.where(torch.isnan(x), _quiet(x).view(signed),
                            torch.tensor(-1 << quiet, dtype=signed))   # sign, exponent, quiet
     special = torch.isnan(x) | (x < 0)
     return torch.where(special, nan_bits, root.view(signed)).view(x.dtype)
@@ -205,8 +217,22 @@ def ldexp(x, exponent):
     first = torch.where(target > 0, target // 2, torch.zeros_like(target))
     # fraction * 2**first is exact (first <= 550); the second factor rounds once
     value = (fraction * _power_of_two(first)) * _power_of_two((target - first).clamp(min=-1075))
-    value = torch.where(torch.isfinite(wide) & (wide != 0), value, wide)
-    return value.to(x.dtype)
+    value = torch.where(torch.isfinite(wide) & (wide != 0), value, wide).to(x.dtype)
+    return torch.where(torch.isnan(x), _quiet(x), value)      # NumPy quiets a NaN input
+
+
+def _quiet(x):
+    """x with every NaN's quiet bit set (payload and sign kept), as x86 arithmetic does."""
+    signed, quiet = {torch.float32: (torch.int32, 22), torch.float64: (torch.int64, 51)}[x.dtype]
+    return torch.where(torch.isnan(x), x.view(signed) | (1 << quiet), x.view(signed)).view(x.dtype)
+
+
+def nextafter(x, y, out=None):
+    """NumPy's nextafter: a NaN operand comes back quieted, y's when both are NaN (measured:
+    C's ``x + y`` for NaNs); torch's NaN is canonical."""
+    x, y = _operands(x, y)
+    step = torch.where(torch.isnan(x), _quiet(x), torch.nextafter(x, y))
+    return _into(torch.where(torch.isnan(y), _quiet(y), step), out)
 
 
 def maximum(a, b, out=None):
@@ -233,27 +259,19 @@ def divide(a, b, out=None):
 def spacing(x, out=None):
     """NumPy's spacing: the step to the next value away from zero, with x's sign."""
     x = _tensor(x)
-    away = torch.nextafter(x, torch.copysign(torch.full_like(x, math.inf), x))
+    away = torch.nextafter(x, torch.where(x < 0, -math.inf, math.inf))    # -0: upward
     return _into(torch.where(torch.isinf(x), math.nan, away - x), out)
 
 
 def divmod_(a, b):
-    """NumPy's divmod: floor division and a remainder with the divisor's sign. Floats as
-    NumPy computes them (npy_divmod): fmod is exact, the quotient is rounded to the nearest
-    integer of (a - mod) / b."""
+    """NumPy's divmod on integers (floor division, remainder with the divisor's sign): the
+    engine's only use. Floats are refused: torch's fmod is not exact (a - trunc(a / b) * b
+    gives NaN where a / b overflows), so NumPy's float divmod would need an exact fmod."""
     a, b = _operands(a, b)
-    if not a.dtype.is_floating_point:
-        return torch.div(a, b, rounding_mode="floor"), torch.remainder(a, b)
-    mod = torch.fmod(a, b)
-    div = (a - mod) / b
-    fix = (mod != 0) & ((b < 0) != (mod < 0))
-    mod = torch.where(fix, mod + b, torch.where(mod == 0, torch.copysign(torch.zeros_like(mod), b), mod))
-    div = torch.where(fix, div - 1.0, div)
-    floor = torch.floor(div)
-    floor = torch.where(div - floor > 0.5, floor + 1.0, floor)
-    floor = torch.where(div == 0, torch.copysign(torch.zeros_like(div), a / b), floor)
-    bad = b == 0
-    return torch.where(bad, a / b, floor), torch.where(bad, math.nan, mod)
+    if a.dtype.is_floating_point or b.dtype.is_floating_point:
+        raise TypeError("xp.divmod takes integer arrays on the torch backend (torch's fmod "
+                        "is not exact)")
+    return torch.div(a, b, rounding_mode="floor"), torch.remainder(a, b)
 
 
 def cumsum(a, axis=None):
@@ -603,7 +621,10 @@ def sign(x, out=None):
 
 
 def frexp(x):
-    return tuple(torch.frexp(_tensor(x)))
+    """NumPy's frexp; torch quiets a signalling NaN's mantissa, NumPy returns it as it is."""
+    x = _tensor(x)
+    mantissa, exponent = torch.frexp(x)
+    return torch.where(torch.isnan(x), x, mantissa), exponent
 
 
 def power(a, b, out=None):
@@ -617,12 +638,9 @@ class TorchNamespace:
     ndarray = torch.Tensor
     generic = np.generic            # host scalars: no tensor is one (as the engine assumes)
     integer = np.integer
-    bool_ = bool_
     dtype = staticmethod(torch_dtype)
     inf, nan = math.inf, math.nan
-    float16, float32, float64 = torch.float16, torch.float32, torch.float64
-    int8, int32, int64, intp = torch.int8, torch.int32, torch.int64, torch.int64
-    uint8, uint16, uint32, uint64 = torch.uint8, torch.uint16, torch.uint32, torch.uint64
+    intp = DTYPES["int64"]
 
     def __init__(self):
         unary = {"negative": torch.neg, "abs": torch.abs, "trunc": torch.trunc,
@@ -631,7 +649,7 @@ class TorchNamespace:
                  "isnan": torch.isnan, "isinf": torch.isinf, "invert": torch.bitwise_not,
                  "sqrt": correctly_rounded_sqrt}
         binary = {"add": torch.add, "subtract": torch.sub, "multiply": torch.mul,
-                  "copysign": torch.copysign, "nextafter": torch.nextafter,
+                  "copysign": torch.copysign,
                   "equal": torch.eq, "not_equal": torch.ne, "less": torch.lt,
                   "less_equal": torch.le, "greater": torch.gt, "greater_equal": torch.ge,
                   "logical_and": torch.logical_and, "logical_or": torch.logical_or,
@@ -643,7 +661,7 @@ class TorchNamespace:
         for name, fn in binary.items():
             setattr(self, name, _elementwise(fn, 2))
         functions = dict(
-            maximum=maximum, minimum=minimum, divide=divide, spacing=spacing, divmod=divmod_,
+            maximum=maximum, minimum=minimum, nextafter=nextafter, divide=divide, spacing=spacing, divmod=divmod_,
             power=power, sign=sign, frexp=frexp, rint=rint, round=round_, where=where,
             clip=clip, cumsum=cumsum, count_nonzero=count_nonzero, argmax=argmax,
             argsort=argsort, unique=unique, bincount=bincount, matmul=matmul, einsum=einsum,
@@ -667,5 +685,5 @@ class TorchNamespace:
             delete=delete, ix_=ix_, take_along_axis=take_along_axis,
             put_along_axis=put_along_axis, take=take, array_equal=array_equal,
             shares_memory=shares_memory, errstate=errstate)
-        for name, fn in functions.items():
+        for name, fn in {**functions, **DTYPES}.items():
             setattr(self, name, fn)
