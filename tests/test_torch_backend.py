@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the torch backend needs PyTorch (fpsim[torch])")
 
 from bit_patterns import same_bits  # noqa: E402
-from fpsim import backend  # noqa: E402
+from fpsim import backend, use_policy  # noqa: E402
 from fpsim.backend import NAMESPACE  # noqa: E402
 from fpsim.backend.torch_backend import TorchBackend  # noqa: E402
 from fpsim.formats import builtins  # noqa: E402
@@ -219,7 +219,8 @@ def test_kernels(dtype):
     m = OPS.asarray(np.ones((3, 4)), XP.float64)
     assert OPS.is_contiguous(m) and OPS.is_contiguous(m.T, "F") and not OPS.is_contiguous(m.T)
     assert OPS.isdtype(XP.uint32, "unsigned integer") and OPS.isdtype(XP.float64, "real floating")
-    assert OPS.scratch("slot", XP.float64, 5).data_ptr() == OPS.scratch("slot", XP.float64, 3).data_ptr()
+    first = OPS.scratch("slot", XP.float64, 5)
+    assert OPS.scratch("slot", XP.float64, 3).data_ptr() == first.data_ptr()
     with OPS.errstate(over="ignore"):
         assert XP.shares_memory(m[1:], m) and not XP.shares_memory(m, OPS.copy(m))
 
@@ -242,11 +243,10 @@ def test_an_engine_matmul_gives_numpys_bits_under_every_accumulation_model():
     rng = np.random.default_rng(13)
     a = (rng.standard_normal((6, 33)) * 2.0 ** rng.integers(-20, 20, (6, 33))).astype(np.float32)
     b = rng.standard_normal((33, 5)).astype(np.float32)
-    if "torch" not in backend.available():
-        backend.register_backend("torch", TorchBackend)
+    _registered()
     for model in ("exact", "sequential:fp16", "h100"):
         expected = matmul(a, b, out_fmt="fp16", model=model)
-        with backend.use_backend("torch"):
+        with backend.use_backend(_registered()):
             got = backend.to_numpy(matmul(backend.asarray(a), backend.asarray(b),
                                           out_fmt="fp16", model=model))
         assert same_bits(expected, got), model
@@ -264,17 +264,47 @@ def _train_bits(steps=3):
         model = nn.MLP([8, 16, 3], rng=1)
         opt = Optimizer(model, SGD(lr=0.1, momentum=0.9))
         for _ in range(steps):
-            loss = cross_entropy(model(Tensor(backend.asarray(x))), backend.asarray(y, backend.xp.int64))
+            labels = backend.asarray(y, backend.xp.int64)
+            loss = cross_entropy(model(Tensor(backend.asarray(x))), labels)
             opt.zero_grad()
             loss.backward()
             opt.step()
     return [backend.host_bytes(p.data) for p in model.parameters()], backend.host_bytes(loss.data)
 
 
-def test_a_training_run_gives_numpys_bits():
+def _registered():
     if "torch" not in backend.available():
         backend.register_backend("torch", TorchBackend)
+    return "torch"
+
+
+def test_a_training_run_gives_numpys_bits():
     reference = _train_bits()
-    with backend.use_backend("torch"):
+    with backend.use_backend(_registered()):
         assert backend.is_array(backend.asarray([1.0])) and backend.name() == "torch"
         assert _train_bits() == reference
+
+
+def _loop_run(policy, rule):
+    """fpsim.train's loop (dynamic loss scaling that backs off and grows, master weights)."""
+    from fpsim import nn
+    from fpsim.optim import SGD, AdamW, Optimizer
+    from fpsim.scaling import preset
+    from fpsim.train import make_dataset, train
+    data = make_dataset("blobs", n=256, features=8, classes=3, seed=1)
+    with use_policy(policy):
+        model = nn.MLP([8, 32, 3], rng=1)
+        update = SGD(lr=0.05, momentum=0.9) if rule == "sgd" else AdamW(lr=0.01)
+        opt = Optimizer(model, update)
+    result = train(model, data, optimizer=opt, scaler=preset(
+        "torch", init_scale=2.0**20, growth_interval=5), policy=policy, steps=12,
+        batch_size=32, seed=1, progress=False)
+    return result.loss_hash, result.scaler_state.scale, [r.skipped for r in result.records]
+
+
+@pytest.mark.parametrize("policy,rule", [("16-mixed", "sgd"), ("bf16-mixed", "adamw"),
+                                         ("16-true", "adamw")])
+def test_the_training_loop_gives_numpys_bits(policy, rule):
+    reference = _loop_run(policy, rule)
+    with backend.use_backend(_registered()):
+        assert _loop_run(policy, rule) == reference

@@ -9,20 +9,273 @@ never used (float64 -> float16/bfloat16 goes through float32 in torch: double ro
 Tensors live on the CPU (device "cpu"), float32 is the container of every format.
 torch has no unsigned arithmetic, shifts or order on uint32 / uint64: ``bits`` gives
 uint32 / uint64 views as the interface says, and the engine uses only ``& | ^ ~ == !=`` on
-them (the ``numpy-strict`` backend enforces it).
+them (the ``numpy-strict`` backend enforces it). This module holds the kernels and the
+namespace's shape, creation and indexing functions; ``torch_namespace.py`` the arithmetic.
+
+Status (issue 24): not registered in ``fpsim.backend`` yet. What works, with NumPy's bits
+(``tests/test_torch_backend.py``): every namespace function on special values, rounding to
+every format in every mode, Philox, accumulation.matmul under every model, and whole
+training runs (16-mixed, bf16-mixed, 16-true; SGD with momentum, AdamW; dynamic loss
+scaling that backs off and grows). What does not yet: most engine test files fail under it
+on their own NumPy code (``x.astype``, ``x.view(np.uint32)``, ``x.dtype == np.float32``,
+NumPy functions on tensors), and the engine's error messages print shapes as
+``torch.Size([2, 3])`` where the tests expect ``(2, 3)``; neither is in this module.
 """
 from __future__ import annotations
 
+import math
 import threading
 from contextlib import nullcontext
 
 import numpy as np
 import torch
 
+from . import torch_namespace as arithmetic
 from .interface import DTYPE_KINDS, Backend
-from .torch_namespace import TorchNamespace, torch_dtype
+from .torch_namespace import (DTYPES, as_tensor, flatnonzero, from_host, host_dtype, operands,
+                              torch_dtype)
 
 __all__ = ["TorchBackend"]
+
+# ---- shape, creation and indexing functions of the namespace (NumPy's semantics) ----
+
+
+def shape_tuple(shape):
+    return (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(n) for n in shape)
+
+
+def creator(fill):
+    def create(shape, dtype=None):
+        return fill(shape_tuple(shape), dtype=torch_dtype(dtype) or torch.float64)
+    return create
+
+
+def full(shape, fill_value, dtype=None):
+    dtype = torch_dtype(dtype) or host_dtype(fill_value)
+    return torch.full(shape_tuple(shape), fill_value, dtype=dtype)
+
+
+def like_creator(fill):
+    def create(a, dtype=None):
+        return fill(as_tensor(a), dtype=torch_dtype(dtype))
+    return create
+
+
+def full_like(a, fill_value, dtype=None):
+    return torch.full_like(as_tensor(a), fill_value, dtype=torch_dtype(dtype))
+
+
+def arange(start, stop=None, step=1, dtype=None):
+    bounds = (start, stop, step) if stop is not None else (0, start, step)
+    if dtype is None:                 # NumPy: int64 for integers, float64 once a float appears
+        dtype = torch.float64 if any(isinstance(v, float) for v in bounds) else torch.int64
+    return torch.arange(*bounds, dtype=torch_dtype(dtype))
+
+
+def asarray(a, dtype=None):
+    dtype = torch_dtype(dtype)
+    if isinstance(a, torch.Tensor):
+        return a if dtype is None or a.dtype == dtype else a.to(dtype)
+    return from_host(a, dtype)
+
+
+def array(a, dtype=None):
+    return asarray(a, dtype).clone() if isinstance(a, torch.Tensor) or dtype is None \
+        else from_host(a, dtype).clone()
+
+
+def ascontiguousarray(a, dtype=None):
+    a = asarray(a, dtype)
+    return (a.reshape(1) if a.ndim == 0 else a).contiguous()     # NumPy: at least 1-d
+
+
+def copyto(dst, src, casting="same_kind"):
+    src = as_tensor(src, dst)
+    if src.dtype.is_floating_point and not dst.dtype.is_floating_point:
+        raise TypeError(f"copyto: cannot cast {src.dtype} to {dst.dtype} (casting={casting!r})")
+    dst.copy_(src)
+
+
+def reshape(a, shape):
+    return torch.reshape(as_tensor(a), shape_tuple(shape))
+
+
+def transpose(a, axes=None):
+    a = as_tensor(a)
+    return a.permute(*(reversed(range(a.ndim)) if axes is None else axes))
+
+
+def expand_dims(a, axis):
+    a = as_tensor(a)
+    axes = (axis,) if isinstance(axis, int) else axis
+    ndim = a.ndim + len(axes)
+    for d in sorted(d % ndim for d in axes):
+        a = a.unsqueeze(d)
+    return a
+
+
+def squeeze(a, axis=None):
+    a = as_tensor(a)
+    return a.squeeze() if axis is None else a.squeeze(axis)
+
+
+def broadcast_arrays(*arrays):
+    return tuple(torch.broadcast_tensors(*(as_tensor(a) for a in arrays)))
+
+
+def broadcast_shapes(*shapes):
+    try:
+        return tuple(torch.broadcast_shapes(*(shape_tuple(s) for s in shapes)))
+    except RuntimeError as err:                 # NumPy raises ValueError
+        raise ValueError(f"shape mismatch: {err}") from None
+
+
+def shape(a):
+    return tuple(a.shape) if isinstance(a, torch.Tensor) else np.shape(a)
+
+
+def atleast_1d(a):
+    a = as_tensor(a)
+    return a.reshape(1) if a.ndim == 0 else a
+
+
+def concatenate(arrays, axis=0):
+    arrays = [as_tensor(a) for a in arrays]
+    if axis is None:
+        return torch.cat([a.reshape(-1) for a in arrays])
+    return torch.cat(arrays, axis)
+
+
+def stack(arrays, axis=0):
+    return torch.stack([as_tensor(a) for a in arrays], axis)
+
+
+def split(a, indices_or_sections, axis=0):
+    a = as_tensor(a)
+    if isinstance(indices_or_sections, int) and a.shape[axis] % indices_or_sections:
+        raise ValueError("array split does not result in an equal division")
+    return list(torch.tensor_split(a, indices_or_sections if isinstance(
+        indices_or_sections, int) else [int(i) for i in indices_or_sections], axis))
+
+
+def delete(a, obj, axis=None):
+    a = as_tensor(a)
+    if axis is None:
+        a, axis = a.reshape(-1), 0
+    keep = torch.ones(a.shape[axis], dtype=torch.bool)
+    keep[obj if isinstance(obj, (int, slice)) else as_tensor(obj)] = False
+    return a[(slice(None),) * (axis % a.ndim) + (keep,)]
+
+
+def ix_(*sequences):
+    out = []
+    for i, seq in enumerate(sequences):
+        seq = as_tensor(seq)
+        if seq.dtype == torch.bool:
+            seq = flatnonzero(seq)
+        out.append(seq.reshape((1,) * i + (-1,) + (1,) * (len(sequences) - i - 1)))
+    return tuple(out)
+
+
+def take(a, indices, axis=None):
+    a, indices = as_tensor(a), as_tensor(indices)
+    if axis is None:
+        return torch.take(a, indices)
+    axis %= a.ndim
+    picked = torch.index_select(a, axis, indices.reshape(-1))
+    return picked.reshape(a.shape[:axis] + indices.shape + a.shape[axis + 1:])
+
+
+def take_along_axis(a, indices, axis):
+    return torch.take_along_dim(as_tensor(a), as_tensor(indices), axis)
+
+
+def put_along_axis(a, indices, values, axis):
+    indices = as_tensor(indices)
+    values = torch.broadcast_to(as_tensor(values, a).to(a.dtype), indices.shape)
+    a.scatter_(axis, indices, values)
+
+
+def array_equal(a, b, equal_nan=False):
+    a, b = operands(a, b)
+    if a.shape != b.shape:
+        return False
+    same = a == b
+    if equal_nan and a.dtype.is_floating_point:
+        same |= torch.isnan(a) & torch.isnan(b)
+    return bool(torch.all(same))
+
+
+def shares_memory(a, b):
+    """Whether the memory spans of a and b overlap (NumPy's exact answer for the dense
+    arrays and slices the engine compares; a larger answer only costs a copy)."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or \
+            a.numel() == 0 or b.numel() == 0:
+        return False
+
+    def span(t):
+        start = t.data_ptr()
+        extent = sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride())) + 1
+        return start, start + extent * t.element_size()
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
+class TorchNamespace:
+    """Every name of ``fpsim.backend.NAMESPACE`` for torch CPU tensors."""
+
+    ndarray = torch.Tensor
+    generic = np.generic            # host scalars: no tensor is one (as the engine assumes)
+    integer = np.integer
+    dtype = staticmethod(torch_dtype)
+    inf, nan = math.inf, math.nan
+    intp = DTYPES["int64"]
+
+    def __init__(self):
+        a = arithmetic
+        unary = {"negative": torch.neg, "abs": torch.abs, "trunc": torch.trunc,
+                 "floor": torch.floor, "ceil": torch.ceil, "signbit": torch.signbit,
+                 "logical_not": torch.logical_not, "isfinite": torch.isfinite,
+                 "isnan": torch.isnan, "isinf": torch.isinf, "invert": torch.bitwise_not,
+                 "sqrt": a.correctly_rounded_sqrt}
+        binary = {"add": torch.add, "subtract": torch.sub, "multiply": torch.mul,
+                  "copysign": torch.copysign, "equal": torch.eq, "not_equal": torch.ne,
+                  "less": torch.lt, "less_equal": torch.le, "greater": torch.gt,
+                  "greater_equal": torch.ge, "logical_and": torch.logical_and,
+                  "logical_or": torch.logical_or, "bitwise_and": torch.bitwise_and,
+                  "bitwise_or": torch.bitwise_or, "bitwise_xor": torch.bitwise_xor,
+                  "left_shift": torch.bitwise_left_shift,
+                  "right_shift": torch.bitwise_right_shift, "ldexp": a.ldexp}
+        functions = {name: a.elementwise(fn, 1) for name, fn in unary.items()}
+        functions.update({name: a.elementwise(fn, 2) for name, fn in binary.items()})
+        functions.update({name: getattr(a, name) for name in (
+            "maximum", "minimum", "nextafter", "divide", "spacing", "power", "sign", "frexp",
+            "rint", "where", "clip", "cumsum", "count_nonzero", "argmax", "argsort", "unique",
+            "bincount", "matmul", "einsum", "flatnonzero", "errstate")})
+        functions.update(
+            divmod=a.divmod_, round=a.round_,
+            sum=a.reduction(lambda x, d, k: torch.sum(x, d, keepdim=k, dtype=a.sum_dtype(x.dtype)),
+                            a.sum_dtype),
+            prod=a.reduction(a.reduce_prod, a.sum_dtype), max=a.reduction(a.reduce_max),
+            min=a.reduction(a.reduce_min),
+            all=a.reduction(lambda x, d, k: torch.all(x, d, keepdim=k), lambda d: torch.bool),
+            any=a.reduction(lambda x, d, k: torch.any(x, d, keepdim=k), lambda d: torch.bool),
+            nonzero=lambda x: torch.nonzero(as_tensor(x), as_tuple=True),
+            zeros=creator(torch.zeros), ones=creator(torch.ones), empty=creator(torch.empty),
+            zeros_like=like_creator(torch.zeros_like), ones_like=like_creator(torch.ones_like),
+            empty_like=like_creator(torch.empty_like),
+            moveaxis=lambda x, source, target: torch.movedim(as_tensor(x), source, target),
+            swapaxes=lambda x, one, other: torch.swapaxes(as_tensor(x), one, other),
+            broadcast_to=lambda x, shape: torch.broadcast_to(as_tensor(x), shape_tuple(shape)))
+        functions.update({name: globals()[name] for name in (
+            "full", "full_like", "arange", "asarray", "array", "ascontiguousarray", "copyto",
+            "reshape", "transpose", "expand_dims", "squeeze", "broadcast_arrays",
+            "broadcast_shapes", "shape", "atleast_1d", "concatenate", "stack", "split", "delete",
+            "ix_", "take_along_axis", "put_along_axis", "take", "array_equal",
+            "shares_memory")})
+        for name, value in {**functions, **DTYPES}.items():
+            setattr(self, name, value)
+
 
 _UINT_OF = {torch.float32: torch.uint32, torch.float64: torch.uint64}
 _FLOAT_OF = {torch.uint32: torch.float32, torch.uint64: torch.float64}

@@ -35,7 +35,9 @@ from contextlib import nullcontext
 import numpy as np
 import torch
 
-__all__ = ["TorchNamespace", "torch_dtype", "correctly_rounded_sqrt", "ldexp"]
+__all__ = ["DTYPES", "torch_dtype", "as_tensor", "from_host", "host_dtype", "operands",
+           "write_out", "elementwise", "reduction", "flatnonzero", "correctly_rounded_sqrt",
+           "ldexp", "nextafter"]
 
 _NUMPY_TO_TORCH = {np.dtype(n): getattr(torch, n) for n in (
     "bool", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
@@ -83,12 +85,12 @@ def torch_dtype(dtype):
     return _NUMPY_TO_TORCH[np.dtype(dtype)]
 
 
-def _host_dtype(value) -> torch.dtype:
+def host_dtype(value) -> torch.dtype:
     """The dtype NumPy gives a host value (Python float: float64, int: int64, bool: bool)."""
     return _NUMPY_TO_TORCH[np.asarray(value).dtype]
 
 
-def _tensor(value, like=None):
+def as_tensor(value, like=None):
     """``value`` as a tensor; a Python scalar meeting the tensor ``like`` takes like's dtype
     when NumPy 2 would (a weak scalar: an int with any array, a float with a float array)."""
     if isinstance(value, torch.Tensor):
@@ -98,32 +100,32 @@ def _tensor(value, like=None):
             return torch.tensor(value, dtype=like.dtype)
     if isinstance(value, bool) and like is not None and like.dtype == torch.bool:
         return torch.tensor(value)
-    return _from_host(value)
+    return from_host(value)
 
 
-def _from_host(value, dtype=None):
+def from_host(value, dtype=None):
     """Host data (NumPy array, lists, scalars) as a tensor, NumPy's dtype inference, copied
     out of read-only or negatively strided NumPy memory (torch.from_numpy refuses those)."""
-    array = np.asarray(value, dtype=None if dtype is None else _numpy_dtype(dtype))
+    array = np.asarray(value, dtype=None if dtype is None else numpy_dtype(dtype))
     if not (array.flags.c_contiguous and array.flags.writeable) or array.dtype.byteorder == ">":
         array = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("="), copy=True)
     return torch.from_numpy(array)
 
 
-def _numpy_dtype(dtype) -> np.dtype:
+def numpy_dtype(dtype) -> np.dtype:
     wanted = torch_dtype(dtype)
     return next(n for n, t in _NUMPY_TO_TORCH.items() if t == wanted)
 
 
-def _operands(a, b):
+def operands(a, b):
     """Two operands as tensors, Python scalars converted as NumPy 2 converts them."""
     if isinstance(a, torch.Tensor):
-        return a, _tensor(b, a)
-    b = _tensor(b)
-    return _tensor(a, b), b
+        return a, as_tensor(b, a)
+    b = as_tensor(b)
+    return as_tensor(a, b), b
 
 
-def _into(result, out):
+def write_out(result, out):
     """NumPy's ``out=``: the result written into ``out`` (same shape, else an error) and
     ``out`` returned."""
     if out is None:
@@ -133,17 +135,17 @@ def _into(result, out):
     return out.copy_(result)
 
 
-def _elementwise(fn, arity: int):
+def elementwise(fn, arity: int):
     if arity == 1:
         def unary(a, out=None):
-            return _into(fn(_tensor(a)), out)
+            return write_out(fn(as_tensor(a)), out)
         return unary
 
     def binary(a, b, out=None, dtype=None):
-        a, b = _operands(a, b)
+        a, b = operands(a, b)
         if dtype is not None:               # NumPy: the operands cast, then the operation
             a, b = a.to(torch_dtype(dtype)), b.to(torch_dtype(dtype))
-        return _into(fn(a, b), out)
+        return write_out(fn(a, b), out)
     return binary
 
 
@@ -181,16 +183,15 @@ def correctly_rounded_sqrt(x):
     """IEEE sqrt of a float32 or float64 tensor, NumPy's bits: -0 for -0, -NaN (x86's default
     NaN) for x < 0, a NaN input quieted with its payload and sign kept."""
     width_bits = {torch.float32: (torch.int32, 22), torch.float64: (torch.int64, 51)}
-    signed, quiet = width_bits[x.dtype]
+    signed, quiet_bit = width_bits[x.dtype]
     wide = x.to(torch.float64)
     positive = (wide > 0) & torch.isfinite(wide)
     root = _float_exact_sqrt(torch.where(positive, wide, 1.0))
     # float32: the float64 root is correctly rounded, and rounding it to float32 is too
     # (float64 has more than 2 * 24 + 2 bits, so no double rounding)
     root = torch.where(positive, root, wide).to(x.dtype)
-    x_bits = x.view(signed)
-    nan_bits = torch.where(torch.isnan(x), _quiet(x).view(signed),
-                           torch.tensor(-1 << quiet, dtype=signed))   # sign, exponent, quiet
+    nan_bits = torch.where(torch.isnan(x), quiet(x).view(signed),
+                           torch.tensor(-1 << quiet_bit, dtype=signed))   # sign, exponent, quiet
     special = torch.isnan(x) | (x < 0)
     return torch.where(special, nan_bits, root.view(signed)).view(x.dtype)
 
@@ -207,8 +208,8 @@ def _power_of_two(exponent):
 def ldexp(x, exponent):
     """x * 2**exponent rounded once (NumPy's ldexp): the value's own exponent is taken out
     (frexp), so scaling to the target takes two exact multiplications and one rounding."""
-    exponent = _tensor(exponent).to(torch.int64)
-    x = _tensor(x)
+    exponent = as_tensor(exponent).to(torch.int64)
+    x = as_tensor(x)
     if not x.dtype.is_floating_point:          # NumPy: an integer mantissa gives float64
         x = x.to(torch.float64)
     wide = x.to(torch.float64)                      # exact; float32 rounds once at the end
@@ -218,10 +219,10 @@ def ldexp(x, exponent):
     # fraction * 2**first is exact (first <= 550); the second factor rounds once
     value = (fraction * _power_of_two(first)) * _power_of_two((target - first).clamp(min=-1075))
     value = torch.where(torch.isfinite(wide) & (wide != 0), value, wide).to(x.dtype)
-    return torch.where(torch.isnan(x), _quiet(x), value)      # NumPy quiets a NaN input
+    return torch.where(torch.isnan(x), quiet(x), value)      # NumPy quiets a NaN input
 
 
-def _quiet(x):
+def quiet(x):
     """x with every NaN's quiet bit set (payload and sign kept), as x86 arithmetic does."""
     signed, quiet = {torch.float32: (torch.int32, 22), torch.float64: (torch.int64, 51)}[x.dtype]
     return torch.where(torch.isnan(x), x.view(signed) | (1 << quiet), x.view(signed)).view(x.dtype)
@@ -230,44 +231,44 @@ def _quiet(x):
 def nextafter(x, y, out=None):
     """NumPy's nextafter: a NaN operand comes back quieted, y's when both are NaN (measured:
     C's ``x + y`` for NaNs); torch's NaN is canonical."""
-    x, y = _operands(x, y)
-    step = torch.where(torch.isnan(x), _quiet(x), torch.nextafter(x, y))
-    return _into(torch.where(torch.isnan(y), _quiet(y), step), out)
+    x, y = operands(x, y)
+    step = torch.where(torch.isnan(x), quiet(x), torch.nextafter(x, y))
+    return write_out(torch.where(torch.isnan(y), quiet(y), step), out)
 
 
 def maximum(a, b, out=None):
-    a, b = _operands(a, b)
+    a, b = operands(a, b)
     if not a.dtype.is_floating_point:
-        return _into(torch.maximum(a, b), out)
-    return _into(torch.where(torch.isnan(a) | (a > b), a, b), out)   # NumPy's choice rule
+        return write_out(torch.maximum(a, b), out)
+    return write_out(torch.where(torch.isnan(a) | (a > b), a, b), out)   # NumPy's choice rule
 
 
 def minimum(a, b, out=None):
-    a, b = _operands(a, b)
+    a, b = operands(a, b)
     if not a.dtype.is_floating_point:
-        return _into(torch.minimum(a, b), out)
-    return _into(torch.where(torch.isnan(a) | (a < b), a, b), out)
+        return write_out(torch.minimum(a, b), out)
+    return write_out(torch.where(torch.isnan(a) | (a < b), a, b), out)
 
 
 def divide(a, b, out=None):
-    a, b = _operands(a, b)
+    a, b = operands(a, b)
     if not (a.dtype.is_floating_point or b.dtype.is_floating_point):
         a, b = a.to(torch.float64), b.to(torch.float64)    # NumPy: int / int is float64
-    return _into(torch.div(a, b), out)
+    return write_out(torch.div(a, b), out)
 
 
 def spacing(x, out=None):
     """NumPy's spacing: the step to the next value away from zero, with x's sign."""
-    x = _tensor(x)
+    x = as_tensor(x)
     away = torch.nextafter(x, torch.where(x < 0, -math.inf, math.inf))    # -0: upward
-    return _into(torch.where(torch.isinf(x), math.nan, away - x), out)
+    return write_out(torch.where(torch.isinf(x), math.nan, away - x), out)
 
 
 def divmod_(a, b):
     """NumPy's divmod on integers (floor division, remainder with the divisor's sign): the
     engine's only use. Floats are refused: torch's fmod is not exact (a - trunc(a / b) * b
     gives NaN where a / b overflows), so NumPy's float divmod would need an exact fmod."""
-    a, b = _operands(a, b)
+    a, b = operands(a, b)
     if a.dtype.is_floating_point or b.dtype.is_floating_point:
         raise TypeError("xp.divmod takes integer arrays on the torch backend (torch's fmod "
                         "is not exact)")
@@ -275,7 +276,7 @@ def divmod_(a, b):
 
 
 def cumsum(a, axis=None):
-    a = _tensor(a)
+    a = as_tensor(a)
     if axis is None:
         a, axis = a.reshape(-1), 0
     if not a.dtype.is_floating_point:
@@ -293,9 +294,9 @@ def _axes(a, axis):
     return tuple(sorted(d % a.ndim for d in ((axis,) if isinstance(axis, int) else axis)))
 
 
-def _reduction(fn, empty_axes_cast=None):
+def reduction(fn, empty_axes_cast=None):
     def reduce(a, axis=None, keepdims=False, dtype=None, out=None):
-        a = _tensor(a)
+        a = as_tensor(a)
         dims = _axes(a, axis)
         if dtype is not None:
             a = a.to(torch_dtype(dtype))
@@ -303,38 +304,38 @@ def _reduction(fn, empty_axes_cast=None):
             result = a if empty_axes_cast is None else a.to(empty_axes_cast(a.dtype))
         else:
             result = fn(a, dims, keepdims)
-        return _into(result, out)
+        return write_out(result, out)
     return reduce
 
 
-def _sum_dtype(dtype):
+def sum_dtype(dtype):
     return torch.int64 if dtype == torch.bool or (not dtype.is_floating_point
                                                   and dtype.itemsize < 8) else dtype
 
 
-def _max(a, dims, keepdims):
+def reduce_max(a, dims, keepdims):
     return torch.amax(a, dims, keepdim=keepdims)
 
 
-def _min(a, dims, keepdims):
+def reduce_min(a, dims, keepdims):
     return torch.amin(a, dims, keepdim=keepdims)
 
 
-def _prod(a, dims, keepdims):
+def reduce_prod(a, dims, keepdims):
     for d in reversed(dims):
-        a = torch.prod(a, d, keepdim=keepdims, dtype=_sum_dtype(a.dtype))
+        a = torch.prod(a, d, keepdim=keepdims, dtype=sum_dtype(a.dtype))
     return a
 
 
 def count_nonzero(a, axis=None):
-    a = _tensor(a)
+    a = as_tensor(a)
     if axis is None:
         return int(torch.count_nonzero(a))                 # NumPy: a Python int
     return torch.count_nonzero(a, _axes(a, axis))
 
 
 def argmax(a, axis=None):
-    a = _tensor(a)
+    a = as_tensor(a)
     if a.dtype.is_floating_point:                  # NumPy: the first NaN is the maximum
         nan = torch.isnan(a)
         return torch.where(nan.any(axis) if axis is not None else nan.any(),
@@ -344,15 +345,19 @@ def argmax(a, axis=None):
 
 def argsort(a, axis=-1, kind=None):
     """Stable, whatever ``kind``: a stable sort is one of the orders any kind may give."""
-    a = _tensor(a)
+    a = as_tensor(a)
     if axis is None:
         a, axis = a.reshape(-1), 0
     return torch.argsort(a, dim=axis, stable=True)
 
 
+def flatnonzero(a):
+    return torch.nonzero(as_tensor(a).reshape(-1), as_tuple=True)[0]
+
+
 def unique(a, return_index=False, return_inverse=False, return_counts=False):
     """NumPy's unique of the flattened array (NaNs as one value, NumPy 2's equal_nan)."""
-    flat = _tensor(a).reshape(-1)
+    flat = as_tensor(a).reshape(-1)
     order = torch.argsort(flat, stable=True)
     ordered = flat[order]
     new = torch.ones(ordered.shape, dtype=torch.bool)
@@ -367,7 +372,7 @@ def unique(a, return_index=False, return_inverse=False, return_counts=False):
     if return_inverse:
         inverse = torch.empty_like(order)
         inverse[order] = torch.cumsum(new, 0) - 1
-        results.append(inverse.reshape(_tensor(a).shape))     # NumPy 2: the input's shape
+        results.append(inverse.reshape(as_tensor(a).shape))     # NumPy 2: the input's shape
     if return_counts:
         starts = flatnonzero(new)
         results.append(torch.diff(starts, append=torch.tensor([ordered.numel()])))
@@ -375,229 +380,44 @@ def unique(a, return_index=False, return_inverse=False, return_counts=False):
 
 
 def bincount(x, weights=None, minlength=0):
-    x = _tensor(x)
+    x = as_tensor(x)
     if weights is None:
         return torch.bincount(x, minlength=minlength)
-    return torch.bincount(x, _tensor(weights).to(torch.float64), minlength=minlength)
+    return torch.bincount(x, as_tensor(weights).to(torch.float64), minlength=minlength)
 
 
 def where(condition, a=None, b=None):
     if a is None and b is None:
-        return torch.nonzero(_tensor(condition), as_tuple=True)
+        return torch.nonzero(as_tensor(condition), as_tuple=True)
     if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):
-        a, b = _from_host(a), _from_host(b)
+        a, b = from_host(a), from_host(b)
         dtype = torch.promote_types(a.dtype, b.dtype)
         a, b = a.to(dtype), b.to(dtype)
     else:
-        a, b = _operands(a, b)
-    return torch.where(_tensor(condition), a, b)
+        a, b = operands(a, b)
+    return torch.where(as_tensor(condition), a, b)
 
 
 def clip(a, low, high, out=None):
-    a = _tensor(a)
+    a = as_tensor(a)
     if low is not None:
         a = maximum(a, low)
     if high is not None:
         a = minimum(a, high)
-    return _into(a, out)
-
-
-def flatnonzero(a):
-    return torch.nonzero(_tensor(a).reshape(-1), as_tuple=True)[0]
-
-
-def _shape(shape):
-    return (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(n) for n in shape)
-
-
-def _creator(fill):
-    def create(shape, dtype=None):
-        return fill(_shape(shape), dtype=torch_dtype(dtype) or torch.float64)
-    return create
-
-
-def full(shape, fill_value, dtype=None):
-    dtype = torch_dtype(dtype) or _host_dtype(fill_value)
-    return torch.full(_shape(shape), fill_value, dtype=dtype)
-
-
-def _like(fill):
-    def create(a, dtype=None):
-        return fill(_tensor(a), dtype=torch_dtype(dtype))
-    return create
-
-
-def full_like(a, fill_value, dtype=None):
-    return torch.full_like(_tensor(a), fill_value, dtype=torch_dtype(dtype))
-
-
-def arange(start, stop=None, step=1, dtype=None):
-    bounds = (start, stop, step) if stop is not None else (0, start, step)
-    if dtype is None:                 # NumPy: int64 for integers, float64 once a float appears
-        dtype = torch.float64 if any(isinstance(v, float) for v in bounds) else torch.int64
-    return torch.arange(*bounds, dtype=torch_dtype(dtype))
-
-
-def asarray(a, dtype=None):
-    dtype = torch_dtype(dtype)
-    if isinstance(a, torch.Tensor):
-        return a if dtype is None or a.dtype == dtype else a.to(dtype)
-    return _from_host(a, dtype)
-
-
-def array(a, dtype=None):
-    return asarray(a, dtype).clone() if isinstance(a, torch.Tensor) or dtype is None \
-        else _from_host(a, dtype).clone()
-
-
-def ascontiguousarray(a, dtype=None):
-    a = asarray(a, dtype)
-    return (a.reshape(1) if a.ndim == 0 else a).contiguous()     # NumPy: at least 1-d
-
-
-def copyto(dst, src, casting="same_kind"):
-    src = _tensor(src, dst)
-    if src.dtype.is_floating_point and not dst.dtype.is_floating_point:
-        raise TypeError(f"copyto: cannot cast {src.dtype} to {dst.dtype} (casting={casting!r})")
-    dst.copy_(src)
-
-
-def reshape(a, shape):
-    return torch.reshape(_tensor(a), _shape(shape))
-
-
-def transpose(a, axes=None):
-    a = _tensor(a)
-    return a.permute(*(reversed(range(a.ndim)) if axes is None else axes))
-
-
-def expand_dims(a, axis):
-    a = _tensor(a)
-    axes = (axis,) if isinstance(axis, int) else axis
-    ndim = a.ndim + len(axes)
-    for d in sorted(d % ndim for d in axes):
-        a = a.unsqueeze(d)
-    return a
-
-
-def squeeze(a, axis=None):
-    a = _tensor(a)
-    return a.squeeze() if axis is None else a.squeeze(axis)
-
-
-def broadcast_arrays(*arrays):
-    return tuple(torch.broadcast_tensors(*(_tensor(a) for a in arrays)))
-
-
-def broadcast_shapes(*shapes):
-    try:
-        return tuple(torch.broadcast_shapes(*(_shape(s) for s in shapes)))
-    except RuntimeError as err:                 # NumPy raises ValueError
-        raise ValueError(f"shape mismatch: {err}") from None
-
-
-def shape(a):
-    return tuple(a.shape) if isinstance(a, torch.Tensor) else np.shape(a)
-
-
-def atleast_1d(a):
-    a = _tensor(a)
-    return a.reshape(1) if a.ndim == 0 else a
-
-
-def concatenate(arrays, axis=0):
-    arrays = [_tensor(a) for a in arrays]
-    if axis is None:
-        return torch.cat([a.reshape(-1) for a in arrays])
-    return torch.cat(arrays, axis)
-
-
-def stack(arrays, axis=0):
-    return torch.stack([_tensor(a) for a in arrays], axis)
-
-
-def split(a, indices_or_sections, axis=0):
-    a = _tensor(a)
-    if isinstance(indices_or_sections, int) and a.shape[axis] % indices_or_sections:
-        raise ValueError("array split does not result in an equal division")
-    return list(torch.tensor_split(a, indices_or_sections if isinstance(
-        indices_or_sections, int) else [int(i) for i in indices_or_sections], axis))
-
-
-def delete(a, obj, axis=None):
-    a = _tensor(a)
-    if axis is None:
-        a, axis = a.reshape(-1), 0
-    keep = torch.ones(a.shape[axis], dtype=torch.bool)
-    keep[obj if isinstance(obj, (int, slice)) else _tensor(obj)] = False
-    return a[(slice(None),) * (axis % a.ndim) + (keep,)]
-
-
-def ix_(*sequences):
-    out = []
-    for i, seq in enumerate(sequences):
-        seq = _tensor(seq)
-        if seq.dtype == torch.bool:
-            seq = flatnonzero(seq)
-        out.append(seq.reshape((1,) * i + (-1,) + (1,) * (len(sequences) - i - 1)))
-    return tuple(out)
-
-
-def take(a, indices, axis=None):
-    a, indices = _tensor(a), _tensor(indices)
-    if axis is None:
-        return torch.take(a, indices)
-    axis %= a.ndim
-    picked = torch.index_select(a, axis, indices.reshape(-1))
-    return picked.reshape(a.shape[:axis] + indices.shape + a.shape[axis + 1:])
-
-
-def take_along_axis(a, indices, axis):
-    return torch.take_along_dim(_tensor(a), _tensor(indices), axis)
-
-
-def put_along_axis(a, indices, values, axis):
-    indices = _tensor(indices)
-    values = torch.broadcast_to(_tensor(values, a).to(a.dtype), indices.shape)
-    a.scatter_(axis, indices, values)
-
-
-def array_equal(a, b, equal_nan=False):
-    a, b = _operands(a, b)
-    if a.shape != b.shape:
-        return False
-    same = a == b
-    if equal_nan and a.dtype.is_floating_point:
-        same |= torch.isnan(a) & torch.isnan(b)
-    return bool(torch.all(same))
-
-
-def shares_memory(a, b):
-    """Whether the memory spans of a and b overlap (NumPy's exact answer for the dense
-    arrays and slices the engine compares; a larger answer only costs a copy)."""
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or \
-            a.numel() == 0 or b.numel() == 0:
-        return False
-
-    def span(t):
-        start = t.data_ptr()
-        extent = sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride())) + 1
-        return start, start + extent * t.element_size()
-    (a0, a1), (b0, b1) = span(a), span(b)
-    return a0 < b1 and b0 < a1
+    return write_out(a, out)
 
 
 def einsum(subscripts, *operands, out=None):
-    return _into(torch.einsum(subscripts, *(_tensor(o) for o in operands)), out)
+    return write_out(torch.einsum(subscripts, *(as_tensor(o) for o in operands)), out)
 
 
 def matmul(a, b, out=None):
-    return _into(torch.matmul(*_operands(a, b)), out)
+    return write_out(torch.matmul(*operands(a, b)), out)
 
 
 def rint(x, out=None):
-    x = _tensor(x)
-    return _into(torch.round(x) if x.dtype.is_floating_point else x, out)
+    x = as_tensor(x)
+    return write_out(torch.round(x) if x.dtype.is_floating_point else x, out)
 
 
 def round_(x, decimals=0):
@@ -613,77 +433,20 @@ def errstate(**settings):
 
 def sign(x, out=None):
     """NumPy's sign: NaN for NaN (torch gives 0), +0 for either zero."""
-    x = _tensor(x)
+    x = as_tensor(x)
     one = torch.ones_like(x)
     signed = torch.where(x > 0, one, torch.where(x < 0, -one, torch.zeros_like(x)))
-    return _into(torch.where(torch.isnan(x), x, signed) if x.dtype.is_floating_point
+    return write_out(torch.where(torch.isnan(x), x, signed) if x.dtype.is_floating_point
                  else signed, out)
 
 
 def frexp(x):
     """NumPy's frexp; torch quiets a signalling NaN's mantissa, NumPy returns it as it is."""
-    x = _tensor(x)
+    x = as_tensor(x)
     mantissa, exponent = torch.frexp(x)
     return torch.where(torch.isnan(x), x, mantissa), exponent
 
 
 def power(a, b, out=None):
-    a, b = _operands(a, b)
-    return _into(torch.pow(a, b), out)
-
-
-class TorchNamespace:
-    """Every name of ``fpsim.backend.NAMESPACE`` for torch CPU tensors."""
-
-    ndarray = torch.Tensor
-    generic = np.generic            # host scalars: no tensor is one (as the engine assumes)
-    integer = np.integer
-    dtype = staticmethod(torch_dtype)
-    inf, nan = math.inf, math.nan
-    intp = DTYPES["int64"]
-
-    def __init__(self):
-        unary = {"negative": torch.neg, "abs": torch.abs, "trunc": torch.trunc,
-                 "floor": torch.floor, "ceil": torch.ceil, "signbit": torch.signbit,
-                 "logical_not": torch.logical_not, "isfinite": torch.isfinite,
-                 "isnan": torch.isnan, "isinf": torch.isinf, "invert": torch.bitwise_not,
-                 "sqrt": correctly_rounded_sqrt}
-        binary = {"add": torch.add, "subtract": torch.sub, "multiply": torch.mul,
-                  "copysign": torch.copysign,
-                  "equal": torch.eq, "not_equal": torch.ne, "less": torch.lt,
-                  "less_equal": torch.le, "greater": torch.gt, "greater_equal": torch.ge,
-                  "logical_and": torch.logical_and, "logical_or": torch.logical_or,
-                  "bitwise_and": torch.bitwise_and, "bitwise_or": torch.bitwise_or,
-                  "bitwise_xor": torch.bitwise_xor, "left_shift": torch.bitwise_left_shift,
-                  "right_shift": torch.bitwise_right_shift, "ldexp": ldexp}
-        for name, fn in unary.items():
-            setattr(self, name, _elementwise(fn, 1))
-        for name, fn in binary.items():
-            setattr(self, name, _elementwise(fn, 2))
-        functions = dict(
-            maximum=maximum, minimum=minimum, nextafter=nextafter, divide=divide, spacing=spacing, divmod=divmod_,
-            power=power, sign=sign, frexp=frexp, rint=rint, round=round_, where=where,
-            clip=clip, cumsum=cumsum, count_nonzero=count_nonzero, argmax=argmax,
-            argsort=argsort, unique=unique, bincount=bincount, matmul=matmul, einsum=einsum,
-            sum=_reduction(lambda a, d, k: torch.sum(a, d, keepdim=k, dtype=_sum_dtype(a.dtype)),
-                           _sum_dtype),
-            prod=_reduction(_prod, _sum_dtype), max=_reduction(_max), min=_reduction(_min),
-            all=_reduction(lambda a, d, k: torch.all(a, d, keepdim=k), lambda d: torch.bool),
-            any=_reduction(lambda a, d, k: torch.any(a, d, keepdim=k), lambda d: torch.bool),
-            nonzero=lambda a: torch.nonzero(_tensor(a), as_tuple=True),
-            flatnonzero=flatnonzero,
-            zeros=_creator(torch.zeros), ones=_creator(torch.ones), empty=_creator(torch.empty),
-            zeros_like=_like(torch.zeros_like), ones_like=_like(torch.ones_like),
-            empty_like=_like(torch.empty_like), full=full, full_like=full_like, arange=arange,
-            asarray=asarray, array=array, ascontiguousarray=ascontiguousarray, copyto=copyto,
-            reshape=reshape, moveaxis=lambda a, s, d: torch.movedim(_tensor(a), s, d),
-            swapaxes=lambda a, x, y: torch.swapaxes(_tensor(a), x, y), transpose=transpose,
-            expand_dims=expand_dims, squeeze=squeeze,
-            broadcast_to=lambda a, s: torch.broadcast_to(_tensor(a), _shape(s)),
-            broadcast_arrays=broadcast_arrays, broadcast_shapes=broadcast_shapes, shape=shape,
-            atleast_1d=atleast_1d, concatenate=concatenate, stack=stack, split=split,
-            delete=delete, ix_=ix_, take_along_axis=take_along_axis,
-            put_along_axis=put_along_axis, take=take, array_equal=array_equal,
-            shares_memory=shares_memory, errstate=errstate)
-        for name, fn in {**functions, **DTYPES}.items():
-            setattr(self, name, fn)
+    a, b = operands(a, b)
+    return write_out(torch.pow(a, b), out)
