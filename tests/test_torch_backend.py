@@ -195,6 +195,8 @@ def test_dtypes_follow_numpy():
     assert XP.sum(t(np.array([True, True]))).dtype == XP.int64
     assert XP.asarray(t(np.array([True]))).dtype == XP.bool_ and isinstance(np.True_, XP.bool_)
     assert not isinstance(OPS.scalar(1, XP.int64), (XP.generic, XP.integer))
+    with pytest.raises(TypeError, match="not callable"):      # as torch.dtype is not
+        XP.float32(1.0)
     x = np.float32([0.1, 3.0, 1e-40])
     assert same_bits(x * np.float32(0.1), host(t(x) * 0.1))        # weak Python scalar
     assert same_bits(np.where(x > 1, 0.0, 1.0), host(XP.where(t(x > 1), 0.0, 1.0)))
@@ -216,6 +218,8 @@ def test_kernels(dtype):
                      host(OPS.astype(OPS.asarray(wide[np.isfinite(wide)], XP.float64), XP.float32)))
     assert OPS.astype(tx, XP.float32 if dtype == np.float64 else XP.float64).dtype != tx.dtype
     assert OPS.astype(tx, tx.dtype, copy=False) is tx
+    mask = np.arange(x.size) % 2 == 0
+    assert same_bits(np.where(mask, dtype(0), x), host(OPS.zero_where(t(mask), tx)))
     m = OPS.asarray(np.ones((3, 4)), XP.float64)
     assert OPS.is_contiguous(m) and OPS.is_contiguous(m.T, "F") and not OPS.is_contiguous(m.T)
     assert OPS.isdtype(XP.uint32, "unsigned integer") and OPS.isdtype(XP.float64, "real floating")

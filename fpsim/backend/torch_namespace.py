@@ -66,6 +66,11 @@ class _DtypeClass(type):
     def __repr__(cls):
         return f"xp.{cls.__name__}"
 
+    def __call__(cls, *args, **kwargs):
+        # NumPy's float32(x) makes a scalar; a class of no instances would fail later, unseen
+        raise TypeError(f"xp.{cls.__name__} is a dtype on the torch backend, not callable "
+                        f"(torch.dtype is not): use fpsim.backend.scalar(value, dtype)")
+
 
 DTYPES = {name: _DtypeClass(name, (), {"torch": getattr(torch, name.rstrip("_")),
                                        "host": getattr(np, name)})
@@ -104,10 +109,13 @@ def as_tensor(value, like=None):
 
 
 def from_host(value, dtype=None):
-    """Host data (NumPy array, lists, scalars) as a tensor, NumPy's dtype inference, copied
-    out of read-only or negatively strided NumPy memory (torch.from_numpy refuses those)."""
+    """Host data (NumPy array, lists, scalars) as a tensor, NumPy's dtype inference. Memory
+    is shared only with an array that owns it, C-ordered, writeable and native-endian
+    (torch.from_numpy refuses the others); views are copied (asking a broadcast view whether
+    it is writeable is itself a NumPy FutureWarning)."""
     array = np.asarray(value, dtype=None if dtype is None else numpy_dtype(dtype))
-    if not (array.flags.c_contiguous and array.flags.writeable) or array.dtype.byteorder == ">":
+    if not (array.flags.owndata and array.flags.c_contiguous and array.flags.writeable
+            and array.dtype.isnative):
         array = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("="), copy=True)
     return torch.from_numpy(array)
 
