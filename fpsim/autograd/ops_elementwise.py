@@ -60,7 +60,8 @@ def _broadcast_shape(a, b, op):
     try:
         return xp.broadcast_shapes(a.shape, b.shape)
     except ValueError:
-        raise ValueError(f"{op}: shapes {a.shape} and {b.shape} do not broadcast") from None
+        raise ValueError(f"{op}: shapes {tuple(a.shape)} and {tuple(b.shape)} do not "
+                         f"broadcast") from None
 
 
 def _binary(op, a, b, forward, grad_a, grad_b, exact_grads=False):

@@ -114,7 +114,7 @@ class Tensor:
         return out
 
     # --- properties -------------------------------------------------------------------------
-    shape = property(lambda self: self.data.shape)
+    shape = property(lambda self: tuple(self.data.shape))   # a tuple on every backend
     ndim = property(lambda self: self.data.ndim)
     size = property(lambda self: backend.size(self.data))
     is_leaf = property(lambda self: self._op is None)

@@ -272,11 +272,11 @@ def matmul(a, b, *, out_fmt, model: Accumulation | str = ExactAccumulation()) ->
     a, b = _operand(a, "matmul: a"), _operand(b, "matmul: b")
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError(f"matmul needs arrays of at least 1 dimension, got shapes "
-                         f"{a.shape} and {b.shape}")
+                         f"{tuple(a.shape)} and {tuple(b.shape)}")
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
     if a2.shape[-1] != b2.shape[-2]:
-        raise ValueError(f"matmul: inner dimensions differ: a has shape {a.shape} "
+        raise ValueError(f"matmul: inner dimensions differ: a has shape {tuple(a.shape)} "
                          f"(K={a2.shape[-1]}), b has shape {b.shape} (K={b2.shape[-2]})")
     if a2.ndim == 2 and b2.ndim == 2:
         batch = ()                      # no batch dimensions (the common case: no lookup)
@@ -284,8 +284,8 @@ def matmul(a, b, *, out_fmt, model: Accumulation | str = ExactAccumulation()) ->
         try:
             batch = xp.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
         except ValueError:
-            raise ValueError(f"matmul: batch dimensions of a {a.shape} and b {b.shape} do not "
-                             f"broadcast") from None
+            raise ValueError(f"matmul: batch dimensions of a {tuple(a.shape)} and b "
+                             f"{tuple(b.shape)} do not broadcast") from None
     m, k, n = a2.shape[-2], a2.shape[-1], b2.shape[-1]
     if (b2.ndim == 2 and math.prod(a2.shape) and math.prod(b2.shape)
             and isinstance(model, ExactAccumulation) and model.acc == FP32):

@@ -161,7 +161,7 @@ def block_fma(c: xp.ndarray, a: xp.ndarray, b: xp.ndarray, model) -> xp.ndarray:
     a, b = xp.broadcast_arrays(a, b)
     if a.ndim == 0 or a.shape[-1] > model.k:
         raise ValueError(f"block_fma: the last axis holds the block's products and must have "
-                         f"1..{model.k} entries, got shape {a.shape}")
+                         f"1..{model.k} entries, got shape {tuple(a.shape)}")
     shape = xp.broadcast_shapes(c.shape, a.shape[:-1])
     a64, b64 = astype(a, xp.float64), astype(b, xp.float64)
     emin = _input_emin(model)

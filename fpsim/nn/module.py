@@ -115,7 +115,8 @@ class Module:
         for name, param in own.items():   # check them all before changing any
             if name in state and xp.shape(state[name]) != param.shape:
                 raise ValueError(f"load_state_dict: {name!r} has shape "
-                                 f"{xp.shape(state[name])}, the parameter has shape {param.shape}")
+                                 f"{tuple(xp.shape(state[name]))}, the parameter has shape "
+                                 f"{param.shape}")
         for name, param in own.items():
             if name not in state:
                 continue
