@@ -235,7 +235,7 @@ class _CountingNamespace:
 
 
 def _train_bits(steps=3):
-    import numpy as np
+    """A 16-mixed MLP's parameters and loss after a few SGD steps, as host bytes."""
     from fpsim import nn
     from fpsim.autograd import Tensor, cross_entropy, use_policy
     from fpsim.optim import SGD, Optimizer
@@ -244,13 +244,14 @@ def _train_bits(steps=3):
     y = rng.integers(0, 3, 16)
     with use_policy("16-mixed"):
         model = nn.MLP([8, 16, 3], rng=1)
-        opt = Optimizer(model, SGD(lr=0.1))
+        opt = Optimizer(model, SGD(lr=0.1, momentum=0.9))
         for _ in range(steps):
-            loss = cross_entropy(model(Tensor(x)), y)
+            labels = backend.asarray(y, backend.xp.int64)
+            loss = cross_entropy(model(Tensor(backend.asarray(x))), labels)
             opt.zero_grad()
             loss.backward()
             opt.step()
-    return [p.data.tobytes() for p in model.parameters()], loss.data.tobytes()
+    return [backend.host_bytes(p.data) for p in model.parameters()], backend.host_bytes(loss.data)
 
 
 def test_engine_runs_on_a_registered_backend_with_the_same_bits():

@@ -17,6 +17,7 @@ from fpsim.backend.torch_backend import TorchBackend  # noqa: E402
 from fpsim.formats import builtins  # noqa: E402
 from fpsim.rounding import MODES, philox_uniforms, round_to  # noqa: E402
 from fpsim.rounding.portable import round_to_portable  # noqa: E402
+from test_backend_seam import _train_bits  # noqa: E402
 
 OPS = TorchBackend()
 XP = OPS.xp
@@ -264,26 +265,6 @@ def test_an_engine_matmul_gives_numpys_bits_under_every_accumulation_model(torch
             got = backend.to_numpy(matmul(backend.asarray(a), backend.asarray(b),
                                           out_fmt="fp16", model=model))
         assert same_bits(expected, got), model
-
-
-def _train_bits(steps=3):
-    """A 16-mixed MLP's parameters and loss after a few SGD steps, as host bytes."""
-    from fpsim import nn
-    from fpsim.autograd import Tensor, cross_entropy, use_policy
-    from fpsim.optim import SGD, Optimizer
-    rng = np.random.default_rng(7)
-    x = rng.standard_normal((16, 8)).astype(np.float32)
-    y = rng.integers(0, 3, 16)
-    with use_policy("16-mixed"):
-        model = nn.MLP([8, 16, 3], rng=1)
-        opt = Optimizer(model, SGD(lr=0.1, momentum=0.9))
-        for _ in range(steps):
-            labels = backend.asarray(y, backend.xp.int64)
-            loss = cross_entropy(model(Tensor(backend.asarray(x))), labels)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    return [backend.host_bytes(p.data) for p in model.parameters()], backend.host_bytes(loss.data)
 
 
 def test_a_training_run_gives_numpys_bits(torch_registered):
