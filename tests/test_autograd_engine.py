@@ -3,13 +3,14 @@ import numpy as np
 import pytest
 
 import fpsim.autograd as ag
-from fpsim import round_to
+from fpsim import backend, round_to
 from fpsim.autograd import FP64, Policy, Tensor, no_grad, use_policy
 from fpsim.autograd.numerics import contains, round_array, widest
 from fpsim.formats import BF16, E4M3FN, E5M2, FP16, FP32, TF32
 
 
 def _in_format(array, fmt) -> bool:
+    array = backend.to_numpy(array)
     with np.errstate(over="ignore", invalid="ignore"):
         return np.array_equal(round_to(array, fmt).view(np.uint32), array.view(np.uint32))
 
@@ -24,15 +25,19 @@ def test_round_array_fast_paths_match_round_to(fmt, n, dtype):
     x[:4] = [np.inf, -np.inf, 1e6, -0.0]
     with np.errstate(over="ignore", invalid="ignore"):
         expected = round_to(x, fmt).astype(np.float32)
-        got = round_array(x, fmt)
-    assert got.dtype == np.float32
+        got = round_array(backend.asarray(x, getattr(backend.xp, np.dtype(dtype).name)), fmt)
+    assert got.dtype == backend.xp.float32
+    got = backend.to_numpy(got)
     np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
 
 
 def test_round_array_rounds_float64_once_not_through_float32():
     x = np.array([1 + 2.0 ** -11 + 2.0 ** -40, 3 * 2.0 ** -26 + 2.0 ** -60])
-    np.testing.assert_array_equal(round_array(x, FP16), [1 + 2.0 ** -10, 2.0 ** -24])
-    np.testing.assert_array_equal(round_array(x.astype(np.float32), FP16), [1.0, 2.0 ** -24])
+    x64 = backend.asarray(x, backend.xp.float64)
+    x32 = backend.asarray(x.astype(np.float32), backend.xp.float32)
+    np.testing.assert_array_equal(backend.to_numpy(round_array(x64, FP16)),
+                                  [1 + 2.0 ** -10, 2.0 ** -24])
+    np.testing.assert_array_equal(backend.to_numpy(round_array(x32, FP16)), [1.0, 2.0 ** -24])
 
 
 def test_contains_and_widest():
@@ -53,8 +58,8 @@ def test_activation_gradient_underflows_in_fp16_but_not_in_fp32():
             return x.grad
 
     g32, g16 = grad_of_x("32-true"), grad_of_x("16-true")
-    assert g32.data[0] == 2.0 ** -28 and g32.fmt == FP32
-    assert g16.data[0] == 0.0 and g16.fmt == FP16      # below fp16's 2**-24: underflow
+    assert backend.to_numpy(g32.data)[0] == 2.0 ** -28 and g32.fmt == FP32
+    assert backend.to_numpy(g16.data)[0] == 0.0 and g16.fmt == FP16      # below fp16's 2**-24: underflow
 
 
 def test_16_mixed_linear_sends_fp16_gradients_to_fp32_weights():
@@ -68,11 +73,11 @@ def test_16_mixed_linear_sends_fp16_gradients_to_fp32_weights():
     assert w.grad.fmt == FP32 and x.grad.fmt == FP32
     assert _in_format(w.grad.data, FP16) and _in_format(x.grad.data, FP16)
     # x's gradient: sum_j 1e-6 (fp16) * w (fp16, ~1e-3) ~ 1e-9 < 2**-24 / 2: flushes to zero
-    assert np.count_nonzero(x.grad.data) == 0
+    assert np.count_nonzero(backend.to_numpy(x.grad.data)) == 0
     with use_policy("32-true"):
         x32 = Tensor(x.data, requires_grad=True)
         (ag.linear(x32, Tensor(w.data)) * 1e-6).sum().backward()
-    assert np.count_nonzero(x32.grad.data) == x32.size
+    assert np.count_nonzero(backend.to_numpy(x32.grad.data)) == x32.size
 
 
 def test_policy_grad_format_override_stores_every_gradient_in_it():
@@ -125,10 +130,10 @@ def test_transcendentals_are_rounded_once_from_float64():
     with use_policy("32-true"):
         for name, f64 in [("exp", np.exp), ("tanh", np.tanh), ("log", np.log)]:
             arg = np.abs(x) + 0.5 if name == "log" else x
-            got = getattr(Tensor(arg), name)().data
+            got = backend.to_numpy(getattr(Tensor(arg), name)().data)
             np.testing.assert_array_equal(got, f64(arg.astype(np.float64)).astype(np.float32))
     with use_policy("16-true"):
-        got = Tensor(x).tanh().data
+        got = backend.to_numpy(Tensor(x).tanh().data)
     np.testing.assert_array_equal(got, round_to(np.tanh(round_to(x, FP16).astype(np.float64)),
                                                 FP16).astype(np.float32))
 
@@ -167,7 +172,7 @@ def _exact_mse(pred, target, reduction, fmt):
 def test_mse_loss_is_the_exact_value_rounded_once(pred, target, reduction, fmt):
     pred, target = np.float32(pred), np.float32(target)
     with use_policy(Policy(loss=fmt)):
-        got = ag.mse_loss(Tensor(pred), Tensor(target), reduction).data
+        got = backend.to_numpy(ag.mse_loss(Tensor(pred), Tensor(target), reduction).data)
     np.testing.assert_array_equal(got, _exact_mse(pred, target, reduction, fmt))
 
 
@@ -179,24 +184,25 @@ def test_mse_loss_matches_the_exact_oracle_on_random_data(seed, reduction):
     pred = (rng.standard_normal(n) * 2.0 ** rng.integers(-40, 20, n)).astype(np.float32)
     target = np.where(rng.random(n) < 0.5, pred, rng.standard_normal(n)).astype(np.float32)
     target[::3] = pred[::3] * (1 + 2.0 ** -23)       # near cancellation
-    got = ag.mse_loss(Tensor(pred), Tensor(target), reduction).data
+    got = backend.to_numpy(ag.mse_loss(Tensor(pred), Tensor(target), reduction).data)
     np.testing.assert_array_equal(got, _exact_mse(pred, target, reduction, "fp32"))
 
 
 def test_cast_rounds_forward_and_widens_backward():
     w = Tensor([1.0 + 2.0 ** -12, 3.0], "fp32", requires_grad=True)
     h = w.cast("fp16")
-    assert h.data[0] == 1.0 and h.fmt == FP16
+    assert backend.to_numpy(h.data)[0] == 1.0 and h.fmt == FP16
     (h * Tensor([2.0 ** -20, 1.0], "fp16")).sum().backward()
-    assert w.grad.fmt == FP32 and list(w.grad.data) == [2.0 ** -20, 1.0]
+    assert w.grad.fmt == FP32 and backend.to_list(w.grad.data) == [2.0 ** -20, 1.0]
 
 
 def test_reference_mode_uses_float64_containers():
     with use_policy("64-true"):
         t = Tensor([0.1], requires_grad=True)
         (t * 3.0).sum().backward()
-    assert t.fmt is FP64 and t.data.dtype == np.float64 and t.data[0] == 0.1
-    assert t.grad.data.dtype == np.float64
+    assert t.fmt is FP64 and t.data.dtype == backend.xp.float64
+    assert backend.to_numpy(t.data)[0] == 0.1
+    assert t.grad.data.dtype == backend.xp.float64
 
 
 # --- graph bookkeeping ----------------------------------------------------------------------------
@@ -204,18 +210,18 @@ def test_gradients_accumulate_across_backward_calls_until_zero_grad():
     x = Tensor([1.0, 2.0], requires_grad=True)
     for _ in range(3):
         (x * x).sum().backward()
-    np.testing.assert_array_equal(x.grad.data, [6.0, 12.0])
+    np.testing.assert_array_equal(backend.to_numpy(x.grad.data), [6.0, 12.0])
     x.zero_grad()
     assert x.grad is None
     (x * 5.0).sum().backward()
-    np.testing.assert_array_equal(x.grad.data, [5.0, 5.0])
+    np.testing.assert_array_equal(backend.to_numpy(x.grad.data), [5.0, 5.0])
 
 
 def test_tensor_used_twice_sums_both_paths():
     x = Tensor([3.0], requires_grad=True)
     y = x * x + x.exp() + x
     y.sum().backward()
-    assert x.grad.data[0] == np.float32(6.0 + np.float32(np.exp(3.0)) + 1.0)
+    assert backend.to_numpy(x.grad.data)[0] == np.float32(6.0 + np.float32(np.exp(3.0)) + 1.0)
 
 
 def test_no_grad_detach_and_requires_grad():
@@ -234,7 +240,7 @@ def test_retain_grad_keeps_an_activation_gradient():
         x = Tensor([1.0, 2.0], requires_grad=True)
         h = (x * 2.0).retain_grad()
         (h * 3.0).sum().backward()
-    assert h.grad.fmt == FP16 and list(h.grad.data) == [3.0, 3.0]
+    assert h.grad.fmt == FP16 and backend.to_list(h.grad.data) == [3.0, 3.0]
 
 
 def test_second_backward_through_freed_graph_is_an_error_unless_retained():
@@ -242,7 +248,7 @@ def test_second_backward_through_freed_graph_is_an_error_unless_retained():
     y = (x.exp() * 2.0).sum()
     y.backward(retain_graph=True)
     y.backward()
-    assert x.grad.data[0] == np.float32(4 * np.float32(np.e))
+    assert backend.to_numpy(x.grad.data)[0] == np.float32(4 * np.float32(np.e))
     with pytest.raises(RuntimeError, match="second time"):
         y.backward()
 
@@ -297,7 +303,7 @@ def test_numpy_arrays_on_the_left_defer_to_tensor_operators():
     y = np.ones(2) * t + np.array([1.0, 1.0]) - t / np.array([2.0, 2.0])
     assert isinstance(y, Tensor) and y.requires_grad
     y.sum().backward()
-    np.testing.assert_array_equal(t.grad.data, [0.5, 0.5])
+    np.testing.assert_array_equal(backend.to_numpy(t.grad.data), [0.5, 0.5])
 
 
 def test_linear_with_infinite_inputs_gives_nan_without_warnings():
@@ -309,4 +315,4 @@ def test_linear_with_infinite_inputs_gives_nan_without_warnings():
         out = linear(Tensor(np.ones((2, 3), np.float32)),
                      Tensor(np.full((2, 3), np.inf, np.float32)),
                      Tensor(np.full((2,), -np.inf, np.float32)))
-    assert np.isnan(out.data).all()
+    assert np.isnan(backend.to_numpy(out.data)).all()
