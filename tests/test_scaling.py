@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import fpsim.scaling as scaling
+from fpsim import backend
 from fpsim.scaling import (Decision, DynamicScaler, LossScaleMinimumError, NoScaler,
                            ScalerState, StaticScaler, check_overflow, found_inf, preset,
                            scale_loss, trajectory, unscale)
@@ -210,8 +211,9 @@ def test_every_preset_cites_its_source():
 
 def test_scale_loss_rounds_once_to_the_format():
     state = preset("torch").init()
-    out = scale_loss(np.float32([0.5, 2.0, 1.0]), state, "fp16")
-    assert out.tolist() == [32768.0, math.inf, math.inf]   # opmath float32, then float16
+    out = scale_loss(backend.asarray(np.float32([0.5, 2.0, 1.0]), backend.xp.float32), state,
+                     "fp16")
+    assert backend.to_list(out) == [32768.0, math.inf, math.inf]  # opmath float32, then float16
     assert scale_loss(np.float32(3.0), state) == np.float32(196608.0)
     assert scale_loss(1.5, preset("deepspeed", init_scale=1000.1).init()) == 1.5 * 1000.1
     with pytest.raises(TypeError, match="float32 or float64"):
@@ -220,19 +222,25 @@ def test_scale_loss_rounds_once_to_the_format():
 
 def test_unscale_keeps_structure_and_inputs():
     state = preset("torch").init()
-    grads = [np.float32([S, 3 * S]), np.float64([S])]
+    xp = backend.xp
+    grads = [backend.asarray(np.float32([S, 3 * S]), xp.float32),
+             backend.asarray(np.float64([S]), xp.float64)]
     out = unscale(tuple(grads), state)
-    assert isinstance(out, tuple) and out[0].tolist() == [1.0, 3.0] and out[1].dtype == np.float64
-    assert grads[0].tolist() == [S, 3 * S]
+    assert (isinstance(out, tuple) and backend.to_list(out[0]) == [1.0, 3.0]
+            and out[1].dtype == xp.float64)
+    assert backend.to_list(grads[0]) == [S, 3 * S]
     assert isinstance(unscale(list(grads), state), list)
-    assert unscale(np.float32([S, 70000.0 * S]), state, "fp16").tolist() == [1.0, math.inf]
+    big = backend.asarray(np.float32([S, 70000.0 * S]), xp.float32)
+    assert backend.to_list(unscale(big, state, "fp16")) == [1.0, math.inf]
 
 
 def test_keras3_divides_where_others_multiply_by_the_reciprocal():
     state = ScalerState(scaler=preset("keras3"), scale=3.0)
     grads = np.float32([1.0, 7.0, 10.0])
-    divided = unscale(grads, state)
-    by_reciprocal = unscale(grads, ScalerState(scaler=preset("torch"), scale=3.0))
+    on_backend = backend.asarray(grads, backend.xp.float32)
+    divided = backend.to_numpy(unscale(on_backend, state))
+    by_reciprocal = backend.to_numpy(unscale(on_backend,
+                                             ScalerState(scaler=preset("torch"), scale=3.0)))
     np.testing.assert_array_equal(divided, grads / np.float32(3.0))
     assert not np.array_equal(divided, by_reciprocal)       # 7/3 != 7 * float32(1/3)
 
