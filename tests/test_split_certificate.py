@@ -9,16 +9,43 @@ import pytest
 from fpsim import backend
 from fpsim.exact import fast_matmul, open_elements
 from fpsim.exact.certificate import split_certify
+from fpsim.exact.exact_dots import exact_matmul
 from fpsim.exact.sums import round_to_odd_sum
 from fpsim.formats import FP16, FP32
 from fpsim.rounding import round_to
 
-from test_fastpaths import adversarial, same_bits, slow_reference  # noqa: E402
+from bit_patterns import host, same_bits  # noqa: E402
+from test_fastpaths import adversarial  # noqa: E402
+
+f32, f64, i64 = backend.xp.float32, backend.xp.float64, backend.xp.int64
 
 
 def exact_fp32(terms: np.ndarray) -> np.ndarray:
+    """Host float32: the integer-limb sum of each row of the host ``terms``, rounded to odd,
+    then cast."""
+    sums = host(round_to_odd_sum(backend.asarray(terms, f64)))
     with np.errstate(over="ignore"):
-        return round_to_odd_sum(terms).astype(np.float32)
+        return sums.astype(np.float32)
+
+
+def slow_reference(a, b, out_fmt, bias=None):
+    """Host float32, test_fastpaths.slow_reference on host arrays for every backend: every
+    element summed by integer limbs -> fp32 (nearest even) -> + bias in float32 -> one
+    rounding to out_fmt (round_to)."""
+    acc, _ = exact_matmul(backend.asarray(a[None], f32), backend.asarray(b[None], f32), FP32,
+                          force_fallback=True)
+    with np.errstate(over="ignore", invalid="ignore"):
+        acc = host(acc)[0].astype(np.float32)
+        if bias is not None:
+            acc = acc + bias
+        return round_to(acc, out_fmt)
+
+
+def matmul_2d(a, b, out_fmt, bias=None):
+    """fast_matmul.matmul_2d on backend arrays made from the host ones (their layouts as
+    the backend keeps them)."""
+    return fast_matmul.matmul_2d(backend.asarray(a, f32), backend.asarray(b, f32), out_fmt,
+                                 None if bias is None else backend.asarray(bias, f32))
 
 
 def product_rows(rng, rows: int, k: int, kind: str) -> np.ndarray:
@@ -53,8 +80,10 @@ def test_split_certify_agrees_with_the_exact_sum_wherever_it_answers(kind, k):
     exact_abs = np.abs(terms).sum(axis=1) * (1 + 2 * k * 2.0 ** -52)     # >= sum |p|
     for upper in (exact_abs, exact_abs * 3.75, exact_abs * 2.0 ** 20):   # loose bounds too
         with np.errstate(over="ignore"):
-            values, known = split_certify(terms, upper)
-        assert known.dtype == bool and values.dtype == np.float32
+            values, known = split_certify(backend.asarray(terms, f64),
+                                          backend.asarray(upper, f64))
+        assert known.dtype == backend.xp.bool_ and values.dtype == f32
+        values, known = host(values), host(known)
         assert same_bits(values[known], exact_fp32(terms[known]))
         assert known[1] and known[2]            # exact sums: known without the limbs
         assert k < 3 or not known[5]            # a tie with nonzero low parts: declined
@@ -76,7 +105,7 @@ def test_matmul_2d_exact_route_alone_matches_the_reference(kind, monkeypatch):
         for out_fmt in (FP32, FP16):
             for beta in (None, bias):
                 with np.errstate(over="ignore", invalid="ignore"):
-                    fast = fast_matmul.matmul_2d(a, b, out_fmt, beta)
+                    fast = matmul_2d(a, b, out_fmt, beta)
                 assert same_bits(fast, slow_reference(a, b, out_fmt, beta)), (m, k, n)
 
 
@@ -87,7 +116,7 @@ def test_matmul_2d_both_gather_layouts_give_the_same_bits():
     results = []
     for b_layout in (np.ascontiguousarray(b), np.asfortranarray(b)):
         for a_layout in (np.ascontiguousarray(a), np.asfortranarray(a)):
-            results.append(fast_matmul.matmul_2d(a_layout, b_layout, FP16, bias))
+            results.append(matmul_2d(a_layout, b_layout, FP16, bias))
     assert all(same_bits(r, results[0]) for r in results)
     assert same_bits(results[0], slow_reference(a, b, FP16, bias))
 
@@ -135,9 +164,12 @@ def test_exact_step_on_ties_cancellations_and_zero_signs(order):
     every = np.arange(a.shape[0])
     terms = a64 * b64.T
     with np.errstate(over="ignore"):
-        got = open_elements.exact_elements(a, b, np.sqrt((a64 * a64).sum(axis=1)),
-                                      np.sqrt((b64 * b64).sum(axis=0)), every, every,
-                                      terms.sum(axis=1))
+        got = open_elements.exact_elements(
+            backend.asarray(a, f32), backend.asarray(b, f32),
+            backend.asarray(np.sqrt((a64 * a64).sum(axis=1)), f64),
+            backend.asarray(np.sqrt((b64 * b64).sum(axis=0)), f64),
+            backend.asarray(every, i64), backend.asarray(every, i64),
+            backend.asarray(terms.sum(axis=1), f64))
     assert same_bits(got, exact_fp32(terms))
 
 
@@ -159,7 +191,11 @@ def test_exact_zero_signs_follow_the_sign_bits(order, b_signs):
     rows, cols = (x.reshape(-1) for x in np.meshgrid(np.arange(m), np.arange(n), indexing="ij"))
     expected = np.all(np.signbit(a)[:, :, None] != np.signbit(b)[None], axis=1).reshape(-1)
     assert expected.any() and not expected.all()
-    for source in (a, a.astype(np.float64)):
-        got = open_elements.exact_zero_signs(source, b, rows, cols)
-        assert got.dtype == np.float32 and np.all(got == 0)
+    for source in (backend.asarray(a, f32), backend.asarray(a, f64)):
+        got = open_elements.exact_zero_signs(source, backend.asarray(b, f32),
+                                             backend.asarray(rows, i64),
+                                             backend.asarray(cols, i64))
+        assert got.dtype == f32
+        got = host(got)
+        assert np.all(got == 0)
         assert np.array_equal(np.signbit(got), expected)
