@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from fpsim import backend
 from fpsim.autograd import Tensor
 from fpsim.optim import SGD, Adam, Arith, Optimizer
 from fpsim.scaling import preset
@@ -16,6 +17,16 @@ def set_grad(w, values, fmt="fp16"):
     w.grad = Tensor(np.float32(values), fmt)
 
 
+def host(array):
+    """An engine array (a parameter's data, an Arith result) as a host NumPy array."""
+    return backend.to_numpy(array)
+
+
+def f32(values):
+    """float32 operands for Arith, as arrays of the backend (0-d for a scalar)."""
+    return backend.asarray(np.float32(values), backend.xp.float32)
+
+
 @pytest.mark.parametrize("ratio,lost", [(1024, False), (2048, True), (4096, True)])
 def test_fp16_update_swamping_at_the_2048_ratio(ratio, lost):
     # w = 1 in fp16 has ulp 2**-10 above it; an increment of w/ratio is lost when below half
@@ -23,7 +34,7 @@ def test_fp16_update_swamping_at_the_2048_ratio(ratio, lost):
     w = weights([1.0])
     set_grad(w, [-1.0 / ratio])
     report = Optimizer([w], SGD(lr=1.0), master=None).step()
-    assert bool(w.data[0] == 1.0) is lost
+    assert bool(host(w.data)[0] == 1.0) is lost
     assert report.lost_updates == int(lost) and report.updates == 1
 
 
@@ -36,9 +47,9 @@ def test_master_copy_accumulates_what_fp16_loses():
         set_grad(wm, [-2.0 ** -12] * 4)
         lost_direct = direct.step().lost_fraction
         master.step()
-    assert lost_direct == 1.0 and w16.data[0] == 1.0               # fp16 never moves
-    assert master.masters["0"][0] == np.float32(1 + 100 * 2.0 ** -12)
-    assert wm.data[0] == np.float32(1 + 25 * 2.0 ** -10)          # fp16 of the master
+    assert lost_direct == 1.0 and host(w16.data)[0] == 1.0         # fp16 never moves
+    assert host(master.masters["0"])[0] == np.float32(1 + 100 * 2.0 ** -12)
+    assert host(wm.data)[0] == np.float32(1 + 25 * 2.0 ** -10)    # fp16 of the master
 
 
 def test_scaler_skips_overflowing_steps_and_unscales():
@@ -47,11 +58,11 @@ def test_scaler_skips_overflowing_steps_and_unscales():
     state = preset("torch", init_scale=1024.0).init()
     set_grad(w, [np.inf, 1.0], "fp32")
     report = opt.step(state)
-    assert report.skipped and report.found_inf and w.data.tolist() == [1.0, 2.0]
+    assert report.skipped and report.found_inf and backend.to_list(w.data) == [1.0, 2.0]
     assert report.scaler_state.scale == 512.0 and opt.step_count == 0
     set_grad(w, [512.0, -1024.0], "fp32")                           # scaled by 512
     report = opt.step(report.scaler_state)
-    assert not report.skipped and w.data.tolist() == [0.5, 3.0]    # unscaled grads 1, -2
+    assert not report.skipped and backend.to_list(w.data) == [0.5, 3.0]  # unscaled: 1, -2
     assert report.grad_norm == np.float32(np.sqrt(5.0)) and report.scale == 512.0
 
 
@@ -59,7 +70,7 @@ def test_without_a_scaler_overflow_is_reported_not_skipped():
     w = weights([1.0], "fp32")
     set_grad(w, [np.nan], "fp32")
     report = Optimizer([w], SGD(lr=0.1)).step()
-    assert report.found_inf and not report.skipped and np.isnan(w.data[0])
+    assert report.found_inf and not report.skipped and np.isnan(host(w.data)[0])
 
 
 def test_clipping_by_global_norm():
@@ -68,7 +79,7 @@ def test_clipping_by_global_norm():
     report = Optimizer([w], SGD(lr=1.0), clip_norm=1.0).step()
     coef = np.float32(1.0) / (np.float32(5.0) + np.float32(1e-6))
     assert report.clipped and report.grad_norm == 5.0
-    assert w.data.tolist() == [-(np.float32(3.0) * coef), -(np.float32(4.0) * coef)]
+    assert backend.to_list(w.data) == [-(np.float32(3.0) * coef), -(np.float32(4.0) * coef)]
 
 
 def test_resume_from_checkpoint_gives_the_same_bits(tmp_path):
@@ -91,24 +102,24 @@ def test_resume_from_checkpoint_gives_the_same_bits(tmp_path):
     save_checkpoint(tmp_path / "c.npz", {**opt_b.state_dict(), "param/w": w_b.data}, {})
     w_c, opt_c = fresh()
     arrays, _ = load_checkpoint(tmp_path / "c.npz")
-    w_c.data = arrays.pop("param/w")
+    w_c.data = backend.asarray(arrays.pop("param/w"), backend.xp.float32)
     opt_c.load_state_dict(arrays)
     for g in grads[4:]:
         set_grad(w_c, g)
         opt_c.step()
-    assert np.array_equal(w_a.data.view(np.uint32), w_c.data.view(np.uint32))
+    assert np.array_equal(host(w_a.data).view(np.uint32), host(w_c.data).view(np.uint32))
 
 
 def test_arith_rounds_once_per_operation():
     ops = Arith("fp16")
     # 1 + 2**-11 + 2**-22 is above the fp16 tie: fused, one rounding -> 1 + 2**-10
-    assert ops.fma(np.float32(2.0 ** -11), np.float32(1 + 2.0 ** -11), np.float32(1.0)) == \
+    assert host(ops.fma(f32(2.0 ** -11), f32(1 + 2.0 ** -11), f32(1.0))) == \
         np.float32(1 + 2.0 ** -10)
     # unfused: the product rounds to 2**-11 first, the sum ties to even -> 1
-    assert ops.add(ops.mul(np.float32(2.0 ** -11), np.float32(1 + 2.0 ** -11)), 1.0) == 1.0
+    assert host(ops.add(ops.mul(f32(2.0 ** -11), f32(1 + 2.0 ** -11)), 1.0)) == 1.0
     # lerp from 0 to 1 by 0.1: fma(w, 1 - 0, 0) = w, the weight as an fp16 value
-    assert ops.lerp(np.float32([0.0]), np.float32([1.0]), 0.1)[0] == ops.scalar(0.1)
-    assert ops.scalar(0.1) == np.float32(0.0999755859375)
+    assert host(ops.lerp(f32([0.0]), f32([1.0]), 0.1))[0] == host(ops.scalar(0.1))
+    assert host(ops.scalar(0.1)) == np.float32(0.0999755859375)
 
 
 @pytest.mark.parametrize("fmt, a, b, expected", [
@@ -122,12 +133,12 @@ def test_arith_rounds_once_per_operation():
 ])
 def test_arith_add_and_sub_of_fp32_operands_round_once(fmt, a, b, expected):
     ops = Arith(fmt)
-    a32, b32 = np.float32([a]), np.float32([b])
-    assert ops.add(a32, b32)[0] == np.float32(expected)
-    assert ops.sub(a32, -b32)[0] == np.float32(expected)
-    assert ops.sub(np.float32(a), np.float32(-b)) == np.float32(expected)     # 0-d
+    a32, b32 = f32([a]), f32([b])
+    assert host(ops.add(a32, b32))[0] == np.float32(expected)
+    assert host(ops.sub(a32, -b32))[0] == np.float32(expected)
+    assert host(ops.sub(f32(a), f32(-b))) == np.float32(expected)     # 0-d
     # NaN keeps the sign IEEE float64 subtraction gives it
-    nan = ops.sub(np.float32([1.0]), np.float32([np.nan]))[0]
+    nan = host(ops.sub(f32([1.0]), f32([np.nan])))[0]
     assert np.isnan(nan) and not np.signbit(nan)
 
 
