@@ -16,7 +16,19 @@ from fpsim.exact.underflow import count_gradient_underflow, in_backward, note
 from fpsim.formats import BF16, FP16, FP32, get
 from fpsim.rounding import round_to
 
-from test_fastpaths import adversarial, same_bits, slow_reference  # noqa: E402
+from bit_patterns import host, same_bits  # noqa: E402
+from test_fastpaths import adversarial  # noqa: E402
+# host in, host out on every backend: matmul_2d gets backend arrays made from host ones
+from test_split_certificate import matmul_2d, slow_reference  # noqa: E402
+
+f32, f64, i64 = backend.xp.float32, backend.xp.float64, backend.xp.int64
+
+
+def dev(x, dtype=None):
+    """A host array as a backend array (its own dtype unless told)."""
+    x = np.asarray(x)
+    return backend.asarray(x, {np.float32: f32, np.float64: f64, np.int64: i64}[x.dtype.type]
+                           if dtype is None else dtype)
 
 OUT_FORMATS = [FP32, FP16, BF16, get("e4m3")]
 
@@ -48,7 +60,7 @@ def test_exact_rows_match_the_reference(kind, widen_chunk, monkeypatch):
             for out_fmt in OUT_FORMATS:
                 for beta in (None, bias):
                     with np.errstate(over="ignore", invalid="ignore"):
-                        fast = fast_matmul.matmul_2d(a, b, out_fmt, beta)
+                        fast = matmul_2d(a, b, out_fmt, beta)
                     assert same_bits(fast, slow_reference(a, b, out_fmt, beta)), (m, k, n)
     if kind in ("fp16", "ints"):
         assert taken, "fp16 and small-integer data should make most rows exact"
@@ -68,7 +80,7 @@ def test_exact_rows_with_some_rows_left_to_the_ends(monkeypatch):
                 rows = _exact_rows(a, b)
                 assert rows is not None and not rows.all() and rows.sum() >= 20
                 with np.errstate(over="ignore", invalid="ignore"):
-                    fast = fast_matmul.matmul_2d(a, b, out_fmt, beta)
+                    fast = matmul_2d(a, b, out_fmt, beta)
                 assert same_bits(fast, slow_reference(a, b, out_fmt, beta))
     assert taken
 
@@ -81,9 +93,11 @@ def _norms(a, b):
 def _exact_rows(a, b):
     """fast_matmul's exact rows of a @ b where the gate lets them be tried, else None."""
     m, k = a.shape
-    if not fast_matmul._exact_rows_worth_trying(a, b, m, k, b.shape[1]):
+    if not fast_matmul._exact_rows_worth_trying(dev(a), dev(b), m, k, b.shape[1]):
         return None
-    return fast_matmul._exact_rows(*_norms(a, b), line_quanta(a, 1), line_quanta(b, 0), k)
+    rows = fast_matmul._exact_rows(*map(dev, _norms(a, b)), line_quanta(dev(a), 1),
+                                   line_quanta(dev(b), 0), k)
+    return None if rows is None else host(rows)
 
 
 @pytest.fixture
@@ -96,14 +110,14 @@ def exact_rows_everywhere():
 def test_exact_rows_are_not_tried_for_wide_fp32_data(exact_rows_everywhere):
     rng = np.random.default_rng(8)
     a, b, _ = adversarial(rng, 30, 64, 20, "wide")
-    assert not fast_matmul._exact_rows_worth_trying(a, b, 30, 64, 20)
+    assert not fast_matmul._exact_rows_worth_trying(dev(a), dev(b), 30, 64, 20)
     narrow_first = a.copy()
     narrow_first[0] = 1.0            # past the first-line check: the quanta turn it away
     ones = np.ones_like(b)
-    assert fast_matmul._exact_rows_worth_trying(narrow_first, ones, 30, 64, 20)
+    assert fast_matmul._exact_rows_worth_trying(dev(narrow_first), dev(ones), 30, 64, 20)
     assert _exact_rows(narrow_first, ones) is None
     with np.errstate(over="ignore", invalid="ignore"):
-        assert same_bits(fast_matmul.matmul_2d(narrow_first, ones, FP16),
+        assert same_bits(matmul_2d(narrow_first, ones, FP16),
                          slow_reference(narrow_first, ones, FP16))
 
 
@@ -113,7 +127,7 @@ def test_zero_sums_of_nonzero_lines_take_the_ieee_sign():
     a = np.float32([[-0.0, 1.0], [0.0, 1.0], [2.0, 0.0]])
     b = np.float32([[1.0, 3.0], [-0.0, 0.0]])
     with np.errstate(invalid="ignore"):
-        out = fast_matmul.matmul_2d(a, b, FP32)
+        out = matmul_2d(a, b, FP32)
     assert same_bits(out, slow_reference(a, b, FP32))
     assert np.signbit(out[0, 0]) and not np.signbit(out[1, 0]) and out[2, 0] == 2.0
 
@@ -139,7 +153,7 @@ def test_gathered_products_from_any_operand_layout(order, monkeypatch):
     else:
         a_in, b_in = np.asarray(a, order=order), np.asarray(b, order=order)
     for beta in (None, bias):
-        assert same_bits(fast_matmul.matmul_2d(a_in, b_in, FP16, beta),
+        assert same_bits(matmul_2d(a_in, b_in, FP16, beta),
                          slow_reference(a, b, FP16, beta))
 
 
@@ -157,11 +171,14 @@ def test_widening_with_norms_and_quanta_in_chunks(order, axis, shape):
     x[:, 4] = -0.0
     for quanta in (False, True):
         with backend.use_tuning(widen_chunk=37):        # many chunks, lines crossing them
-            wide, norms, line_q = fast_matmul._widen_with_norms(x, "test", axis, quanta)
+            wide, norms, line_q = fast_matmul._widen_with_norms(dev(x), "test", axis, quanta)
+        assert wide.dtype == f64
+        wide, norms = host(wide), host(norms)
+        line_q = None if line_q is None else host(line_q)
         assert np.array_equal(wide, x.astype(np.float64))
         exact = np.sqrt(np.sum(x.astype(np.float64) ** 2, axis=axis))
         assert np.allclose(norms, exact, rtol=1e-13, atol=0)
-        assert (line_q is None) if not quanta else np.array_equal(line_q, line_quanta(x, axis))
+        assert (line_q is None) if not quanta else np.array_equal(line_q, host(line_quanta(dev(x), axis)))
 
 
 def test_fp32_open_ends_agree_with_the_certificate():
@@ -174,7 +191,7 @@ def test_fp32_open_ends_agree_with_the_certificate():
     approx[5] = 0.0
     rows = np.abs(rng.standard_normal(m)) * width_factor(40) * 2.0 ** 20
     cols = np.abs(rng.standard_normal(n))
-    low, high, certified = certify(approx, rows[:, None], cols)
+    low, high, certified = map(host, certify(dev(approx), dev(rows[:, None]), dev(cols)))
     low, high, certified = low.copy(), high.copy(), certified.copy()
     for chunk, einsum_from in ((1 << 17, 1 << 15), (64, 1), (64, 1 << 30)):
         with backend.use_tuning(certificate_open_chunk=chunk, einsum_from=einsum_from):
@@ -183,8 +200,9 @@ def test_fp32_open_ends_agree_with_the_certificate():
 
 def _assert_open_ends_match(approx, rows, cols, low, high, certified):
     """certify_fp32_open gives certify's high array, and its open elements with their ends."""
-    out = np.empty(approx.shape, np.float32)
-    opened, low_open, high_open = certify_fp32_open(approx, rows, cols, out)
+    out = backend.xp.empty(approx.shape, f32)
+    opened, low_open, high_open = map(host, certify_fp32_open(dev(approx), dev(rows), dev(cols),
+                                                              out))
     assert same_bits(out, high)
     assert np.array_equal(opened, np.flatnonzero(~certified))
     assert same_bits(low_open, low.reshape(-1)[opened])
@@ -209,9 +227,10 @@ def test_fp32_open_ends_with_one_width_per_chunk(recheck_share, chunk):
     approx[::7, ::5] = np.float64(np.float32(1.0)) + 2.0 ** -24          # fp32 ties
     approx[4] = 0.0
     approx[9, 3] = -0.0
-    low, high, certified = certify(approx, rows[:, None], cols)
+    low, high, certified = map(host, certify(dev(approx), dev(rows[:, None]), dev(cols)))
     low, high, certified = low.copy(), high.copy(), certified.copy()
-    _, _, one_width = certify(approx, np.full((m, 1), rows.max() * cols.max()), np.ones(n))
+    one_width = host(certify(dev(approx), dev(np.full((m, 1), rows.max() * cols.max())),
+                             dev(np.ones(n)))[2])
     assert 0 < (~certified).sum() < (~one_width).sum() - 100
     with backend.use_tuning(certificate_open_chunk=chunk, einsum_from=1,
                             recheck_share=recheck_share):
@@ -229,7 +248,7 @@ def test_f_level_certificate_keeps_the_zero_pattern_near_underflow(monkeypatch):
     b = np.float32([[x], [x], [2.0 ** -75], [2.0 ** -75]])
     for out_fmt in (FP16, BF16):
         with count_gradient_underflow() as fast, in_backward():
-            out = fast_matmul.matmul_2d(a, b, out_fmt)
+            out = matmul_2d(a, b, out_fmt)
         assert same_bits(out, slow_reference(a, b, out_fmt))
         assert (fast.flushed, fast.nonzero, fast.values) == (2, 2, 2)
     assert agree
@@ -250,11 +269,11 @@ def test_line_quanta_divide_every_element():
         x[:, 3] = -0.0
         for axis in (0, 1):
             for arr in (x, np.asfortranarray(x)):
-                q = line_quanta(arr, axis)
+                q = host(line_quanta(dev(arr), axis))
                 mantissa, exponent = np.frexp(q)
                 assert np.all(mantissa == 0.5)                             # powers of two
                 assert np.all(np.fmod(arr.astype(np.float64), np.expand_dims(q, axis)) == 0)
-                reference = lowest_bit_exponent(arr, axis)                 # the general path's
+                reference = host(lowest_bit_exponent(dev(arr), axis))                 # the general path's
                 assert np.all((reference >= 2000) | (exponent - 1 >= reference))
                 assert np.all(q[np.all(arr == 0, axis=axis)] == 1.0)
 
@@ -268,9 +287,9 @@ def test_note_counts_nonzeros_before_less_after():
     with np.errstate(over="ignore", invalid="ignore"):
         after = round_to(before, FP16)
     with count_gradient_underflow() as counts, in_backward():
-        note(before, after)
-        note(before.reshape(40, 100), after.reshape(40, 100))
-        note(before, before)
+        note(dev(before), dev(after))
+        note(dev(before.reshape(40, 100)), dev(after.reshape(40, 100)))
+        note(dev(before), dev(before))
     nonzero = int(np.count_nonzero(before != 0))
     flushed = int(np.count_nonzero((before != 0) & (after == 0)))
     assert (counts.nonzero, counts.flushed, counts.values) == (3 * nonzero, 2 * flushed,
@@ -338,9 +357,9 @@ def test_zero_sums_of_sparse_rows_take_the_ieee_sign(a_order, b_order, monkeypat
         a_in, b_in = np.asarray(a, order=a_order), np.asarray(b, order=b_order)
         for out_fmt in (FP32, FP16, BF16):
             for beta in (None, bias):
-                assert same_bits(fast_matmul.matmul_2d(a_in, b_in, out_fmt, beta),
+                assert same_bits(matmul_2d(a_in, b_in, out_fmt, beta),
                                  slow_reference(a, b, out_fmt, beta)), (m, k, n, out_fmt)
-        out = fast_matmul.matmul_2d(a_in, b_in, FP32)
+        out = matmul_2d(a_in, b_in, FP32)
         assert np.signbit(out[1, 3]) and np.signbit(out[2, 0]) and out[2, 0] == 0
         assert not np.signbit(out[1, 1]) and out[1, 1] == 0
     assert taken
@@ -369,9 +388,9 @@ def test_zero_sums_of_sparse_rows_against_unsigned_b(a_order, monkeypatch,
         a_in = np.asarray(a, order=a_order)
         for out_fmt in (FP32, FP16):
             for beta in (None, bias):
-                assert same_bits(fast_matmul.matmul_2d(a_in, b, out_fmt, beta),
+                assert same_bits(matmul_2d(a_in, b, out_fmt, beta),
                                  slow_reference(a, b, out_fmt, beta)), (m, k, n, out_fmt)
-        out = fast_matmul.matmul_2d(a_in, b, FP32)
+        out = matmul_2d(a_in, b, FP32)
         assert np.signbit(out[5, 0]) and out[5, 0] == 0 and np.signbit(out[2, 1])
         assert not np.signbit(out[6, 0]) and out[6, 0] == 0
     assert unsigned
@@ -388,11 +407,11 @@ def test_exact_rows_gate_reads_first_lines_before_the_quanta(monkeypatch):
     b = round_to(rng.standard_normal((16, 48)).astype(np.float32), "fp16")
     wide = rng.standard_normal((64, 16)).astype(np.float32)
     for out_fmt in (FP32, FP16):
-        assert same_bits(fast_matmul.matmul_2d(a, b, out_fmt), slow_reference(a, b, out_fmt))
+        assert same_bits(matmul_2d(a, b, out_fmt), slow_reference(a, b, out_fmt))
     assert patterns and taken
     patterns.clear()
     taken.clear()
     for out_fmt in (FP32, FP16):
-        assert same_bits(fast_matmul.matmul_2d(wide, b, out_fmt),
+        assert same_bits(matmul_2d(wide, b, out_fmt),
                          slow_reference(wide, b, out_fmt))
     assert not patterns and not taken

@@ -43,9 +43,12 @@ def slow_reference(a, b, out_fmt, bias=None):
 
 def matmul_2d(a, b, out_fmt, bias=None):
     """fast_matmul.matmul_2d on backend arrays made from the host ones (their layouts as
-    the backend keeps them)."""
-    return fast_matmul.matmul_2d(backend.asarray(a, f32), backend.asarray(b, f32), out_fmt,
-                                 None if bias is None else backend.asarray(bias, f32))
+    the backend keeps them), its float32 result brought to the host (None stays None)."""
+    out = fast_matmul.matmul_2d(backend.asarray(a, f32), backend.asarray(b, f32), out_fmt,
+                                None if bias is None else backend.asarray(bias, f32))
+    if out is not None:
+        assert out.dtype == f32
+    return None if out is None else host(out)
 
 
 def product_rows(rng, rows: int, k: int, kind: str) -> np.ndarray:
