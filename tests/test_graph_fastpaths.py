@@ -25,6 +25,20 @@ SPECIALS = np.concatenate([
     np.uint32([0x7FC01234, 0xFFA00001, 0x00000003, 0x80000003]).view(np.float32)])
 
 
+def _dev(x):
+    """A host NumPy array as a backend array of the same dtype (no copy on NumPy)."""
+    x = np.asarray(x)
+    return backend.asarray(x, getattr(backend.xp, x.dtype.name))
+
+
+def _fortran(x):
+    """A 2-d host array as a column-major (F-ordered) backend array."""
+    return _dev(np.ascontiguousarray(x.T)).T
+
+
+host = backend.to_numpy
+
+
 # --- relu ----------------------------------------------------------------------------------
 
 def test_relu_forward_mask_is_np_where_bit_for_bit():
@@ -33,10 +47,13 @@ def test_relu_forward_mask_is_np_where_bit_for_bit():
     rng = np.random.default_rng(1)
     grid = np.tile(SPECIALS[:, None], (1, 3))
     noise = rng.standard_normal((64, 33)).astype(np.float32)
-    for x in (SPECIALS, grid, grid.T, noise, noise[::2, 1::3], noise.astype(np.float64)):
+    layouts = [(SPECIALS, _dev(SPECIALS)), (grid, _dev(grid)), (grid.T, _dev(grid).T),
+               (noise, _dev(noise)), (noise[::2, 1::3], _dev(noise)[::2, 1::3]),
+               (noise.astype(np.float64), _dev(noise.astype(np.float64)))]
+    for x, on_backend in layouts:
         with np.errstate(invalid="ignore"):
             want = np.where(x < 0, x.dtype.type(0), x)
-        assert same_bits(_relu_values(x), want)
+        assert same_bits(host(_relu_values(on_backend)), want)
 
 
 # --- bias-gradient column sums -------------------------------------------------------------
@@ -63,10 +80,10 @@ def _adversarial_columns(rng, m, n):
 
 def _reference_column_sums(x, out_fmt):
     """Each column summed exactly (integer limbs), rounded to fp32, then to out_fmt."""
-    rows = np.ascontiguousarray(x.T)
+    rows = _dev(np.ascontiguousarray(x.T))
     acc, _ = exact_rows_sum(rows, FP32, force_fallback=True)
     with np.errstate(over="ignore", invalid="ignore"):
-        return round_to(acc.astype(np.float32), out_fmt)
+        return round_to(host(acc).astype(np.float32), out_fmt)
 
 
 @pytest.mark.parametrize("out_fmt", [FP32, FP16, BF16])
@@ -74,7 +91,7 @@ def _reference_column_sums(x, out_fmt):
 def test_column_sums_in_the_gradients_layout_match_exact_sums(out_fmt, m):
     rng = np.random.default_rng(m)
     x = _adversarial_columns(rng, max(m, 2), 40)[:m]
-    got = reduce_sum(x, 0, out_fmt=out_fmt)          # rows = x.T: column-major, no copy
+    got = host(reduce_sum(_dev(x), 0, out_fmt=out_fmt))   # rows = x.T: column-major, no copy
     assert same_bits(got, _reference_column_sums(x, out_fmt))
     assert got[1] == 0 and np.signbit(got[1]) and not np.signbit(got[2])
 
@@ -83,8 +100,8 @@ def test_column_sums_with_inf_and_nan_follow_ieee():
     rng = np.random.default_rng(5)
     x = _adversarial_columns(rng, 16, 12)
     x[3, 9], x[4, 10], x[5, 10], x[6, 11] = np.inf, np.inf, -np.inf, np.nan
-    with np.errstate(invalid="ignore"):
-        got = reduce_sum(x, 0, out_fmt=FP32)
+    with backend.errstate(invalid="ignore"):
+        got = host(reduce_sum(_dev(x), 0, out_fmt=FP32))
     assert got[9] == np.inf and np.isnan(got[10]) and np.isnan(got[11])
     finite = np.arange(9)
     assert same_bits(got[finite], _reference_column_sums(x[:, finite], FP32))
@@ -95,15 +112,15 @@ def test_column_major_rows_give_the_row_major_bits():
     for the other accumulation models, which now receive the view)."""
     rng = np.random.default_rng(6)
     x = _adversarial_columns(rng, 64, 30)
-    view, copy = x.T, np.ascontiguousarray(x.T)
-    assert view.flags.f_contiguous and not view.flags.c_contiguous
+    view, copy = _dev(x).T, _dev(np.ascontiguousarray(x.T))
+    assert backend.is_contiguous(view, "F") and not backend.is_contiguous(view, "C")
     for acc in (FP32, FP16, BF16):
-        assert same_bits(exact_rows_sum(view, acc)[0], exact_rows_sum(copy, acc)[0])
+        assert same_bits(host(exact_rows_sum(view, acc)[0]), host(exact_rows_sum(copy, acc)[0]))
     for model in ("exact", "sequential:fp16", "blocked:4:fp32", "a100"):
-        assert same_bits(reduce_sum(x, 0, out_fmt=FP16, model=model),
-                         reduce_sum(np.ascontiguousarray(x.T), 1, out_fmt=FP16, model=model))
+        assert same_bits(host(reduce_sum(_dev(x), 0, out_fmt=FP16, model=model)),
+                         host(reduce_sum(copy, 1, out_fmt=FP16, model=model)))
     batch = _adversarial_columns(rng, 24, 10).reshape(4, 6, 10)       # axes (0, 1): a view
-    assert same_bits(reduce_sum(batch, (0, 1), out_fmt=FP32),
+    assert same_bits(host(reduce_sum(_dev(batch), (0, 1), out_fmt=FP32)),
                      _reference_column_sums(batch.reshape(24, 10), FP32))
 
 
@@ -145,13 +162,14 @@ def test_exponent_window_sums_match_exact_sums(k):
     rows = _window_rows(rng, k)
     if k == 8:
         rows = np.concatenate([rows, _double_rounding_row()[None]])
-    top_open = exponent_window_open(*_sums_and_patterns(rows)[1:], k)
+    top_open = host(exponent_window_open(*_sums_and_patterns(_dev(rows))[1:], k))
     assert not top_open[:29 - (k - 1).bit_length()].any()     # narrow rows: float64 sums
     for acc in (FP32, FP16, BF16):
-        want, _ = exact_rows_sum(rows, acc, force_fallback=True)
-        for layout in (rows, np.asfortranarray(rows), rows[::-1][::-1]):
+        want, _ = exact_rows_sum(_dev(rows), acc, force_fallback=True)
+        # (a backend without negative steps gets a copy of the doubly reversed view)
+        for layout in (_dev(rows), _fortran(rows), _dev(rows[::-1][::-1])):
             got, _ = exact_rows_sum(layout, acc)
-            assert same_bits(got, want), (k, acc.name)
+            assert same_bits(host(got), host(want)), (k, acc.name)
 
 
 def test_exponent_window_sums_in_blocks_give_the_same_bits():
@@ -160,21 +178,21 @@ def test_exponent_window_sums_in_blocks_give_the_same_bits():
     smallest term sits in its last block)."""
     rows = np.concatenate([_window_rows(np.random.default_rng(9), 8),
                            _double_rounding_row()[None]])
-    want, _ = exact_rows_sum(rows, FP32, force_fallback=True)
-    for layout, block in ((rows, 16), (np.asfortranarray(rows), 2 * len(rows))):
+    want, _ = exact_rows_sum(_dev(rows), FP32, force_fallback=True)
+    for layout, block in ((_dev(rows), 16), (_fortran(rows), 2 * len(rows))):
         with backend.use_tuning(certified_pattern_block=block):
-            assert same_bits(exact_rows_sum(layout, FP32)[0], want)
+            assert same_bits(host(exact_rows_sum(layout, FP32)[0]), host(want))
 
 
 def test_exponent_window_is_tight_where_float64_double_rounds():
     """One binade past the window the float64 sum can be wrong: the row stays open (and the
     certified path gives the exact bits), which a window one binade wider would miss."""
     row = _double_rounding_row()
-    approx, top, low = _sums_and_patterns(row[None])
-    assert np.float32(approx[0]) != np.float32(exact_rows_sum(row[None], FP32,
-                                                              force_fallback=True)[0][0])
-    assert exponent_window_open(top, low, 8)[0]
-    got = reduce_sum(np.tile(row[:, None], (1, 3)), 0, out_fmt=FP32)     # column sums
+    approx, top, low = _sums_and_patterns(_dev(row[None]))
+    exact = host(exact_rows_sum(_dev(row[None]), FP32, force_fallback=True)[0])
+    assert np.float32(host(approx)[0]) != np.float32(exact[0])
+    assert host(exponent_window_open(top, low, 8))[0]
+    got = host(reduce_sum(_dev(np.tile(row[:, None], (1, 3))), 0, out_fmt=FP32))  # column sums
     assert same_bits(got, np.full(3, np.float32(12 - 2.0 ** -20)))
 
 
@@ -191,9 +209,10 @@ def test_exponent_window_rows_with_inf_and_nan_follow_ieee():
     rows[10, [2, 9]] = SPECIALS[[12, 13]]
     rows[11] = np.float32(3e38)                         # a finite sum beyond fp32: inf
     for acc in (FP32, FP16, BF16):
-        with np.errstate(invalid="ignore"):
-            got, _ = exact_rows_sum(rows, acc)
-            want, _ = exact_rows_sum(rows, acc, force_fallback=True)
+        with backend.errstate(invalid="ignore"):
+            got, _ = exact_rows_sum(_dev(rows), acc)
+            want, _ = exact_rows_sum(_dev(rows), acc, force_fallback=True)
+        got, want = host(got), host(want)
         assert got[5] == np.inf and np.isnan(got[6]) and np.isnan(got[7]) and got[8] == -np.inf
         assert got[9] == np.inf and np.isnan(got[10]) and got[11] == np.inf
         assert same_bits(got, want)
@@ -211,33 +230,35 @@ def test_cross_entropy_hands_its_backward_log_softmax64_bits():
     logits[4] = [-0.0, 0.0, -0.0, 2.0 ** -149, 0.0]
     logits[5] = [80.0, -80.0, 0.0, 1e-30, 80.0]
     labels = np.arange(12) % 5
-    with np.errstate(invalid="ignore", over="ignore"):
-        want_logp = log_softmax64(logits.astype(np.float64))
+    with backend.errstate(invalid="ignore", over="ignore"):
+        want_logp = host(log_softmax64(_dev(logits.astype(np.float64))))
         for reduction in ("mean", "sum", "none"):
             for fmt in (FP32, FP16):
-                value, logp = cr_cross_entropy(logits, labels, reduction, fmt,
+                value, logp = cr_cross_entropy(_dev(logits), _dev(labels), reduction, fmt,
                                                with_log_softmax=True)
-                assert same_bits(logp, want_logp)
-                assert same_bits(np.asarray(value),
-                                 np.asarray(cr_cross_entropy(logits, labels, reduction, fmt)))
+                assert same_bits(host(logp), want_logp)
+                assert same_bits(host(value), host(cr_cross_entropy(_dev(logits), _dev(labels),
+                                                                    reduction, fmt)))
     finite = logits[[0, 4, 5, 6, 7]]
-    value, _ = cr_cross_entropy(finite, labels[:5], "none", FP32, with_log_softmax=True)
-    with np.errstate(under="ignore"):
-        direct = -log_softmax64(finite.astype(np.float64))[np.arange(5), labels[:5]]
-    assert same_bits(round_to(value, FP32), round_to(direct, FP32))
+    value, _ = cr_cross_entropy(_dev(finite), _dev(labels[:5]), "none", FP32,
+                                with_log_softmax=True)
+    with backend.errstate(under="ignore"):
+        direct = -host(log_softmax64(_dev(finite.astype(np.float64))))[np.arange(5), labels[:5]]
+    assert same_bits(round_to(host(value), FP32), round_to(direct, FP32))
 
 
 def test_log1p_single_branch_matches_the_two_branch_formula():
     def two_branch(t):
         small = t < 0.4
         ts = np.where(small, t, 0.0)
-        return np.where(small, el._atanh2(ts / (2.0 + ts)), el.log(1.0 + np.where(small, 0.0, t)))
+        return np.where(small, host(el._atanh2(_dev(ts / (2.0 + ts)))),
+                        host(el.log(_dev(1.0 + np.where(small, 0.0, t)))))
 
     tiny = np.array([0.0, 2.0 ** -1074, 1e-300, 1e-17, 0.1, 0.3999999999])
     big = np.array([0.4, 0.5, 1.0, 9.0, 1e10, 1e300, np.inf])
     for t in (tiny, big, np.concatenate([tiny, big]), np.array([np.nan, 1.0]),
               np.array([np.nan, 0.1]), tiny[:, None], big.reshape(7, 1)):
-        assert same_bits(el.log1p(t), two_branch(t))
+        assert same_bits(host(el.log1p(_dev(t))), two_branch(t))
 
 
 def test_horner_and_exp_clamp_match_their_plain_formulations():
@@ -253,8 +274,8 @@ def test_horner_and_exp_clamp_match_their_plain_formulations():
 
     def plain_exp(y):
         finite = np.isfinite(y)
-        k, p = el.exp_parts(np.clip(np.where(finite, y, 0.0), -400.0, 400.0))
-        p = (p + 1.0) * el.pow2(k)
+        k, p = el.exp_parts(_dev(np.clip(np.where(finite, y, 0.0), -400.0, 400.0)))
+        p = (host(p) + 1.0) * host(el.pow2(k))
         return np.where(np.isinf(y), np.where(y > 0, np.inf, 0.0), np.where(np.isnan(y), y, p))
 
     rng = np.random.default_rng(4)
@@ -263,9 +284,9 @@ def test_horner_and_exp_clamp_match_their_plain_formulations():
         x = np.concatenate([special, rng.standard_normal(200) * 0.3,
                             rng.standard_normal(200) * 10.0 ** rng.integers(-30, 3, 200)])
         for coeffs in (el._EXPM1_Q, el._ATANH_W, (3.0, -0.5)):
-            assert same_bits(el._horner(x, coeffs), plain_horner(x, coeffs))
+            assert same_bits(host(el._horner(_dev(x), coeffs)), plain_horner(x, coeffs))
         for y in (x, x * 500.0, rng.standard_normal((7, 9)) * 300.0):
-            assert same_bits(el.exp(y), plain_exp(y))
+            assert same_bits(host(el.exp(_dev(y))), plain_exp(y))
 
 
 # --- leaf gradients: kept when unshared, copied when shared --------------------------------
