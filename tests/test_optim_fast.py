@@ -17,18 +17,33 @@ from bit_patterns import same_bits
 FORMATS = ["fp32", "bf16", "fp16", "fp8_e4m3"]
 
 
+def host(x):
+    """An engine result (a backend array or scalar) or host data as a host NumPy array."""
+    return backend.to_numpy(x) if backend.is_array(x) else np.asarray(x)
+
+
+def _on(x):
+    """Host operands (NumPy arrays and scalars) as backend arrays of the same dtype; backend
+    values and Python numbers as they are."""
+    if backend.is_array(x) or isinstance(x, (int, float)):
+        return x
+    x = np.asarray(x)
+    return backend.asarray(x, getattr(backend.xp, x.dtype.name))
+
+
 def _reference(ops, a, b, c):
     with np.errstate(invalid="ignore"):          # signalling NaNs widen with a warning
-        a, b, c = np.broadcast_arrays(*(np.asarray(v, np.float64) for v in (a, b, c)))
-    return ops.round(fma_round_to_odd(a, b, c))
+        a, b, c = np.broadcast_arrays(*(np.asarray(host(v), np.float64) for v in (a, b, c)))
+    return ops.round(fma_round_to_odd(_on(a), _on(b), _on(c)))
 
 
 def _bits(x):
-    return np.ascontiguousarray(np.asarray(x, np.float32)).view(np.uint32)
+    return np.ascontiguousarray(np.asarray(host(x), np.float32)).view(np.uint32)
 
 
 def _values(ops, rng, shape):
-    return ops.round(rng.standard_normal(shape) * 10.0 ** rng.integers(-6, 6, shape))
+    """Values of the format, as a host float32 array (tests change elements before use)."""
+    return host(ops.round(_on(rng.standard_normal(shape) * 10.0 ** rng.integers(-6, 6, shape))))
 
 
 @pytest.fixture
@@ -46,19 +61,19 @@ def test_fma_across_chunk_boundaries(small_chunks, fmt, n):
     b[::7] = 0.0                                  # zero products: c itself, a grid point
     for args in [(a, b, c), (ops.scalar(-0.01), b, c), (a, ops.scalar(0.5), c),
                  (a, b, ops.scalar(1.0)), (a[0], b[0], c)]:
-        assert np.array_equal(_bits(ops.fma(*args)), _bits(_reference(ops, *args)))
+        assert np.array_equal(_bits(ops.fma(*map(_on, args))), _bits(_reference(ops, *args)))
 
 
 def test_fma_broadcasts_and_keeps_shapes():
     ops = Arith("fp32")
     rng = np.random.default_rng(1)
     a, b, c = _values(ops, rng, (3, 1)), _values(ops, rng, (1, 4)), _values(ops, rng, (4,))
-    out = ops.fma(a, b, c)
-    assert out.shape == (3, 4) and out.dtype == np.float32
+    out = ops.fma(_on(a), _on(b), _on(c))
+    assert tuple(out.shape) == (3, 4) and out.dtype == backend.xp.float32
     assert np.array_equal(_bits(out), _bits(_reference(ops, a, b, c)))
-    scalar = ops.fma(np.float32(2.0), np.float32(3.0), 1.0)
-    assert scalar.shape == () and float(scalar) == 7.0
-    assert ops.fma(np.zeros(0, np.float32), 1.0, 0.0).shape == (0,)
+    scalar = ops.fma(_on(np.float32(2.0)), _on(np.float32(3.0)), 1.0)
+    assert tuple(scalar.shape) == () and float(host(scalar)) == 7.0
+    assert tuple(ops.fma(_on(np.zeros(0, np.float32)), 1.0, 0.0).shape) == (0,)
 
 
 @pytest.mark.parametrize("scale", [2.0 ** k for k in (-100, -1, 0, 60)])
@@ -71,7 +86,7 @@ def test_fma_ties_grid_points_and_near_misses(small_chunks, scale):
     c = np.full(150, (1 + 2.0 ** -23) * scale, np.float32)
     b = np.zeros(150, np.float32)
     b[::3], b[1::3] = below, -below               # ties on both sides; zeros: grid points
-    got = ops.fma(a, b, c)
+    got = host(ops.fma(_on(a), _on(b), _on(c)))
     assert np.array_equal(_bits(got), _bits(_reference(ops, a, b, c)))
     assert np.all(got == c)                       # the exact sums all round back to c
 
@@ -86,7 +101,7 @@ def test_fma_tie_below_the_smallest_normal():
     c = np.float32([513 * 2.0 ** -149])
     naive = np.float32(a.astype(np.float64) * b + c.astype(np.float64))
     assert naive != c
-    assert _bits(ops.fma(a, b, c)) == _bits(c)
+    assert _bits(ops.fma(_on(a), _on(b), _on(c))) == _bits(c)
 
 
 @pytest.mark.parametrize("fmt", ["fp32", "fp16"])
@@ -102,7 +117,8 @@ def test_fma_nan_payloads_and_infinities(small_chunks, fmt):
     b[rng.integers(0, n, 10)] = np.inf
     c[rng.integers(0, n, 10)] = -np.inf
     for a in (np.float32(-0.01), np.float32(0.0)):
-        assert np.array_equal(_bits(ops.fma(a, b, c)), _bits(_reference(ops, a, b, c)))
+        assert np.array_equal(_bits(ops.fma(_on(a), _on(b), _on(c))),
+                              _bits(_reference(ops, a, b, c)))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -112,6 +128,7 @@ def test_fma_bits_do_not_depend_on_the_chunk(fmt):
     a, b, c = (_values(ops, rng, 5000) for _ in range(3))
     b[::11] = np.nan
     c[::13] = np.nan
+    a, b, c = _on(a), _on(b), _on(c)
     whole = ops.fma(a, b, c)
     with backend.use_tuning(arith_chunk=256):
         assert np.array_equal(_bits(ops.fma(a, b, c)), _bits(whole))
@@ -119,9 +136,9 @@ def test_fma_bits_do_not_depend_on_the_chunk(fmt):
 
 def test_scalars_keep_the_sign_of_zero():
     ops = Arith("fp16")
-    assert np.signbit(ops.scalar(-0.0)) and not np.signbit(ops.scalar(0.0))
-    assert ops.scalar(-1e-30) == 0 and np.signbit(ops.scalar(-1e-30))
-    assert ops.scalar(0.1) == np.float32(0.0999755859375)
+    assert np.signbit(host(ops.scalar(-0.0))) and not np.signbit(host(ops.scalar(0.0)))
+    assert host(ops.scalar(-1e-30)) == 0 and np.signbit(host(ops.scalar(-1e-30)))
+    assert host(ops.scalar(0.1)) == np.float32(0.0999755859375)
 
 
 @pytest.mark.parametrize("fmt", ["fp32", "bf16"])
@@ -138,10 +155,10 @@ def test_scalars_are_round_to(fmt):
 @pytest.mark.parametrize("factor", [-0.01, 0.0, -0.0, 1.0, np.inf, np.nan])
 def test_moved_is_intended_nonzero(factor):
     direction = np.float32([0.0, -0.0, 1.0, -2.0 ** -149, np.inf, -np.inf, np.nan, 3e38])
-    update = Update(direction, direction, np.float32(factor), None)
+    update = Update(_on(direction), _on(direction), _on(np.float32(factor)), None)
     with np.errstate(invalid="ignore"):
-        expected = update.intended != 0
-    assert np.array_equal(update.moved(), expected)
+        expected = host(update.intended) != 0
+    assert np.array_equal(host(update.moved()), expected)
 
 
 # lr=1e-10: float32 keeps it (a smaller one is refused), fp16 (master=None) makes it 0
@@ -150,23 +167,25 @@ def test_moved_is_intended_nonzero(factor):
 @pytest.mark.parametrize("master", ["fp32", None])
 def test_lost_update_counts_match_the_float64_increment(small_chunks, rule, master):
     rng = np.random.default_rng(5)
-    w = Tensor(Arith("fp16").round(rng.standard_normal(500)), "fp16", requires_grad=True)
+    w = Tensor(host(Arith("fp16").round(_on(rng.standard_normal(500)))), "fp16",
+               requires_grad=True)
     opt = Optimizer([w], rule, master=master)
     for step in range(3):
-        grad = Arith("fp16").round(rng.standard_normal(500) * 2.0 ** rng.integers(-30, 0, 500))
+        grad = host(Arith("fp16").round(_on(rng.standard_normal(500)
+                                            * 2.0 ** rng.integers(-30, 0, 500))))
         grad[::5] = 0.0
         if step == 2:
             grad[::17] = np.nan
-        stored = (opt.masters["0"] if master else w.data).copy()
+        stored = backend.copy(opt.masters["0"] if master else w.data)
         ops = Arith(master or "fp16")
-        expected = rule.apply(ops, stored, grad, opt.states["0"], opt.step_count + 1)
+        expected = rule.apply(ops, stored, _on(grad), opt.states["0"], opt.step_count + 1)
         with np.errstate(invalid="ignore"):
-            moved = expected.intended != 0
+            moved = host(expected.intended) != 0
         w.grad = Tensor(grad, "fp16")
         report = opt.step()
-        new = opt.masters["0"] if master else w.data
+        new = host(opt.masters["0"] if master else w.data)
         assert report.updates == int(moved.sum())
-        assert report.lost_updates == int((moved & (new == stored)).sum())
+        assert report.lost_updates == int((moved & (new == host(stored))).sum())
 
 
 @pytest.mark.parametrize("sizes", [[1], [63, 64, 65], [200, 3, 1000]])
@@ -174,9 +193,10 @@ def test_global_norm_across_chunk_boundaries(small_chunks, sizes):
     rng = np.random.default_rng(len(sizes))
     grads = [(rng.standard_normal(n) * 2.0 ** rng.integers(-60, 60)).astype(np.float32)
              for n in sizes]
-    assert _bits(global_norm(grads)) == _bits(exact_global_norm(grads))
+    assert (_bits(global_norm([_on(g) for g in grads]))
+            == _bits(exact_global_norm([_on(g) for g in grads])))
     grads[-1][-1] = np.nan
-    assert np.isnan(global_norm(grads))
+    assert np.isnan(host(global_norm([_on(g) for g in grads])))
 
 
 def test_weights_in_the_master_format_are_the_master_array():
@@ -192,10 +212,10 @@ def test_weights_in_the_master_format_are_the_master_array():
     w.grad = Tensor(np.float32([1.0, 2.0 ** -30, 0.0]), "fp32")
     opt.step()
     assert w.data is opt.masters["0"]
-    assert w.data.tolist() == [0.5, -2.0, 3.0]
+    assert backend.to_list(w.data) == [0.5, -2.0, 3.0]
     w.grad = Tensor(np.float32([1.0, 1.0, 1.0]), "fp32")
     opt.step()
-    assert w.data.tolist() == [0.0, -2.5, 2.5]
+    assert backend.to_list(w.data) == [0.0, -2.5, 2.5]
 
 
 def test_unscale_without_copy_gives_the_inputs_back_only_at_scale_one():
@@ -282,9 +302,9 @@ def test_update_together_is_the_update_one_by_one(rule, master, fmts):
         (params_a, opt_a, rep_a), (params_b, opt_b, rep_b) = runs
         assert str(rep_a) == str(rep_b)           # NaN norms of skipped steps print alike
         for (_, a), (_, b) in zip(params_a, params_b):
-            assert a.data.shape == b.data.shape and same_bits(a.data, b.data)
+            assert a.data.shape == b.data.shape and same_bits(host(a.data), host(b.data))
         for key, value in opt_a.state_dict().items():
-            assert same_bits(np.asarray(value), np.asarray(opt_b.state_dict()[key])), key
+            assert same_bits(host(value), host(opt_b.state_dict()[key])), key
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -301,29 +321,34 @@ def test_fma_counted_counts_what_moved_and_the_optimizer_count(small_chunks, fmt
     b[1::17] = np.inf
     b[2::19] = np.nan
     b[3::23] = -0.0
+    b, c_host, c = _on(b), c, _on(c)
     for factor in [0.1, -1e-3, 0.0, -0.0, np.inf, np.nan, 1e-30]:
         a = ops.scalar(factor)
         with np.errstate(over="ignore", invalid="ignore"):
             out, moved, kept = ops.fma_counted(a, b, c)
             expected = ops.fma(a, b, c)
             update = Update(expected, b, a, None)
-            mask = update.moved()
+            mask = host(update.moved())
         assert _bits(out).tolist() == _bits(expected).tolist()
-        assert (moved, kept) == (int(mask.sum()), int((mask & (expected == c)).sum())), factor
+        assert (moved, kept) == (int(mask.sum()),
+                                 int((mask & (host(expected) == c_host)).sum())), factor
 
 
 def test_sgd_counts_its_lost_updates_as_the_optimizer_does():
     rng = np.random.default_rng(2)
     ops = Arith("fp16")
-    param = ops.round(rng.standard_normal(300) * 100)
-    grad = ops.round(rng.standard_normal(300) * 1e-3)
+    param = ops.round(_on(rng.standard_normal(300) * 100))
+    grad = host(ops.round(_on(rng.standard_normal(300) * 1e-3)))
     grad[::7] = 0.0
+    grad, grad_host = _on(grad), grad
     for rule in (SGD(lr=0.01), SGD(lr=0.01, momentum=0.9, weight_decay=1e-4)):
         result = rule.apply(ops, param, grad, rule.init(param), 1)
-        mask = result.moved()
-        assert result.counts == (int(mask.sum()), int((mask & (result.param == param)).sum()))
+        mask = host(result.moved())
+        assert result.counts == (int(mask.sum()),
+                                 int((mask & (host(result.param) == host(param))).sum()))
         assert result.counts[1] > 0
-        as_float64 = rule.apply(ops, param, grad.astype(np.float64), rule.init(param), 1)
+        as_float64 = rule.apply(ops, param, _on(grad_host.astype(np.float64)), rule.init(param),
+                                1)
         assert (as_float64.counts is None) == (rule.weight_decay == 0)  # wd: fma's float32
         assert _bits(as_float64.param).tolist() == _bits(result.param).tolist()
 
@@ -344,14 +369,15 @@ def test_update_together_rejoins_only_what_changed():
     written = opt.chain_state[opt.transform.index(WriteBack)]
     rule_state = opt.chain_state[opt.transform.index(ApplyRule)]
     masters = [opt.masters[str(i)] for i in range(2)]
-    assert all(m is v and np.shares_memory(m, written.flat)
+    xp = backend.xp
+    assert all(m is v and xp.shares_memory(m, written.flat)
                for m, v in zip(masters, written.values))
     assert rejoin(masters, written.joined) is written.flat
-    assert all(np.shares_memory(opt.states[str(i)].momentum_buffer,
+    assert all(xp.shares_memory(opt.states[str(i)].momentum_buffer,
                                 rule_state.flat.momentum_buffer) for i in range(2))
-    replaced = masters[0].copy()
+    replaced = backend.copy(masters[0])
     joined = rejoin([replaced, masters[1]], written.joined)
-    assert joined is not written.flat and np.array_equal(joined, written.flat)
+    assert joined is not written.flat and np.array_equal(host(joined), host(written.flat))
 
     weights = [Tensor(np.float32([1.0, 2.0]), "fp32", requires_grad=True) for _ in range(2)]
     plain = Optimizer(weights, SGD(lr=1.0), master=None)
@@ -359,9 +385,10 @@ def test_update_together_rejoins_only_what_changed():
     for w in weights:
         w.grad = Tensor(np.float32([0.5, 0.5]), "fp32")
     plain.step()
-    weights[0].data = np.float32([10.0, 20.0])
+    weights[0].data = _on(np.float32([10.0, 20.0]))
     plain.step()
-    assert weights[0].data.tolist() == [9.5, 19.5] and weights[1].data.tolist() == [0.0, 1.0]
+    assert (backend.to_list(weights[0].data) == [9.5, 19.5]
+            and backend.to_list(weights[1].data) == [0.0, 1.0])
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -376,12 +403,12 @@ def test_fma_counted_zero_products_over_ties_and_signed_zeros(small_chunks, fmt)
     b = np.float32([0.0, -0.0, 0.0, 0.0, -0.0, 0.0, -0.0, 0.0, 2.0 ** -30, 0.0] * 13)
     for a in (ops.scalar(0.5), ops.scalar(-0.25), ops.scalar(0.0)):
         with np.errstate(invalid="ignore"):
-            out, moved, kept = ops.fma_counted(a, b, c)
+            out, moved, kept = ops.fma_counted(a, _on(b), _on(c))
             expected = _reference(ops, a, b, c)
-        assert _bits(out).tolist() == _bits(expected).tolist(), (fmt, float(a))
-        assert _bits(ops.fma(a, b, c)).tolist() == _bits(expected).tolist()
-        mask = Update(expected, b, a, None).moved()
-        assert (moved, kept) == (int(mask.sum()), int((mask & (expected == c)).sum()))
+        assert _bits(out).tolist() == _bits(expected).tolist(), (fmt, float(host(a)))
+        assert _bits(ops.fma(a, _on(b), _on(c))).tolist() == _bits(expected).tolist()
+        mask = host(Update(expected, _on(b), a, None).moved())
+        assert (moved, kept) == (int(mask.sum()), int((mask & (host(expected) == c)).sum()))
 
 
 def test_joined_overflow_check_is_per_element_only():
