@@ -51,10 +51,21 @@ def trajectory_hash(rule, master, fmts, clip, scaler, steps=6, size=None) -> str
     return digest.hexdigest()[:16]
 
 
+def host(x):
+    """An engine array (or scalar) as a host NumPy array; host data as it is."""
+    return backend.to_numpy(x) if backend.is_array(x) else np.asarray(x)
+
+
+def on(x):
+    """Host data as a backend array of the same dtype (engine internals take these)."""
+    x = np.asarray(x)
+    return backend.asarray(x, getattr(backend.xp, x.dtype.name))
+
+
 def _nan_blind_bytes(array) -> bytes:
     """The array's bytes with every NaN made the same NaN: the sign of a NaN that inf * 0
     makes is the machine's (x86 sets it, ARM does not), so the pinned hashes leave it out."""
-    array = np.array(array)
+    array = np.array(host(array))
     if array.dtype.kind == "f":
         array[np.isnan(array)] = np.nan
     return array.tobytes()
@@ -114,7 +125,7 @@ from fpsim.scaling import ScalerState, check_overflow, unscale  # noqa: E402
 
 
 def _grads(*values):
-    return [np.float32(v) for v in values]
+    return [on(np.float32(v)) for v in values]
 
 
 def test_find_overflow_reports_and_updates_the_scaler_state():
@@ -132,7 +143,7 @@ def test_find_overflow_sums_each_scaled_gradient_for_the_sum_test():
     update's layout joined them: two of sum 2e38 overflow nothing, joined they would."""
     state = preset("deepspeed", overflow_check="sum").init()
     scaled = _grads([1e38, 1e38], [1e38, 1e38])
-    joined = StepData((np.concatenate(scaled),), tuple(scaled), state)
+    joined = StepData((backend.xp.concatenate(scaled),), tuple(scaled), state)
     assert check_overflow([joined.grads[0]], state)
     assert not find_overflow().update(joined, EmptyState())[0].found_inf
 
@@ -146,11 +157,11 @@ def test_skip_on_overflow_follows_the_scaler_and_the_chain_stops_there():
     states = steps.init(named)
     params = Params((w,), states[-1].values)
     step, after = steps.update(StepData.of(_grads([np.inf, 1.0]), state), states, params)
-    assert step.skipped and step.grads[0][0] == np.inf and step.new == ()
+    assert step.skipped and host(step.grads[0])[0] == np.inf and step.new == ()
     assert after[3] is states[3] and after[4] is states[4]     # later states kept as they were
-    assert w.data.tolist() == [1.0, 2.0]
+    assert backend.to_list(w.data) == [1.0, 2.0]
     step, after = steps.update(StepData.of(_grads([1024.0, -2048.0]), state), states, params)
-    assert not step.skipped and after[3].count == 1 and w.data.tolist() == [0.0, 4.0]
+    assert not step.skipped and after[3].count == 1 and backend.to_list(w.data) == [0.0, 4.0]
     alone, _ = skip_on_overflow().update(StepData.of([])._replace(found_inf=True),
                                          EmptyState())
     assert not alone.skipped                                  # no scaler: nothing skipped
@@ -158,13 +169,13 @@ def test_skip_on_overflow_follows_the_scaler_and_the_chain_stops_there():
 
 def test_unscale_gradients_is_the_scalers_unscale_and_writes_nothing():
     grads = _grads([3.0, -0.0, 2.0 ** -149], [np.inf])
-    before = [g.copy() for g in grads]
+    before = [backend.copy(g) for g in grads]
     for scaler in (preset("torch"), preset("keras3")):
         state = ScalerState(scaler=scaler, scale=3.0)
         step, _ = unscale_gradients().update(StepData.of(grads, state), EmptyState())
         for got, expected in zip(step.grads, unscale(grads, state)):
-            assert same_bits(got, expected)
-        assert all(same_bits(g, b) for g, b in zip(grads, before))
+            assert same_bits(host(got), host(expected))
+        assert all(same_bits(host(g), host(b)) for g, b in zip(grads, before))
     step = StepData.of(grads)
     assert unscale_gradients().update(step, EmptyState())[0] is step     # no scaler
 
@@ -173,8 +184,10 @@ def test_measure_global_norm_is_the_correctly_rounded_norm():
     rng = np.random.default_rng(1)
     grads = [(rng.standard_normal(n) * 2.0 ** rng.integers(-30, 30)).astype(np.float32)
              for n in (5, 300, 1)]
+    grads = [on(g) for g in grads]
     step, _ = measure_global_norm().update(StepData.of(grads), EmptyState())
-    assert same_bits(np.float32(step.grad_norm), np.float32(exact_global_norm(grads)))
+    assert same_bits(np.float32(host(step.grad_norm)),
+                     np.float32(host(exact_global_norm(grads))))
 
 
 @pytest.mark.parametrize("max_norm,clipped", [(1.0, True), (5.0, True), (5.000005, False),
@@ -185,14 +198,15 @@ def test_clip_by_global_norm_is_torchs_rule(max_norm, clipped):
     grads = _grads([3.0, 0.0], [-4.0])
     step, _ = clip_by_global_norm(max_norm).update(StepData.of(grads), EmptyState())
     coef = np.float32(max_norm) / (np.float32(5.0) + np.float32(1e-6))
-    assert step.clipped is clipped and float(step.grad_norm) == 5.0
+    assert step.clipped is clipped and float(host(step.grad_norm)) == 5.0
     if clipped:
-        assert all(same_bits(g, x * coef) for g, x in zip(step.grads, grads))
+        assert all(same_bits(host(g), host(x) * coef) for g, x in zip(step.grads, grads))
     else:
         assert all(g is x for g, x in zip(step.grads, grads))
-    measured = StepData.of(grads)._replace(grad_norm=np.float32(10.0))   # the norm given
+    measured = StepData.of(grads)._replace(
+        grad_norm=backend.scalar(10.0, backend.xp.float32))          # the norm given
     step, _ = clip_by_global_norm(5.0).update(measured, EmptyState())
-    assert step.grad_norm == 10.0 and step.grads[0][0] == np.float32(3.0) * (
+    assert host(step.grad_norm) == 10.0 and host(step.grads[0])[0] == np.float32(3.0) * (
         np.float32(5.0) / (np.float32(10.0) + np.float32(1e-6)))
 
 
@@ -209,9 +223,10 @@ def test_apply_rule_is_the_rule_per_parameter_or_flat(rule, master):
     same bits, the state of each parameter a view of the flat state."""
     from fpsim.optim.flat import join
     rng = np.random.default_rng(2)
-    params = [Tensor(Arith("bf16").round(rng.standard_normal(s)), "bf16") for s in ((2, 3), (4,))]
+    params = [Tensor(Arith("bf16").round(on(rng.standard_normal(s))), "bf16")
+              for s in ((2, 3), (4,))]
     named = [(str(i), p) for i, p in enumerate(params)]
-    grads = [Arith("bf16").round(rng.standard_normal(p.shape)) for p in params]
+    grads = [Arith("bf16").round(on(rng.standard_normal(p.shape))) for p in params]
     transform = apply_rule(rule, master)
     state = transform.init(named)
     stored = tuple(p.data for p in params)
@@ -219,7 +234,7 @@ def test_apply_rule_is_the_rule_per_parameter_or_flat(rule, master):
     for count in (1, 2):
         step, state = transform.update(StepData.of(grads), state, Params(tuple(params), stored))
         assert state.count == count and state.flat is None
-        assert [new.shape for new in step.new] == [p.shape for p in params]
+        assert [tuple(new.shape) for new in step.new] == [p.shape for p in params]
         stored = step.new
     expected = [rule.apply(ops, s, g, rule.init(s), 1).param for s, g in
                 zip((p.data for p in params), grads)]
@@ -228,18 +243,19 @@ def test_apply_rule_is_the_rule_per_parameter_or_flat(rule, master):
     step, flat_state = together.update(joined_step, together.init(named),
                                        Params(tuple(params), (join([p.data for p in params]),),
                                               Arith(master or "bf16").fmt))
-    assert same_bits(step.new[0], join(expected)) and flat_state.count == 1
+    assert same_bits(host(step.new[0]), host(join(expected))) and flat_state.count == 1
     for per_parameter, p in zip(flat_state.states, params):
         for value, whole in zip(per_parameter, flat_state.flat):
-            assert value is None or (value.shape == p.shape and np.shares_memory(value, whole))
+            assert value is None or (tuple(value.shape) == p.shape
+                                     and backend.xp.shares_memory(value, whole))
 
 
 def test_count_lost_updates_counts_moved_and_unchanged_elements():
     from fpsim.optim import Update
-    stored = np.float32([1.0, 1.0, 2.0, 0.0, 5.0])
-    direction = np.float32([1.0, 2.0 ** -30, 0.0, np.nan, -1.0])
-    new = np.float32([0.5, 1.0, 2.0, np.nan, 5.5])
-    result = Update(new, direction, np.float32(-0.5), None)
+    stored = on(np.float32([1.0, 1.0, 2.0, 0.0, 5.0]))
+    direction = on(np.float32([1.0, 2.0 ** -30, 0.0, np.nan, -1.0]))
+    new = on(np.float32([0.5, 1.0, 2.0, np.nan, 5.5]))
+    result = Update(new, direction, on(np.float32(-0.5)), None)
     step = StepData.of([])._replace(new=(new,), results=(result,))
     step, _ = count_lost_updates().update(step, EmptyState(), Params((), (stored,)))
     assert (step.updates, step.lost_updates) == (4, 1)      # 2**-31 under 1's half ulp
@@ -254,17 +270,17 @@ def test_write_back_keeps_masters_and_rounds_the_weights():
     named = [("a", w16), ("b", w32)]
     transform = write_back("fp32")
     state = transform.init(named)
-    assert [m.tolist() for m in state.values] == [[1.0, 2.0], [3.0]]
-    assert not np.shares_memory(state.values[1], w32.data)                # copies
-    new = (np.float32([1 + 2.0 ** -12, 2.0]), np.float32([3.5]))
+    assert [backend.to_list(m) for m in state.values] == [[1.0, 2.0], [3.0]]
+    assert not backend.xp.shares_memory(state.values[1], w32.data)        # copies
+    new = (on(np.float32([1 + 2.0 ** -12, 2.0])), on(np.float32([3.5])))
     step = StepData.of([])._replace(new=new)
     _, state = transform.update(step, state, Params((w16, w32), state.values))
     assert state.values == new and state.flat is None
-    assert w16.data.tolist() == [1.0, 2.0] and w32.data is new[1]        # fp16 rounds; fp32 is
+    assert backend.to_list(w16.data) == [1.0, 2.0] and w32.data is new[1]  # fp16 rounds
     signalling = np.float32([0.0]).view(np.uint32) | np.uint32(0x7F800001)
-    _, state = transform.update(step._replace(new=(new[0], signalling.view(np.float32))),
+    _, state = transform.update(step._replace(new=(new[0], on(signalling.view(np.float32)))),
                                 state, Params((w16, w32), state.values))
-    assert w32.data is not state.values[1] and np.isnan(w32.data[0])     # NaN: round_to
+    assert w32.data is not state.values[1] and np.isnan(host(w32.data)[0])  # NaN: round_to
     with pytest.raises(ValueError, match="'x' .* does not fit the master format"):
         write_back("fp16").init([("x", Tensor(np.float32([0.1]), "fp32"))])
     plain = write_back(None)
@@ -280,18 +296,20 @@ def test_the_chain_states_are_frozen():
     w.grad = Tensor(np.float32([1.0, 2.0]), "fp32")
     optimizer.step()
     before = optimizer.chain_state
-    copies = [(s.count, [a.copy() for st in s.states for a in st]) if isinstance(s, RuleState)
-              else [v.copy() for v in getattr(s, "values", ())] for s in before]
+    copies = [(s.count, [backend.copy(a) for st in s.states for a in st])
+              if isinstance(s, RuleState)
+              else [backend.copy(v) for v in getattr(s, "values", ())] for s in before]
     for _ in range(3):
         optimizer.step()
     assert optimizer.chain_state is not before and optimizer.step_count == 4
     for s, copied in zip(before, copies):
         if isinstance(s, RuleState):
             assert s.count == copied[0]
-            assert all(same_bits(a, c) for a, c in
+            assert all(same_bits(host(a), host(c)) for a, c in
                        zip((a for st in s.states for a in st), copied[1]))
         else:
-            assert all(same_bits(v, c) for v, c in zip(getattr(s, "values", ()), copied))
+            assert all(same_bits(host(v), host(c))
+                       for v, c in zip(getattr(s, "values", ()), copied))
     kinds = [type(t).__name__ for t in optimizer.transform.transforms]
     assert kinds == ["FindOverflow", "SkipOnOverflow", "UnscaleGradients",
                      "MeasureGlobalNorm", "ClipByGlobalNorm", "ApplyRule",
