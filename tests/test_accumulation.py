@@ -11,15 +11,37 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from fpsim import backend
+from fpsim.exact import accumulation
 from fpsim.exact.exact_dots import exact_matmul, exact_rows_sum
 from fpsim.exact.sums import round_to_odd_sum
 from fpsim.exact.accumulation import (Accumulation, BlockedAccumulation, ExactAccumulation,
-                                     SequentialAccumulation, get_accumulation, matmul, reduce_sum,
-                                     tensor_core)
+                                     SequentialAccumulation, get_accumulation, tensor_core)
 from fpsim.formats import BF16, FP16, FP32, get
 from fpsim.rounding import round_to
 
 gmpy2 = pytest.importorskip("gmpy2")
+
+
+# --- the code under test, host arrays in (the public functions take them) and out ---------
+
+def matmul(a, b, **options) -> np.ndarray:
+    """``accumulation.matmul``, its float32 result brought to the host."""
+    out = accumulation.matmul(a, b, **options)
+    assert out.dtype == backend.xp.float32
+    return backend.to_numpy(out)
+
+
+def reduce_sum(x, *args, **options) -> np.ndarray:
+    """``accumulation.reduce_sum``, its float32 result brought to the host."""
+    out = accumulation.reduce_sum(x, *args, **options)
+    assert out.dtype == backend.xp.float32
+    return backend.to_numpy(out)
+
+
+def dev(x, dtype=backend.xp.float32):
+    """A host array as a backend array, for the engine's internals."""
+    return backend.asarray(x, dtype)
 
 
 # --- oracles written here, independent of the code under test ----------------------------
@@ -192,12 +214,14 @@ def adversarial_batch(rng):
 def test_fast_path_and_forced_fallback_give_identical_bits(acc):
     rng = np.random.default_rng(11)
     a, b = adversarial_batch(rng)
-    fast, fallbacks = exact_matmul(a, b, acc)
-    slow, forced = exact_matmul(a, b, acc, force_fallback=True)
+    fast, fallbacks = exact_matmul(dev(a), dev(b), acc)
+    slow, forced = exact_matmul(dev(a), dev(b), acc, force_fallback=True)
+    fast, slow = backend.to_numpy(fast), backend.to_numpy(slow)
     assert forced == fast.size and fallbacks < fast.size
     assert same_bits(fast, slow)
-    rows = a.reshape(-1, a.shape[-1])
-    assert same_bits(exact_rows_sum(rows, acc)[0], exact_rows_sum(rows, acc, force_fallback=True)[0])
+    rows = dev(a.reshape(-1, a.shape[-1]))
+    assert same_bits(backend.to_numpy(exact_rows_sum(rows, acc)[0]),
+                     backend.to_numpy(exact_rows_sum(rows, acc, force_fallback=True)[0]))
 
 
 def test_fast_path_with_specials_matches_fallback():
@@ -205,16 +229,16 @@ def test_fast_path_with_specials_matches_fallback():
     a, b = adversarial_batch(rng)
     a[0, 3, 5], a[1, 4, 0], b[2, 7, 2], b[0, 1, 1] = np.inf, np.nan, -np.inf, 0.0
     with np.errstate(invalid="ignore"):
-        fast, _ = exact_matmul(a, b, FP32)
-        slow, _ = exact_matmul(a, b, FP32, force_fallback=True)
-    assert same_bits(fast, slow)
+        fast, _ = exact_matmul(dev(a), dev(b), FP32)
+        slow, _ = exact_matmul(dev(a), dev(b), FP32, force_fallback=True)
+    assert same_bits(backend.to_numpy(fast), backend.to_numpy(slow))
 
 
 def test_round_to_odd_sum_against_fractions():
     rng = np.random.default_rng(13)
     terms = rng.standard_normal((50, 30)) * 2.0 ** rng.integers(-300, 300, (50, 30))
     terms[:10, 15:] = -terms[:10, :15]
-    got = round_to_odd_sum(terms)
+    got = backend.to_numpy(round_to_odd_sum(dev(terms, backend.xp.float64)))
     for row, value in zip(terms, got):
         exact_sum = sum((Fraction(t) for t in row), Fraction(0))
         assert Fraction(float(value)) == exact_sum or (
@@ -347,7 +371,7 @@ def test_blocked_reproduces_fhmp_v100_observations():
     one4 = f32([1, 1, 1, 1])
 
     def fma(c, a, b):
-        return float(v100.block_fma(f32(c), f32(a), f32(b)))
+        return float(backend.to_numpy(v100.block_fma(f32(c), f32(a), f32(b))))
 
     assert fma(0, one4, [2, h + h / 2, 0, 0]) == 2.0             # round down (positive)
     assert fma(0, one4, [-2, -h - h / 2, 0, 0]) == -2.0          # round up (negative)
@@ -361,7 +385,8 @@ def test_blocked_reproduces_fhmp_v100_observations():
     assert fma(-1 - 2 * h - h, one4, -one4) == -5.0
     # One extra bit (A100) keeps the 2**-24 that V100 loses.
     a100 = BlockedAccumulation.a100()
-    assert float(a100.block_fma(f32(-(1 - 2.0 ** -24)), f32([1.0]), f32([1.0]))) == 2.0 ** -24
+    assert float(backend.to_numpy(a100.block_fma(f32(-(1 - 2.0 ** -24)), f32([1.0]),
+                                                f32([1.0])))) == 2.0 ** -24
 
 
 def test_blocked_exact_blocks_on_ties_and_cancellation():
@@ -413,7 +438,7 @@ def test_blocked_large_block_with_many_alignment_bits_is_exact(bits):
                              FP32.emin)
     assert want == (8192 + 2.0 ** -10 if bits == 40 else 8192.0)
     assert float(reduce_sum(x, out_fmt="fp32", model=model)) == want
-    assert float(model.block_fma(f32(0), x, f32(1))) == want
+    assert float(backend.to_numpy(model.block_fma(f32(0), x, f32(1)))) == want
     rows = np.stack([x, -x, np.zeros_like(x)])
     assert reduce_sum(rows, axis=-1, out_fmt="fp32", model=model).tolist() == [want, -want, 0]
 
@@ -565,9 +590,9 @@ def test_lowest_bit_exponent_against_fractions():
                 for f in (abs(Fraction(float(v))) for v in row) if f != 0]
         return min(exps, default=2000)
 
-    got = _lowest_bit_exponent(x, axis=1).tolist()
+    got = backend.to_list(_lowest_bit_exponent(dev(x), axis=1))
     want = [lowest(r) for r in x]
     assert all(g in (w, w - 1) for g, w in zip(got, want))        # a bound, at most 1 low
     assert sum(g == w for g, w in zip(got, want)) >= 36
     powers = f32([[1.0, 2.0, 0.0], [0.5, 2.0 ** -149, 1.5]])
-    assert _lowest_bit_exponent(powers, axis=1).tolist() in ([0, -149], [-1, -149])
+    assert backend.to_list(_lowest_bit_exponent(dev(powers), axis=1)) in ([0, -149], [-1, -149])
