@@ -17,6 +17,12 @@ T, F = True, False
 S, K, M = 2.0 ** 16, 2.0 ** 15, 2.0 ** 32
 
 
+def on(x):
+    """Host data as a backend array of the same dtype (what the engine hands the scalers)."""
+    x = np.asarray(x)
+    return backend.asarray(x, getattr(backend.xp, x.dtype.name))
+
+
 def scales(name_or_scaler, flags, **overrides):
     scaler = (preset(name_or_scaler, **overrides) if isinstance(name_or_scaler, str)
               else name_or_scaler)
@@ -147,7 +153,7 @@ def test_static_and_none_share_the_protocol():
     none = trajectory(NoScaler(), [T, F])
     assert [s.scale for s in none] == [1.0] * 3 and none[-1].total_overflows == 1
     assert none[1].total_skips == 0 and NoScaler(skip_on_overflow=True).init().update(T).skipped
-    assert unscale(np.float32([3.0]), none[1])[0] == 3.0
+    assert backend.to_list(unscale(on(np.float32([3.0])), none[1])) == [3.0]
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, math.nan, math.inf, 1e39, 1e-50])
@@ -214,10 +220,10 @@ def test_scale_loss_rounds_once_to_the_format():
     out = scale_loss(backend.asarray(np.float32([0.5, 2.0, 1.0]), backend.xp.float32), state,
                      "fp16")
     assert backend.to_list(out) == [32768.0, math.inf, math.inf]  # opmath float32, then float16
-    assert scale_loss(np.float32(3.0), state) == np.float32(196608.0)
+    assert backend.to_numpy(scale_loss(on(np.float32(3.0)), state)) == np.float32(196608.0)
     assert scale_loss(1.5, preset("deepspeed", init_scale=1000.1).init()) == 1.5 * 1000.1
     with pytest.raises(TypeError, match="float32 or float64"):
-        scale_loss(np.array([1, 2]), state)
+        scale_loss(on(np.array([1, 2], np.int64)), state)
 
 
 def test_unscale_keeps_structure_and_inputs():
@@ -257,19 +263,19 @@ def test_reciprocal_via_float64_equals_float32_division():
 
 
 def test_found_inf_methods_and_check_overflow():
-    assert not found_inf([np.float32([1.0, 2.0]), np.float64([3.0])])
-    assert found_inf(np.float32([1.0, np.nan]))
-    assert found_inf((np.float32([1.0]), np.float32([-np.inf])))
-    big = np.float32([3e38, 3e38])
+    assert not found_inf([on(np.float32([1.0, 2.0])), on(np.float64([3.0]))])
+    assert found_inf(on(np.float32([1.0, np.nan])))
+    assert found_inf((on(np.float32([1.0])), on(np.float32([-np.inf]))))
+    big = on(np.float32([3e38, 3e38]))
     assert not found_inf(big) and found_inf(big, "sum")
     assert check_overflow(big, preset("deepspeed").init())
     assert not check_overflow(big, preset("torch").init())
-    assert found_inf(np.float32([np.inf, -np.inf]), "sum")
+    assert found_inf(on(np.float32([np.inf, -np.inf])), "sum")
     with pytest.raises(ValueError, match="nonfinite"):
         found_inf(big, "any")
     tf_state = preset("tf-keras").init()
-    assert check_overflow([np.float32([1.0]), np.float32([np.inf])], tf_state)
-    assert not check_overflow(np.float32([65504.0 * K]), tf_state, "fp16")
+    assert check_overflow([on(np.float32([1.0])), on(np.float32([np.inf]))], tf_state)
+    assert not check_overflow(on(np.float32([65504.0 * K])), tf_state, "fp16")
 
 
 @pytest.mark.numpy_only
