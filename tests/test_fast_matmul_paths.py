@@ -178,7 +178,8 @@ def test_widening_with_norms_and_quanta_in_chunks(order, axis, shape):
         assert np.array_equal(wide, x.astype(np.float64))
         exact = np.sqrt(np.sum(x.astype(np.float64) ** 2, axis=axis))
         assert np.allclose(norms, exact, rtol=1e-13, atol=0)
-        assert (line_q is None) if not quanta else np.array_equal(line_q, host(line_quanta(dev(x), axis)))
+        assert (line_q is None) if not quanta else np.array_equal(
+            line_q, host(line_quanta(dev(x), axis)))
 
 
 def test_fp32_open_ends_agree_with_the_certificate():
@@ -273,7 +274,7 @@ def test_line_quanta_divide_every_element():
                 mantissa, exponent = np.frexp(q)
                 assert np.all(mantissa == 0.5)                             # powers of two
                 assert np.all(np.fmod(arr.astype(np.float64), np.expand_dims(q, axis)) == 0)
-                reference = host(lowest_bit_exponent(dev(arr), axis))                 # the general path's
+                reference = host(lowest_bit_exponent(dev(arr), axis))     # the general path's
                 assert np.all((reference >= 2000) | (exponent - 1 >= reference))
                 assert np.all(q[np.all(arr == 0, axis=axis)] == 1.0)
 

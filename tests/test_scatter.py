@@ -71,4 +71,5 @@ def test_embedding_gradient_matches_add_at_in_fp16():
     (rows * Tensor(seed_grad, "fp16")).sum().backward()
     expected = np.zeros((7, 3))
     np.add.at(expected, index, round_to(seed_grad.astype(np.float64), "fp16").astype(np.float64))
-    assert np.array_equal(backend.to_numpy(table.grad.data), round_to(expected, "fp16").astype(np.float32))
+    assert np.array_equal(backend.to_numpy(table.grad.data),
+                          round_to(expected, "fp16").astype(np.float32))
