@@ -97,12 +97,17 @@ def copyto(dst, src, casting="same_kind"):
 
 
 def reshape(a, shape):
-    return torch.reshape(as_tensor(a), shape_tuple(shape))
+    a, shape = as_tensor(a), shape_tuple(shape)
+    try:
+        return torch.reshape(a, shape)
+    except RuntimeError as err:     # NumPy raises ValueError, which the engine catches
+        raise ValueError(f"cannot reshape array of shape {tuple(a.shape)} into shape "
+                         f"{shape}: {err}") from None
 
 
 def transpose(a, axes=None):
-    a = as_tensor(a)
-    return a.permute(*(reversed(range(a.ndim)) if axes is None else axes))
+    a = as_tensor(a)        # a tuple: permute() of no dims (a 0-d tensor) is refused
+    return a.permute(tuple(reversed(range(a.ndim))) if axes is None else tuple(axes))
 
 
 def expand_dims(a, axis):
@@ -339,7 +344,7 @@ class TorchBackend(Backend):
     def is_contiguous(self, array, order: str = "C") -> bool:
         if order == "C":
             return array.is_contiguous()
-        return array.permute(*reversed(range(array.ndim))).is_contiguous()
+        return array.permute(tuple(reversed(range(array.ndim)))).is_contiguous()
 
     def bitcast(self, array, dtype):
         dtype = torch_dtype(dtype)

@@ -114,9 +114,13 @@ def from_host(value, dtype=None):
     (torch.from_numpy refuses the others); views are copied (asking a broadcast view whether
     it is writeable is itself a NumPy FutureWarning)."""
     array = np.asarray(value, dtype=None if dtype is None else numpy_dtype(dtype))
+    if array.dtype.kind not in "biuf":
+        raise TypeError(f"torch tensors hold real numbers (bool, integer, float), not "
+                        f"{array.dtype} data")
     if not (array.flags.owndata and array.flags.c_contiguous and array.flags.writeable
             and array.dtype.isnative):
-        array = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("="), copy=True)
+        # np.array(order="C"), not ascontiguousarray: that makes a 0-d array 1-d
+        array = np.array(array, dtype=array.dtype.newbyteorder("="), order="C", copy=True)
     return torch.from_numpy(array)
 
 
