@@ -277,7 +277,7 @@ def matmul(a, b, *, out_fmt, model: Accumulation | str = ExactAccumulation()) ->
     b2 = b[:, None] if b.ndim == 1 else b
     if a2.shape[-1] != b2.shape[-2]:
         raise ValueError(f"matmul: inner dimensions differ: a has shape {tuple(a.shape)} "
-                         f"(K={a2.shape[-1]}), b has shape {b.shape} (K={b2.shape[-2]})")
+                         f"(K={a2.shape[-1]}), b has shape {tuple(b.shape)} (K={b2.shape[-2]})")
     if a2.ndim == 2 and b2.ndim == 2:
         batch = ()                      # no batch dimensions (the common case: no lookup)
     else:
