@@ -549,14 +549,15 @@ def test_get_accumulation_specs_and_errors():
 
 _SCRIPT = """
 import hashlib, numpy as np
+from fpsim.backend import host_bytes
 from fpsim.exact.accumulation import matmul, reduce_sum
 rng = np.random.default_rng(7)
 a = (rng.standard_normal((96, 300)) * 2.0 ** rng.integers(-20, 20, (96, 300))).astype(np.float32)
 b = rng.standard_normal((300, 160)).astype(np.float32)
 h = hashlib.sha256()
 for model in ("exact", "exact:bf16", "sequential:fp16", "blocked:8:fp32", "h100"):
-    h.update(matmul(a, b, out_fmt="fp32", model=model).tobytes())
-    h.update(reduce_sum(a, axis=1, out_fmt="bf16", model=model).tobytes())
+    h.update(host_bytes(matmul(a, b, out_fmt="fp32", model=model)))
+    h.update(host_bytes(reduce_sum(a, axis=1, out_fmt="bf16", model=model)))
 print(h.hexdigest())
 """
 

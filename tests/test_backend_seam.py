@@ -170,7 +170,8 @@ def test_choose_backend():
     assert backend.available()[0] == "numpy" and "cupy" not in backend.available()
     with backend.use_backend("numpy") as chosen:
         assert chosen.name == "numpy" and backend.name() == "numpy"
-    with pytest.raises(ValueError, match="unknown backend 'cupy'; available: numpy, numpy-strict"):
+    with pytest.raises(ValueError, match=f"unknown backend 'cupy'; available: "
+                                         f"{', '.join(backend.available())}$"):
         backend.set_backend("cupy")
     assert backend.name() == "numpy"
 
@@ -195,9 +196,19 @@ def test_unknown_backend_under_python_m_fpsim_is_one_line():
                           capture_output=True, text=True)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.splitlines() == [
-        "fpsim: error: FPSIM_BACKEND='cupy' is not a backend of this fpsim; available: numpy, "
-        "numpy-strict (unset FPSIM_BACKEND for numpy; the GPU backends are not part of this "
-        "version)"]
+        f"fpsim: error: FPSIM_BACKEND='cupy' is not a backend of this fpsim; available: "
+        f"{', '.join(backend.available())} (unset FPSIM_BACKEND for numpy; the GPU backends "
+        f"are not part of this version)"]
+
+
+def test_an_optional_backend_without_its_library_says_what_to_install(monkeypatch):
+    monkeypatch.delitem(backend._IMPLEMENTATIONS, "torch", raising=False)   # as without torch
+    with pytest.raises(ValueError, match=r"backend 'torch' needs torch, which is not installed "
+                                         r"here: pip install 'fpsim\[torch\]'"):
+        backend.set_backend("torch")
+    with pytest.raises(ValueError, match=r"FPSIM_BACKEND='Torch': backend 'torch' needs torch"):
+        backend.backend_from_environment("Torch")
+    assert backend.name() == "numpy"
 
 
 @pytest.mark.parametrize("value,chosen", [(None, "numpy"), ("", "numpy"), ("  ", "numpy"),

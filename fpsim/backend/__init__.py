@@ -24,8 +24,9 @@ read. The ``numpy-strict`` backend checks the same at run time, and what other a
 libraries refuse or do differently (``strict.py``).
 
 Which backend: NumPy is the default; ``numpy-strict`` is NumPy underneath with the checks
-above (slow; for testing the engine); ``available()`` lists them, and the GPU backends are
-further implementations of ``Backend``. ``set_backend(name)``, ``use_backend(name)`` (a
+above (slow; for testing the engine); ``torch`` computes on PyTorch CPU tensors with NumPy's
+bits (listed when PyTorch is installed, imported only when chosen; ``torch_backend.py``).
+``available()`` lists them; the GPU backends are further implementations of ``Backend``. ``set_backend(name)``, ``use_backend(name)`` (a
 context manager) or the ``FPSIM_BACKEND`` environment variable (read when fpsim is imported;
 case and surrounding spaces do not matter; unset or empty means numpy) choose one; the choice
 is process-wide, not per thread.
@@ -47,6 +48,7 @@ AttributeError: xp.exp is not in fpsim's kernel namespace (fpsim.backend.NAMESPA
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from contextlib import contextmanager
@@ -67,7 +69,17 @@ __all__ = ["NAMESPACE", "ARRAY_ATTRIBUTES", "DTYPE_KINDS", "HOST_PACKAGES", "HOS
            "scratch", "errstate", "host_rng", "is_generator", "array_text", "versions",
            "CONTAINER", "backend_from_environment", "Tuning", "tuning", "use_tuning"]
 
+def _torch_backend() -> Backend:
+    """The PyTorch CPU backend, imported only when chosen (importing torch takes seconds)."""
+    from .torch_backend import TorchBackend
+    return TorchBackend()
+
+
+# backends that need a library fpsim does not require: name -> (module, how to install it)
+OPTIONAL = {"torch": ("torch", "pip install 'fpsim[torch]' (PyTorch's CPU build)")}
 _IMPLEMENTATIONS = {"numpy": NumpyBackend, "numpy-strict": StrictBackend}
+if importlib.util.find_spec("torch") is not None:
+    _IMPLEMENTATIONS["torch"] = _torch_backend
 CONTAINER = np.float32  # the container of every fpsim Format, on every backend
 
 
@@ -113,7 +125,15 @@ def register_backend(backend_name: str, factory) -> None:
     _IMPLEMENTATIONS[backend_name] = factory
 
 
+def _missing_library(backend_name: str) -> str:
+    module, install = OPTIONAL[backend_name]
+    return (f"backend {backend_name!r} needs {module}, which is not installed here: "
+            f"{install}; available now: {', '.join(available())}")
+
+
 def _make(backend_name: str) -> Backend:
+    if backend_name in OPTIONAL and backend_name not in _IMPLEMENTATIONS:
+        raise ValueError(_missing_library(backend_name))
     if not isinstance(backend_name, str) or backend_name not in _IMPLEMENTATIONS:
         raise ValueError(f"unknown backend {backend_name!r}; available: "
                          f"{', '.join(available())}")
@@ -300,6 +320,8 @@ def backend_from_environment(value: "str | None") -> str:
     """The backend ``FPSIM_BACKEND=value`` chooses: case and surrounding spaces ignored,
     unset or empty meaning numpy; anything else is a ValueError that says what is accepted."""
     chosen = (value or "").strip().lower() or "numpy"
+    if chosen in OPTIONAL and chosen not in _IMPLEMENTATIONS:
+        raise ValueError(f"FPSIM_BACKEND={value!r}: {_missing_library(chosen)}")
     if chosen not in _IMPLEMENTATIONS:
         raise ValueError(f"FPSIM_BACKEND={value!r} is not a backend of this fpsim; available: "
                          f"{', '.join(available())} (unset FPSIM_BACKEND for numpy; the GPU "

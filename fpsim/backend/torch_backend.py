@@ -12,14 +12,14 @@ uint32 / uint64 views as the interface says, and the engine uses only ``& | ^ ~ 
 them (the ``numpy-strict`` backend enforces it). This module holds the kernels and the
 namespace's shape, creation and indexing functions; ``torch_namespace.py`` the arithmetic.
 
-Status (issue 24): not registered in ``fpsim.backend`` yet. What works, with NumPy's bits
-(``tests/test_torch_backend.py``): every namespace function on special values, rounding to
-every format in every mode, Philox, accumulation.matmul under every model, and whole
-training runs (16-mixed, bf16-mixed, 16-true; SGD with momentum, AdamW; dynamic loss
-scaling that backs off and grows). What does not yet: most engine test files fail under it
-on their own NumPy code (``x.astype``, ``x.view(np.uint32)``, ``x.dtype == np.float32``,
-NumPy functions on tensors), and the engine's error messages print shapes as
-``torch.Size([2, 3])`` where the tests expect ``(2, 3)``; neither is in this module.
+Status (issue 24): registered as ``"torch"`` (CPU) when PyTorch is installed. With NumPy's
+bits: every namespace function on special values, rounding to every format in every mode,
+Philox, accumulation.matmul under every model, whole training runs, and the engine's own
+test files (``tests/test_strict_backend.py``'s list, run under ``FPSIM_BACKEND=torch`` by
+``tests/test_torch_backend.py``). Not yet: ``torch:cuda``, ``--backend`` on the CLI, and the
+gpu-marked tests (issue 24's remaining parts). The reductions ``max``/``min`` do not
+reproduce which signed zero or NaN payload NumPy returns on ties (NumPy's own answer depends
+on its SIMD path).
 """
 from __future__ import annotations
 
