@@ -171,13 +171,22 @@ class Backend:
         """``array``'s bits read as ``dtype`` of the same width (a view, no copy)."""
         raise NotImplementedError
 
+    #: each float dtype and the unsigned dtype of its width, as this library names them
+    bit_dtypes: dict = {}
+
     def bits(self, array):
         """float32 (float64) array viewed as its uint32 (uint64) IEEE bit patterns."""
-        raise NotImplementedError
+        uint = self.bit_dtypes.get(array.dtype)
+        if uint is None:
+            raise TypeError(f"bits() takes float32 or float64 arrays, got {array.dtype}")
+        return self.bitcast(array, uint)
 
     def from_bits(self, pattern):
         """uint32 (uint64) array viewed as float32 (float64)."""
-        raise NotImplementedError
+        for flt, uint in self.bit_dtypes.items():
+            if pattern.dtype == uint:
+                return self.bitcast(pattern, flt)
+        raise TypeError(f"from_bits() takes uint32 or uint64 arrays, got {pattern.dtype}")
 
     def round_to(self, x, fmt, mode="nearest_even", *, seed=None, offset=None,
                  subnormals=None, saturate=None, daz=False):

@@ -19,8 +19,6 @@ from .interface import DTYPE_KINDS, NAMESPACE, Backend
 
 __all__ = ["NumpyBackend"]
 
-_UINT_OF = {np.dtype(np.float32): np.uint32, np.dtype(np.float64): np.uint64}
-_FLOAT_OF = {np.dtype(np.uint32): np.float32, np.dtype(np.uint64): np.float64}
 _KINDS = {"bool": "b", "signed integer": "i", "unsigned integer": "u", "integral": "iu",
           "real floating": "f", "numeric": "iuf"}
 assert set(_KINDS) == DTYPE_KINDS
@@ -52,6 +50,8 @@ class NumpyBackend(Backend):
     name = "numpy"
     xp = numpy_namespace()
     container = np.float32
+    bit_dtypes = {np.dtype(np.float32): np.dtype(np.uint32),
+                  np.dtype(np.float64): np.dtype(np.uint64)}
 
     def __init__(self):
         keep_freed_memory()    # NumPy's temporaries live in the host heap (host_memory.py)
@@ -97,18 +97,6 @@ class NumpyBackend(Backend):
         if np.dtype(dtype).itemsize != array.dtype.itemsize:
             raise TypeError(f"bitcast keeps the width: {array.dtype} cannot be read as {dtype}")
         return array.view(dtype)
-
-    def bits(self, array):
-        uint = _UINT_OF.get(array.dtype)
-        if uint is None:
-            raise TypeError(f"bits() takes float32 or float64 arrays, got {array.dtype}")
-        return array.view(uint)
-
-    def from_bits(self, pattern):
-        flt = _FLOAT_OF.get(pattern.dtype)
-        if flt is None:
-            raise TypeError(f"from_bits() takes uint32 or uint64 arrays, got {pattern.dtype}")
-        return pattern.view(flt)
 
     def zero_where(self, mask, values):
         """As an AND with an all-zeros / all-ones mask on float32: five to ten times faster

@@ -340,12 +340,6 @@ class StrictBackend(NumpyBackend):
     def bitcast(self, array, dtype):
         return StrictArray(super().bitcast(_plain(array), dtype))
 
-    def bits(self, array):
-        return StrictArray(super().bits(_plain(array)))
-
-    def from_bits(self, pattern):
-        return StrictArray(super().from_bits(_plain(pattern)))
-
     # rounding and Philox: the portable reference (Backend's), checked like engine code,
     # not NumPy's kernels
     round_to = Backend.round_to

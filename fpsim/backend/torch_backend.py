@@ -282,8 +282,6 @@ class TorchNamespace:
             setattr(self, name, value)
 
 
-_UINT_OF = {torch.float32: torch.uint32, torch.float64: torch.uint64}
-_FLOAT_OF = {torch.uint32: torch.float32, torch.uint64: torch.float64}
 _SIGNED = {torch.int8, torch.int16, torch.int32, torch.int64}
 _UNSIGNED = {torch.uint8, torch.uint16, torch.uint32, torch.uint64}
 _KINDS = {"bool": lambda d: d == torch.bool, "signed integer": lambda d: d in _SIGNED,
@@ -299,6 +297,7 @@ class TorchBackend(Backend):
     xp = TorchNamespace()
     container = torch.float32
     device = "cpu"
+    bit_dtypes = {torch.float32: torch.uint32, torch.float64: torch.uint64}
 
     def __init__(self):
         self._local = threading.local()
@@ -351,18 +350,6 @@ class TorchBackend(Backend):
         if dtype.itemsize != array.dtype.itemsize:
             raise TypeError(f"bitcast keeps the width: {array.dtype} cannot be read as {dtype}")
         return array.view(dtype)
-
-    def bits(self, array):
-        uint = _UINT_OF.get(array.dtype)
-        if uint is None:
-            raise TypeError(f"bits() takes float32 or float64 arrays, got {array.dtype}")
-        return array.view(uint)
-
-    def from_bits(self, pattern):
-        flt = _FLOAT_OF.get(pattern.dtype)
-        if flt is None:
-            raise TypeError(f"from_bits() takes uint32 or uint64 arrays, got {pattern.dtype}")
-        return pattern.view(flt)
 
     def scratch(self, slot, dtype, n: int):
         """A per-thread buffer per (slot, dtype), grown to the largest n asked for."""
