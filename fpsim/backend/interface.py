@@ -48,6 +48,8 @@ run on a registered backend gives NumPy's bits).
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..rounding import round_to as host_round_to
 from ..rounding.portable import philox_uniforms_portable, round_to_portable
 from .tuning import Tuning
@@ -125,11 +127,11 @@ class Backend:
 
     def to_list(self, array):
         """The values as (nested) Python floats, ints and bools on the host: a transfer."""
-        raise NotImplementedError
+        return self.to_numpy(array).tolist()
 
     def host_bytes(self, array) -> bytes:
         """The values' bytes in C order, on the host (for hashing a run's data)."""
-        raise NotImplementedError
+        return np.ascontiguousarray(self.to_numpy(array)).tobytes()
 
     def astype(self, array, dtype, copy: bool = True):
         """``array`` converted to ``dtype`` (IEEE round to nearest even between floats); with

@@ -66,12 +66,6 @@ class NumpyBackend(Backend):
     def is_array(self, obj) -> bool:
         return isinstance(obj, np.ndarray)
 
-    def to_list(self, array):
-        return np.asarray(array).tolist()
-
-    def host_bytes(self, array) -> bytes:
-        return np.ascontiguousarray(array).tobytes()
-
     def astype(self, array, dtype, copy: bool = True):
         return array.astype(dtype, copy=copy)
 

@@ -312,12 +312,6 @@ class StrictBackend(NumpyBackend):
     def is_array(self, obj) -> bool:
         return isinstance(obj, StrictArray)
 
-    def to_list(self, array):
-        return super().to_list(_plain(array))
-
-    def host_bytes(self, array) -> bytes:
-        return super().host_bytes(_plain(array))
-
     def astype(self, array, dtype, copy: bool = True):
         result = _plain(array).astype(dtype, copy=copy)
         return array if result is _plain(array) else StrictArray(result)

@@ -313,12 +313,6 @@ class TorchBackend(Backend):
     def is_array(self, obj) -> bool:
         return isinstance(obj, torch.Tensor)
 
-    def to_list(self, array):
-        return self.to_numpy(array).tolist()
-
-    def host_bytes(self, array) -> bytes:
-        return np.ascontiguousarray(self.to_numpy(array)).tobytes()
-
     def astype(self, array, dtype, copy: bool = True):
         # float -> float casts between float32 and float64 round to nearest even in torch as
         # in NumPy (tests/test_torch_backend.py); no float16 casts are made by the engine
