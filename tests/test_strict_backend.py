@@ -51,6 +51,9 @@ def strict():
     ("x[0] = backend.asarray([2.0], xp.float64)[0]", "assigns float64 values into a float32"),
     ("import numpy\nresult = numpy.asarray(x)", "implicitly"),
     ("result = xp.where(x, x, x)", "condition is not a bool array"),
+    ("result = x / 3.0", "divides with a Python or NumPy scalar"),
+    ("result = 3.0 / x", "divides with a Python or NumPy scalar"),
+    ("x /= 3", "divides with a Python or NumPy scalar"),
 ])
 def test_each_rule_refuses_in_engine_code(strict, source, rule):
     values = {"x": backend.asarray([1.0, 2.0]), "i": backend.asarray([1, 2], backend.xp.int64),
@@ -67,7 +70,8 @@ def test_what_every_library_allows_passes(strict):
     result = _in_engine("result = (xp.reshape(x, (2, 1)).T * 2.0 + x[0], x.shape, x.ndim, "
                         "x.dtype, backend.size(x), float(xp.sum(x)), backend.astype(x, "
                         "xp.float64) + backend.asarray([1.0], xp.float64), (u & 0x7FFFFFFF) "
-                        "== u, ~u | u ^ u)", x=x, u=u)
+                        "== u, ~u | u ^ u, xp.divide(x, 3.0), x / backend.scalar(3.0, "
+                        "xp.float32), xp.divide(3.0, x), x / x)", x=x, u=u)
     assert isinstance(result[0], StrictArray) and result[1:6] == ((2,), 1, np.float32, 2, 3.0)
 
 

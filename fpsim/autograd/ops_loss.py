@@ -42,7 +42,7 @@ _REDUCTIONS = ("mean", "sum", "none")
 
 def _reduce(values, reduction):
     if reduction == "mean":
-        return xp.asarray(xp.sum(values) / backend.size(values))   # numpy.mean's bits
+        return xp.asarray(xp.divide(xp.sum(values), backend.size(values)))   # numpy.mean's bits
     if reduction == "sum":
         return xp.asarray(xp.sum(values))
     return values
@@ -136,7 +136,7 @@ def cross_entropy(logits, labels, reduction: str = "mean") -> Tensor:
             if reduction == "none":
                 d *= g64[:, None]
             else:
-                d *= g64 / n if reduction == "mean" else g64
+                d *= xp.divide(g64, n) if reduction == "mean" else g64
         return (round_array(d, logits.grad_fmt),)
 
     return record(out, fmt, (logits,), backward, "cross_entropy")
@@ -165,7 +165,7 @@ def mse_loss(pred, target, reduction: str = "mean") -> Tensor:
     def backward(g, g_fmt):
         g64 = backend.astype(g, xp.float64)
         with xp.errstate(over="ignore", under="ignore"):
-            d = 2.0 * diff * (g64 / n if reduction == "mean" else g64)
+            d = 2.0 * diff * (xp.divide(g64, n) if reduction == "mean" else g64)
         dp = round_array(d, pred.grad_fmt) if pred.requires_grad else None
         dt = round_array(-d, target.grad_fmt) if target.requires_grad else None
         return dp, dt

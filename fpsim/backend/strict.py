@@ -16,6 +16,10 @@ but engine code (``interface.is_engine_module``) that does any of these gets a
   signed with unsigned integer arrays (NumPy gives float64), or does arithmetic on bools;
 - assigns an array of another dtype into an indexed array (``a32[i] = b64``: NumPy casts
   silently, torch refuses);
+- divides with an array operator and a Python or NumPy scalar operand (``x / 3.0``,
+  ``3.0 / x``): torch on CUDA computes ``x / c`` as ``x * (1/c)`` and every torch device
+  ``c / x`` as ``reciprocal(x) * c``, two roundings (``xp.divide`` and ``backend.scalar``
+  operands divide once);
 - converts an array to a host NumPy array implicitly (``numpy.asarray(x)``, the buffer
   protocol): only ``fpsim.backend.to_numpy`` / ``to_list`` / ``host_bytes`` transfer.
 
@@ -116,6 +120,10 @@ def _check_mix(op: str, operands) -> None:
                           f"float64; torch has no such promotion)")
 
 
+def _is_host_scalar(value) -> bool:
+    return isinstance(value, (int, float, np.generic)) and not isinstance(value, bool)
+
+
 def _call(name: str, fn, args, kwargs):
     seen: dict = {}
     args, kwargs = _unwrap(args, seen), {k: _unwrap(v, seen) for k, v in kwargs.items()}
@@ -159,6 +167,12 @@ def _binary(name: str, ufunc: str, reflected: bool = False, inplace: bool = Fals
         if where:
             try:
                 _check_mix(ufunc, (mine, theirs))
+                if ufunc == "divide" and _is_host_scalar(theirs) and mine.dtype.kind == "f":
+                    raise StrictError(
+                        "an array operator divides with a Python or NumPy scalar operand "
+                        "(torch on CUDA computes x / c as x * (1/c), and c / x is "
+                        "reciprocal(x) * c on every device): use xp.divide or an operand "
+                        "made by backend.scalar(c, dtype)")
             except StrictError as err:
                 raise StrictError(f"{where}: {err}") from None
         if inplace:

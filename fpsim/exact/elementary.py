@@ -189,7 +189,7 @@ def sigmoid(x):
     that exp(-|x|) gives, as before)."""
     x = xp.asarray(x, xp.float64)
     z = exp(-xp.abs(x))
-    return xp.where(x >= 0, 1.0 / (1.0 + z), z / (1.0 + z))
+    return xp.where(x >= 0, xp.divide(1.0, 1.0 + z), z / (1.0 + z))
 
 
 _STEP = 4            # centres j / 4
@@ -218,7 +218,7 @@ def gelu_tail_q(a):
     table = _gelu_table(name())
     centre = xp.rint(a * _STEP)
     j = astype(centre, xp.intp)
-    h = a - centre / _STEP                # j / 4, exact
+    h = a - xp.divide(centre, _STEP)     # j / 4, exact
     acc = table[_DEGREE, j]
     for degree in range(_DEGREE - 1, -1, -1):        # Horner, highest coefficient first
         acc = acc * h + table[degree, j]

@@ -157,7 +157,7 @@ def cr_cross_entropy(logits, labels, reduction, fmt, *, with_log_softmax: bool =
         total = xp.sum(loss)
         bound = (xp.max(eps) if n else 0.0) + 1.01 * max(n - 1, 0) * _U
         if reduction == "mean":
-            total, bound = total / n, bound + _U
+            total, bound = xp.divide(total, n), bound + _U
         total = xp.asarray(total)
         if not (certified(total, bound, fmt) | ~xp.isfinite(total)):
             dvalue = ref.cross_entropy_enclosure([ref.Row(r) for r in logits],
