@@ -55,6 +55,14 @@ CASES = {
     "linear": (lambda x, w, b: ag.linear(x, w, b),
                lambda r: [_rand(r, 2, 3, 4), _rand(r, 5, 4), _rand(r, 5)]),
     "linear_nobias": (lambda x, w: ag.linear(x, w), lambda r: [_rand(r, 3, 4), _rand(r, 2, 4)]),
+    "conv2d": (lambda x, w, b: ag.conv2d(x, w, b, stride=(2, 1), padding=1, dilation=(1, 2)),
+               lambda r: [_rand(r, 2, 2, 5, 6), _rand(r, 3, 2, 3, 2), _rand(r, 3)]),
+    "conv2d_groups": (lambda x, w: ag.conv2d(x, w, groups=2, padding=(2, 0)),
+                      lambda r: [_rand(r, 1, 4, 3, 4), _rand(r, 4, 2, 2, 2)]),
+    "max_pool2d": (lambda x: ag.max_pool2d(x, 3, stride=2, padding=1),
+                   lambda r: [_rand(r, 2, 2, 5, 6)]),
+    "avg_pool2d": (lambda x: ag.avg_pool2d(x, (2, 3), stride=1, padding=(1, 1)),
+                   lambda r: [_rand(r, 2, 2, 4, 5)]),
     "sum_all": (lambda a: a.sum(), lambda r: [_rand(r, 3, 4)]),
     "sum_axis_keepdims": (lambda a: a.sum(axis=1, keepdims=True), lambda r: [_rand(r, 3, 4, 2)]),
     "sum_axes": (lambda a: a.sum(axis=(0, 2)), lambda r: [_rand(r, 3, 4, 2)]),
@@ -135,7 +143,8 @@ def test_gradient_float64_reference(name):
         np.testing.assert_allclose(a, n, rtol=1e-6, atol=1e-7, err_msg=name)
 
 
-FP32_CASES = ["cast", "add_broadcast", "mul_broadcast", "div", "matmul_batched", "linear", "sum_axes",
+FP32_CASES = ["cast", "add_broadcast", "mul_broadcast", "div", "matmul_batched", "linear", "conv2d",
+              "max_pool2d", "avg_pool2d", "sum_axes",
               "mean_axis", "exp", "log", "tanh", "sigmoid", "gelu", "softmax", "log_softmax",
               "getitem_repeated_index", "cross_entropy", "mse_loss", "mlp"]
 

@@ -9,14 +9,15 @@ The categories mirror the op lists of PyTorch autocast ("Automatic Mixed Precisi
 torch.amp", section "Autocast Op Reference", lists "CUDA Ops that can autocast to float16" and
 "CUDA Ops that can autocast to float32"; https://pytorch.org/docs/stable/amp.html):
 
-``matmul``       the float16 list: ``matmul``, ``mm``, ``linear``, ``LSTMCell``... Here: ``matmul``,
-                 ``linear`` (and so the gate products of ``nn.LSTM``).
+``matmul``       the float16 list: ``matmul``, ``mm``, ``linear``, ``conv2d``, ``LSTMCell``...
+                 Here: ``matmul``, ``linear`` (and so the gate products of ``nn.LSTM``),
+                 ``conv2d``.
 ``wide``         the float32 list: ``exp``, ``log``, ``pow``, ``sum``, ``softmax``,
                  ``log_softmax``, norms. Here: ``exp``, ``log``, ``pow``, ``sum``, ``softmax``,
                  ``log_softmax``.
 ``loss``         the losses on the float32 list: ``cross_entropy``, ``mse_loss``.
 ``elementwise``  everything on neither list: add, sub, mul, div, neg, sqrt, tanh, sigmoid,
-                 relu, gelu, max, mean, concatenate, stack. ``mean`` is on neither list, so
+                 relu, gelu, max, mean, max_pool2d, avg_pool2d, concatenate, stack. ``mean`` is on neither list, so
                  under "16-mixed" the mean of an fp16 tensor is fp16 (summed in the
                  accumulation format, divided, rounded once), as in PyTorch.
 

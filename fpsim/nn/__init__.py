@@ -1,6 +1,7 @@
 """Layers on the autograd engine: ``Module`` (named parameters, state dicts), ``Linear``,
-``Embedding``, ``LSTM``, ``Sequential``, activations, the ``MLP`` builder and seeded
-initialisers (``fpsim.nn.init``).
+``Embedding``, ``LSTM``, ``Sequential``, activations, the ``MLP`` builder, image layers
+(``Conv2d``, ``MaxPool2d``, ``AvgPool2d``, ``Flatten``: ``conv.py``) and seeded initialisers
+(``fpsim.nn.init``).
 
 >>> from fpsim import nn
 >>> model = nn.MLP([2, 3, 1], activation="tanh", rng=7)
@@ -9,8 +10,10 @@ initialisers (``fpsim.nn.init``).
 """
 from . import init
 from .layers import ACTIVATIONS, GELU, MLP, Embedding, Linear, ReLU, Sequential, Sigmoid, Tanh
+from .conv import AvgPool2d, Conv2d, Flatten, MaxPool2d
 from .lstm import LSTM
 from .module import Module, parameter
 
 __all__ = ["Module", "parameter", "Linear", "Embedding", "LSTM", "Sequential", "ReLU", "Tanh",
-           "Sigmoid", "GELU", "MLP", "ACTIVATIONS", "init"]
+           "Sigmoid", "GELU", "MLP", "ACTIVATIONS", "Conv2d", "MaxPool2d", "AvgPool2d", "Flatten",
+           "init"]

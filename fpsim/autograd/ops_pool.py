@@ -1,0 +1,142 @@
+"""2-D pooling (NCHW, PyTorch's ``max_pool2d`` and ``avg_pool2d``), each beside its backward.
+
+Both are on neither autocast list (policy ``elementwise``: promote by default, so under
+"16-mixed" an fp16 input gives an fp16 output). ``kernel_size``, ``stride`` (default: the
+kernel) and ``padding`` are an int or (rows, columns); padding is at most half the kernel,
+as PyTorch requires.
+
+- ``max_pool2d`` never rounds: each output is one of its window's values (the padding is
+  -inf, so it is never chosen). The window is read row by row; the output and its gradient
+  go to the first maximal element, or to the last NaN where the window holds a NaN, as
+  PyTorch's CPU kernel (``val > maxval || isnan(val)``) does. Backward: each input element
+  receives the exact sum of the gradients of the windows that chose it (windows overlap when
+  the stride is smaller than the kernel; ``fpsim.exact.scatter_sum``: order-free, so the same
+  bits on every backend), rounded once to its gradient format.
+- ``avg_pool2d`` (PyTorch's defaults: zero padding counted in the divisor, ``kh kw``): the
+  window summed by the accumulation model into fp32, one float32 division by ``kh kw``, one
+  rounding to the output format, as ``mean`` (PyTorch's half kernels: float opmath sum,
+  divide, cast). Backward: each input element's exact sum of the gradients of the windows
+  holding it (``scatter_sum``, correct to 53 bits), divided by ``kh kw`` in float64, rounded
+  once to the gradient format (correctly rounded when ``kh kw`` is a power of two).
+
+>>> from fpsim.autograd import Tensor
+>>> x = Tensor([[[[1.0, 5.0, 2.0, 0.0], [3.0, 4.0, 8.0, 6.0]]]])
+>>> max_pool2d(x, 2).data, avg_pool2d(x, 2).data
+(array([[[[5., 8.]]]], dtype=float32), array([[[[3.25, 4.  ]]]], dtype=float32))
+"""
+from __future__ import annotations
+
+import math
+
+from .. import backend
+from ..backend import xp
+
+from ..exact import scatter_sum
+from ..formats import FP32
+from .accumulate import acc_sum, accumulation_model
+from .numerics import FP64, round_array
+from .ops_conv import conv_output_size, pad_frame, pair, window_values
+from .ops_shape import convert, operands
+from .tensor import Tensor, record, register
+
+__all__ = ["max_pool2d", "avg_pool2d"]
+
+
+def _geometry(x, kernel_size, stride, padding, op):
+    """Checked (kernel, stride, padding, output (P, Q)) for a pooling of ``x``."""
+    if x.ndim != 4:
+        raise ValueError(f"{op} takes an (N, C, H, W) input, got shape {x.shape}")
+    kernel = pair(kernel_size, "kernel_size", 1)
+    stride = kernel if stride is None else pair(stride, "stride", 1)
+    padding = pair(padding, "padding", 0)
+    if any(2 * pad > k for pad, k in zip(padding, kernel)):
+        raise ValueError(f"{op}: padding {padding} must be at most half the kernel {kernel}")
+    out_hw = tuple(conv_output_size(size, k, s, pad, 1) for size, k, s, pad
+                   in zip(x.shape[2:], kernel, stride, padding))
+    if min(out_hw) < 1:
+        raise ValueError(f"{op}: input {x.shape} with padding {padding} is smaller than the "
+                         f"kernel {kernel}")
+    return kernel, stride, padding, out_hw
+
+
+def _windows(padded, kernel, stride, out_hw):
+    """(N, C, P, Q, kh kw): each output's window, read row by row."""
+    rows = range(out_hw[0])
+    return xp.stack([window_values(padded, i, j, rows, out_hw[1], stride, (1, 1))
+                     for i in range(kernel[0]) for j in range(kernel[1])], -1)
+
+
+def _window_positions(padded_shape, kernel, stride, out_hw):
+    """(N, C, P, Q, kh kw) int64: where each window element lies in the flattened padded
+    input."""
+    n, c, hp, wp = padded_shape
+    (kh, kw), (sh, sw), (p, q) = kernel, stride, out_hw
+    offsets = xp.arange(kh * kw)
+    i, j = offsets // kw, offsets % kw
+    planes = xp.reshape(xp.arange(n * c), (n, c, 1, 1, 1))
+    rows = xp.reshape(xp.arange(p) * sh, (1, 1, p, 1, 1)) + xp.reshape(i, (1, 1, 1, 1, -1))
+    cols = xp.reshape(xp.arange(q) * sw, (1, 1, 1, q, 1)) + xp.reshape(j, (1, 1, 1, 1, -1))
+    return (planes * hp + rows) * wp + cols
+
+
+def _scatter_back(positions, values, padded_shape, padding, in_hw):
+    """Float64 (N, C, H, W): the exact (to odd at 53 bits) sum of the ``values`` sent to
+    each input element (``positions`` in the padded frame), padding dropped."""
+    full = xp.reshape(scatter_sum(positions, values, math.prod(padded_shape)), padded_shape)
+    (ph, pw), (h, w) = padding, in_hw
+    return full[:, :, ph:ph + h, pw:pw + w]
+
+
+def _first_max_index(windows):
+    """Index of the first maximal element of each window, or of its last NaN."""
+    last = windows.shape[-1] - 1
+    nan = xp.isnan(windows)
+    reversed_nan = xp.take(nan, xp.arange(last, -1, -1), axis=-1)
+    last_nan = last - xp.argmax(reversed_nan, axis=-1)
+    return xp.where(xp.any(nan, axis=-1), last_nan, xp.argmax(windows, axis=-1))
+
+
+def max_pool2d(x, kernel_size, stride=None, padding=0) -> Tensor:
+    """Largest value of each window (module doc: no rounding; gradient to the first
+    maximal element)."""
+    fmt, (x,) = operands("elementwise", x)
+    kernel, stride, padding, out_hw = _geometry(x, kernel_size, stride, padding, "max_pool2d")
+    padded = pad_frame(x.data, padding, -float("inf"))
+    windows = _windows(padded, kernel, stride, out_hw)
+    index = xp.expand_dims(_first_max_index(windows), -1)
+    out = convert(xp.ascontiguousarray(xp.take_along_axis(windows, index, -1)[..., 0]),
+                  x.fmt, fmt)
+
+    def backward(g, g_fmt):
+        positions = xp.take_along_axis(
+            _window_positions(padded.shape, kernel, stride, out_hw), index, -1)
+        total = _scatter_back(positions, g, padded.shape, padding, x.shape[2:])
+        return (round_array(xp.ascontiguousarray(total), x.grad_fmt),)
+
+    return record(out, fmt, (x,), backward, "max_pool2d")
+
+
+def avg_pool2d(x, kernel_size, stride=None, padding=0, *, accumulation=None) -> Tensor:
+    """Mean of each window, zero padding included in the count (module doc)."""
+    fmt, (x,) = operands("elementwise", x)
+    kernel, stride, padding, out_hw = _geometry(x, kernel_size, stride, padding, "avg_pool2d")
+    count = kernel[0] * kernel[1]
+    padded = pad_frame(x.data, padding)
+    windows = _windows(padded, kernel, stride, out_hw)
+    acc_fmt = FP64 if fmt is FP64 else FP32
+    total = acc_sum(windows, -1, False, acc_fmt, accumulation_model(accumulation))
+    with xp.errstate(over="ignore", under="ignore"):
+        out = round_array(xp.asarray(total / backend.scalar(count, total.dtype)), fmt)
+
+    def backward(g, g_fmt):
+        positions = _window_positions(padded.shape, kernel, stride, out_hw)
+        shares = xp.broadcast_to(xp.expand_dims(g, -1), positions.shape)
+        total = _scatter_back(positions, shares, padded.shape, padding, x.shape[2:])
+        with xp.errstate(under="ignore"):
+            share = total / backend.scalar(count, xp.float64)
+        return (round_array(xp.ascontiguousarray(share), x.grad_fmt),)
+
+    return record(out, fmt, (x,), backward, "avg_pool2d")
+
+
+register(max_pool2d, avg_pool2d)

@@ -1,0 +1,110 @@
+"""Image layers (NCHW, as PyTorch): ``Conv2d``, ``MaxPool2d``, ``AvgPool2d``, ``Flatten``.
+
+Each calls one autograd op (``fpsim.autograd.conv2d``, ``max_pool2d``, ``avg_pool2d``,
+``reshape``), whose module docs say where it rounds; parameters are created in the current
+policy's ``param`` format.
+
+>>> import numpy as np
+>>> from fpsim.autograd import Tensor
+>>> layer = Conv2d(3, 8, 3, padding=1, rng=0)
+>>> [(name, p.shape) for name, p in layer.named_parameters()]
+[('weight', (8, 3, 3, 3)), ('bias', (8,))]
+>>> y = Flatten()(MaxPool2d(2)(layer(Tensor(np.ones((2, 3, 6, 6))))))
+>>> y.shape
+(2, 72)
+"""
+from __future__ import annotations
+
+from ..options import check_count
+
+from .. import autograd as ag
+from ..autograd.ops_conv import pair
+from . import init
+from .module import Module, parameter
+
+__all__ = ["Conv2d", "MaxPool2d", "AvgPool2d", "Flatten"]
+
+
+class Conv2d(Module):
+    """``autograd.conv2d`` with weight (out, in/groups, kh, kw) and bias (out,), both drawn
+    U(+-1/sqrt(fan_in)), fan_in = in/groups kh kw: PyTorch's default (``kaiming_uniform_``
+    with a = sqrt(5) for the weight, the same bound for the bias)."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
+                 dilation=1, groups: int = 1, bias: bool = True, *, rng=None,
+                 accumulation=None):
+        super().__init__()
+        check_count("in_channels", in_channels, 1)
+        check_count("out_channels", out_channels, 1)
+        check_count("groups", groups, 1)
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(f"Conv2d: groups={groups} must divide in_channels "
+                             f"({in_channels}) and out_channels ({out_channels})")
+        self.kernel_size = pair(kernel_size, "kernel_size", 1)
+        self.stride, self.dilation = pair(stride, "stride", 1), pair(dilation, "dilation", 1)
+        self.padding = pair(padding, "padding", 0)
+        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
+        self.accumulation = accumulation
+        rng = init.as_rng(rng)
+        fan_in = in_channels // groups * self.kernel_size[0] * self.kernel_size[1]
+        shape = (out_channels, in_channels // groups) + self.kernel_size
+        self.weight = parameter(init.fan_in_uniform(rng, shape, fan_in))
+        self.bias = (parameter(init.fan_in_uniform(rng, (out_channels,), fan_in))
+                     if bias else None)
+
+    def forward(self, x):
+        return ag.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation,
+                         self.groups, accumulation=self.accumulation)
+
+    def __repr__(self) -> str:
+        return (f"Conv2d({self.in_channels}, {self.out_channels}, "
+                f"kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
+                f"bias={self.bias is not None}, fmt={self.weight.fmt})")
+
+
+class _Pool(Module):
+    op = None
+
+    def __init__(self, kernel_size, stride=None, padding=0):
+        super().__init__()
+        self.kernel_size = pair(kernel_size, "kernel_size", 1)
+        self.stride = self.kernel_size if stride is None else pair(stride, "stride", 1)
+        self.padding = pair(padding, "padding", 0)
+
+    def forward(self, x):
+        return type(self).op(x, self.kernel_size, self.stride, self.padding)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"padding={self.padding})")
+
+
+class MaxPool2d(_Pool):
+    """``autograd.max_pool2d``: no rounding; gradient to the first maximal element."""
+
+    op = staticmethod(ag.max_pool2d)
+
+
+class AvgPool2d(_Pool):
+    """``autograd.avg_pool2d``: window sum in fp32, divided by kh kw, rounded once."""
+
+    op = staticmethod(ag.avg_pool2d)
+
+
+class Flatten(Module):
+    """Axes ``start_dim`` to the last joined into one (a reshape: no rounding)."""
+
+    def __init__(self, start_dim: int = 1):
+        super().__init__()
+        check_count("start_dim", start_dim, 0)
+        self.start_dim = start_dim
+
+    def forward(self, x):
+        if x.ndim <= self.start_dim:
+            raise ValueError(f"Flatten(start_dim={self.start_dim}) needs more than "
+                             f"{self.start_dim} axes, got shape {x.shape}")
+        return ag.reshape(x, x.shape[:self.start_dim] + (-1,))
+
+    def __repr__(self) -> str:
+        return f"Flatten(start_dim={self.start_dim})"
