@@ -63,6 +63,10 @@ CASES = {
                    lambda r: [_rand(r, 2, 2, 5, 6)]),
     "avg_pool2d": (lambda x: ag.avg_pool2d(x, (2, 3), stride=1, padding=(1, 1)),
                    lambda r: [_rand(r, 2, 2, 4, 5)]),
+    "layer_norm": (lambda x, w, b: ag.layer_norm(x, (3, 4), w, b, eps=1e-3),
+                   lambda r: [_rand(r, 2, 3, 4), _rand(r, 3, 4), _rand(r, 3, 4)]),
+    "layer_norm_plain": (lambda x: ag.layer_norm(x, 5), lambda r: [_rand(r, 3, 5)]),
+    "silu": (lambda a: ag.silu(a), lambda r: [_rand(r, 6, low=-6.0, high=6.0)]),
     "sum_all": (lambda a: a.sum(), lambda r: [_rand(r, 3, 4)]),
     "sum_axis_keepdims": (lambda a: a.sum(axis=1, keepdims=True), lambda r: [_rand(r, 3, 4, 2)]),
     "sum_axes": (lambda a: a.sum(axis=(0, 2)), lambda r: [_rand(r, 3, 4, 2)]),
@@ -144,7 +148,7 @@ def test_gradient_float64_reference(name):
 
 
 FP32_CASES = ["cast", "add_broadcast", "mul_broadcast", "div", "matmul_batched", "linear", "conv2d",
-              "max_pool2d", "avg_pool2d", "sum_axes",
+              "max_pool2d", "avg_pool2d", "layer_norm", "silu", "sum_axes",
               "mean_axis", "exp", "log", "tanh", "sigmoid", "gelu", "softmax", "log_softmax",
               "getitem_repeated_index", "cross_entropy", "mse_loss", "mlp"]
 

@@ -5,9 +5,10 @@ themselves stored in a format.
 - ``Tensor`` (``tensor.py``): data, ``fmt``, ``grad_fmt``, ``requires_grad``, ``.grad``,
   ``backward``, ``detach``, ``zero_grad``, ``retain_grad``.
 - Ops (``ops_*.py``), each beside its backward: ``add sub mul div neg pow exp log sqrt tanh
-  sigmoid relu gelu``; ``matmul linear``; ``conv2d`` (``ops_conv.py``: im2col through the same
-  accumulation); ``max_pool2d avg_pool2d`` (``ops_pool.py``); ``sum mean max softmax
-  log_softmax``; ``reshape transpose getitem concatenate stack cast``; ``cross_entropy mse_loss``. The ops import
+  sigmoid silu relu gelu``; ``matmul linear``; ``conv2d`` (``ops_conv.py``: im2col through
+  the same accumulation); ``max_pool2d avg_pool2d`` (``ops_pool.py``); ``layer_norm``
+  (``ops_norm.py``); ``sum mean max softmax log_softmax``; ``reshape transpose getitem
+  concatenate stack cast``; ``cross_entropy mse_loss``. The ops import
   ``tensor.py`` and register with it (``register``); ``Tensor``'s operators and methods call
   the registered ops. Their shared array-level accumulation: ``accumulate.py``.
 - ``Policy`` / ``get_policy`` (``policy.py``): the format of each op category (autocast-like),
@@ -29,12 +30,13 @@ from .context import (current_policy, enable_grad, is_grad_enabled, no_grad,
                       set_default_policy, use_policy)
 from .numerics import FP64
 # Importing the ops modules registers them with Tensor (its operators and methods).
-from .ops_elementwise import (add, div, exp, gelu, log, mul, neg, pow, relu, sigmoid, sqrt,
-                              sub, tanh)
+from .ops_elementwise import (add, div, exp, gelu, log, mul, neg, pow, relu, sigmoid, silu,
+                              sqrt, sub, tanh)
 from .ops_loss import cross_entropy, mse_loss
 from .ops_matmul import linear, matmul
 from .ops_conv import conv2d
 from .ops_pool import avg_pool2d, max_pool2d
+from .ops_norm import layer_norm
 from .ops_reduce import log_softmax, max, mean, softmax, sum
 from .ops_shape import cast, concatenate, getitem, reshape, stack, transpose
 from .policy import PRESETS, Policy, get_policy
@@ -44,6 +46,7 @@ __all__ = [
     "current_policy", "use_policy", "set_default_policy", "no_grad", "enable_grad",
     "is_grad_enabled",
     "add", "sub", "mul", "div", "neg", "pow", "exp", "log", "sqrt", "tanh", "sigmoid", "relu",
-    "gelu", "matmul", "linear", "conv2d", "max_pool2d", "avg_pool2d", "sum", "mean", "max", "softmax", "log_softmax", "reshape",
+    "gelu", "silu", "matmul", "linear", "conv2d", "max_pool2d", "avg_pool2d", "layer_norm",
+    "sum", "mean", "max", "softmax", "log_softmax", "reshape",
     "transpose", "getitem", "concatenate", "stack", "cast", "cross_entropy", "mse_loss",
 ]

@@ -8,7 +8,7 @@ Where each rounds (``fmt`` is the op's output format from the policy, see ``ops_
   with precision p <= 11 bits (fp16, bf16, fp8) the two roundings equal one correct rounding in
   the normal range (double rounding is innocuous when 24 >= 2p + 2). A Python scalar operand is
   converted to float32 first, like PyTorch's opmath scalar.
-- Transcendental ops (exp, log, tanh, sigmoid, gelu): correctly rounded to ``fmt`` from the
+- Transcendental ops (exp, log, tanh, sigmoid, silu, gelu): correctly rounded to ``fmt`` from the
   exact operand values (``fpsim.exact``: a float64 evaluation with + - * / only, certified by
   its error bound, a Decimal fallback for the rare uncertified element), so the bits depend on
   no math library. ``pow`` is still the backend's float64 ``xp.power`` (libm's ``pow`` on
@@ -35,7 +35,7 @@ from .. import backend
 from ..backend import xp
 
 from .numerics import FP64, round_array
-from ..exact import cr_exp, cr_gelu, cr_log, cr_sigmoid, cr_tanh
+from ..exact import cr_exp, cr_gelu, cr_log, cr_sigmoid, cr_silu, cr_tanh, silu64
 from ..exact import elementary
 from .accumulate import accumulation_model as _model
 from .accumulate import sum_to_shape as _unbroadcast
@@ -43,7 +43,7 @@ from .ops_shape import convert, operands
 from .tensor import Tensor, record, register
 
 __all__ = ["add", "sub", "mul", "div", "neg", "pow", "exp", "log", "sqrt", "tanh", "sigmoid",
-           "relu", "gelu"]
+           "silu", "relu", "gelu"]
 
 
 def _is_scalar(v) -> bool:
@@ -237,6 +237,17 @@ def sigmoid(x) -> Tensor:
                   correctly_rounded=cr_sigmoid)
 
 
+def silu(x) -> Tensor:
+    """SiLU (swish), x sigmoid(x), correctly rounded (``fpsim.exact.cr_silu``); on neither
+    autocast list (``elementwise``). Backward: g * s * (1 + x (1 - s)) with s the float64
+    sigmoid (within 2**-48), in float64, rounded once."""
+    def grad(g, d, o):
+        s = elementary.sigmoid(d)
+        return _f64(g) * s * (1.0 + _f64(d) * (1.0 - s))
+
+    return _unary("silu", x, "elementwise", silu64, grad, correctly_rounded=cr_silu)
+
+
 def gelu(x) -> Tensor:
     """Exact GELU, x * Phi(x), correctly rounded (``fpsim.exact``: no erf from libm), as
     PyTorch's default ``approximate='none'`` defines it. PyTorch's float32 kernel,
@@ -250,4 +261,4 @@ def gelu(x) -> Tensor:
                   correctly_rounded=cr_gelu)
 
 
-register(add, sub, mul, div, neg, pow, exp, log, sqrt, tanh, sigmoid, relu, gelu)
+register(add, sub, mul, div, neg, pow, exp, log, sqrt, tanh, sigmoid, silu, relu, gelu)

@@ -13,11 +13,12 @@ torch.amp", section "Autocast Op Reference", lists "CUDA Ops that can autocast t
                  Here: ``matmul``, ``linear`` (and so the gate products of ``nn.LSTM``),
                  ``conv2d``.
 ``wide``         the float32 list: ``exp``, ``log``, ``pow``, ``sum``, ``softmax``,
-                 ``log_softmax``, norms. Here: ``exp``, ``log``, ``pow``, ``sum``, ``softmax``,
-                 ``log_softmax``.
+                 ``log_softmax``, ``layer_norm``, norms. Here: ``exp``, ``log``, ``pow``,
+                 ``sum``, ``softmax``, ``log_softmax``, ``layer_norm``.
 ``loss``         the losses on the float32 list: ``cross_entropy``, ``mse_loss``.
 ``elementwise``  everything on neither list: add, sub, mul, div, neg, sqrt, tanh, sigmoid,
-                 relu, gelu, max, mean, max_pool2d, avg_pool2d, concatenate, stack. ``mean`` is on neither list, so
+                 relu, gelu, silu, max, mean, max_pool2d, avg_pool2d, concatenate,
+                 stack. ``mean`` is on neither list, so
                  under "16-mixed" the mean of an fp16 tensor is fp16 (summed in the
                  accumulation format, divided, rounded once), as in PyTorch.
 

@@ -31,7 +31,8 @@ from .certificate import certify
 from . import elementary
 
 __all__ = ["certified", "settle", "enclosure", "forced_fallback", "cr_exp", "cr_log", "cr_tanh",
-           "cr_sigmoid", "cr_gelu", "gelu_bound", "FALLBACK_COUNT"]
+           "cr_sigmoid", "cr_silu", "cr_gelu", "gelu_bound", "silu64", "SILU_BOUND",
+           "FALLBACK_COUNT"]
 
 FALLBACK_COUNT = {"elements": 0}   # how many elements ``settle`` decided (tests read it)
 _FORCED = {"on": False}            # the test switch of ``forced_fallback``
@@ -158,6 +159,26 @@ def cr_tanh(x, fmt):
 def cr_sigmoid(x, fmt):
     x = xp.asarray(x, xp.float64)
     return _finish(x, elementary.sigmoid, elementary.SIGMOID_BOUND, fmt, ref.dsigmoid)
+
+
+# sigmoid within SIGMOID_BOUND (2**-48), times the exact x, one float64 rounding (2**-53)
+SILU_BOUND = elementary.SIGMOID_BOUND + 2.0 ** -52
+
+
+def silu64(x):
+    """x sigmoid(x) in float64, within ``SILU_BOUND`` relative: ``elementary.sigmoid`` times
+    the exact x. Below x = -400 (``elementary``'s clamp of exp) the bound does not hold, but
+    |x sigmoid(x)| is below 2**-560 and the float64 value below 2**-440: both round to -0
+    in every format. silu(-inf) = -inf * 0 is NaN, as PyTorch gives."""
+    x = xp.asarray(x, xp.float64)
+    with xp.errstate(invalid="ignore"):        # -inf * 0
+        return x * elementary.sigmoid(x)
+
+
+def cr_silu(x, fmt):
+    """SiLU, x sigmoid(x), correctly rounded to ``fmt`` as a float64 proxy (module doc)."""
+    x = xp.asarray(x, xp.float64)
+    return _finish(x, silu64, SILU_BOUND, fmt, ref.dsilu)
 
 
 def gelu_bound(x):

@@ -18,7 +18,7 @@ import math
 
 from ..backend import host_rng, is_generator, xp
 
-__all__ = ["as_rng", "uniform", "normal", "zeros", "fan_in_uniform", "xavier_uniform"]
+__all__ = ["as_rng", "uniform", "normal", "zeros", "ones", "fan_in_uniform", "xavier_uniform"]
 
 
 def as_rng(rng):
@@ -45,6 +45,10 @@ def normal(rng, shape, std: float = 1.0) -> xp.ndarray:
 
 def zeros(shape) -> xp.ndarray:
     return xp.zeros(shape)
+
+
+def ones(shape) -> xp.ndarray:
+    return xp.ones(shape)
 
 
 def fan_in_uniform(rng, shape, fan_in: int) -> xp.ndarray:

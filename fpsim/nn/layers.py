@@ -1,4 +1,5 @@
-"""Layers: ``Linear``, ``Embedding``, ``Sequential``, activations and the ``MLP`` builder.
+"""Layers: ``Linear``, ``Embedding``, ``ModuleList``, ``Sequential``, activations and the
+``MLP`` builder.
 
 Parameters are created in the current policy's ``param`` format (build the model inside
 ``use_policy("16-true")`` for fp16 parameters); forward passes round as the policy in force
@@ -24,8 +25,8 @@ from .. import autograd as ag
 from . import init
 from .module import Module, parameter
 
-__all__ = ["Linear", "Embedding", "Sequential", "ReLU", "Tanh", "Sigmoid", "GELU", "MLP",
-           "ACTIVATIONS"]
+__all__ = ["Linear", "Embedding", "ModuleList", "Sequential", "ReLU", "Tanh", "Sigmoid", "GELU",
+           "SiLU", "MLP", "ACTIVATIONS"]
 
 
 class Linear(Module):
@@ -76,15 +77,25 @@ class Embedding(Module):
         return ag.getitem(self.weight, backend.astype(idx, xp.intp))
 
 
-class Sequential(Module):
-    """Modules applied in order; registered as "0", "1", ... like ``torch.nn.Sequential``."""
+class ModuleList(Module):
+    """Modules held in a list, registered as "0", "1", ... like ``torch.nn.ModuleList`` (so
+    their parameters are the model's); no ``forward`` of its own."""
 
-    def __init__(self, *modules: Module):
+    def __init__(self, modules=()):
         super().__init__()
-        for i, module in enumerate(modules):
-            if not isinstance(module, Module):
-                raise TypeError(f"Sequential takes Modules, got {type(module).__name__} at {i}")
-            setattr(self, str(i), module)
+        self.extend(modules)
+
+    def append(self, module: Module) -> ModuleList:
+        if not isinstance(module, Module):
+            raise TypeError(f"{type(self).__name__} takes Modules, got "
+                            f"{type(module).__name__} at {len(self)}")
+        setattr(self, str(len(self)), module)
+        return self
+
+    def extend(self, modules) -> ModuleList:
+        for module in modules:
+            self.append(module)
+        return self
 
     def __iter__(self):
         return iter(self._children.values())
@@ -94,6 +105,13 @@ class Sequential(Module):
 
     def __getitem__(self, i: int) -> Module:
         return list(self._children.values())[i]
+
+
+class Sequential(ModuleList):
+    """Modules applied in order; registered as "0", "1", ... like ``torch.nn.Sequential``."""
+
+    def __init__(self, *modules: Module):
+        super().__init__(modules)
 
     def forward(self, x):
         for module in self._children.values():
@@ -125,6 +143,10 @@ class Sigmoid(_Activation):
 
 class GELU(_Activation):
     fn = staticmethod(ag.gelu)
+
+
+class SiLU(_Activation):
+    fn = staticmethod(ag.silu)
 
 
 ACTIVATIONS = {"relu": ReLU, "tanh": Tanh, "sigmoid": Sigmoid, "gelu": GELU}

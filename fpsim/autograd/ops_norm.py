@@ -1,0 +1,145 @@
+"""Layer normalisation (PyTorch's ``layer_norm``), beside its backward.
+
+``layer_norm`` is in the policy's ``wide`` category: autocast runs ``layer_norm`` in float32
+(its "autocast to float32" list), so under "16-mixed" an fp16 input is widened (exactly) and
+the output is fp32; under "16-true" (``wide`` promotes) fp16 in gives fp16 out, PyTorch's
+half kernel computing in float and rounding once.
+
+Where it rounds. Over each row of the last ``len(normalized_shape)`` axes (n values), from
+the exact input, weight and bias values, in float64::
+
+    m  = RO(sum x) / n                       RO: the exact sum rounded to odd at 53 bits
+    d  = x - m                               (``fpsim.exact.round_to_odd_sum``): the same
+    v  = RO(sum d*d) / n                     bits on every backend, in any order
+    r  = 1 / sqrt(v + eps)                   (biased variance, as PyTorch; eps as given)
+    y  = (d * r) * w + b                     -> ONE rounding to the output format
+
+Each step is one IEEE float64 operation (sqrt included), so the bits depend on no library
+and no summation order. The float64 value is within a few float64 ulps of the exact layer
+norm relative to |x_hat w| + |b|, that error growing by the factor 1 + |m| r for rows
+whose mean dwarfs their spread (d inherits m's error). Rounded once, it is the correctly
+rounded result except where the exact value lies within that error of a rounding boundary
+of the format: not certified (unlike ``exp`` or ``softmax``); the tests compare with MPFR.
+
+Backward, in float64 from the same x_hat = d r and r, with gw = g * w (g without weight),
+each gradient rounded once to its tensor's gradient format::
+
+    dx = r * (gw - RO(sum gw) / n - x_hat * RO(sum gw * x_hat) / n)      (per row)
+    dw = RO(sum over rows of g * x_hat)          db = RO(sum over rows of g)
+
+A row (or column) holding inf or NaN is summed in float64 in index order instead (its sum is
+inf or NaN whatever the order).
+
+>>> from fpsim.autograd import Tensor, use_policy
+>>> with use_policy("16-mixed"):
+...     y = layer_norm(Tensor([[1.0, 2.0, 3.0, 6.0]]).cast("fp16"), 4)
+>>> y.fmt.name, y.data
+('fp32', array([[-1.0690434, -0.5345217,  0.       ,  1.6035652]], dtype=float32))
+"""
+from __future__ import annotations
+
+import math
+
+from .. import backend
+from ..backend import xp
+
+from ..exact import round_to_odd_sum
+from ..options import check_count, check_real
+from .numerics import round_array
+from .ops_shape import operands
+from .tensor import Tensor, record, register
+
+__all__ = ["layer_norm"]
+
+
+def _row_sums(rows):
+    """Float64 sums of the rows of a 2-D float64 array: exact, rounded to odd at 53 bits,
+    for finite rows; in index order where a row holds inf or NaN."""
+    finite = xp.all(xp.isfinite(rows), axis=1)
+    if bool(xp.all(finite)):
+        return round_to_odd_sum(rows)
+    out = xp.empty(rows.shape[0], xp.float64)
+    if bool(xp.any(finite)):
+        out[finite] = round_to_odd_sum(rows[finite])
+    with xp.errstate(invalid="ignore", over="ignore"):
+        out[~finite] = xp.cumsum(rows[~finite], axis=1)[:, -1]
+    return out
+
+
+def _normalized_shape(normalized_shape):
+    shape = ((normalized_shape,) if not isinstance(normalized_shape, (tuple, list))
+             else tuple(normalized_shape))
+    if not shape:
+        raise ValueError("layer_norm: normalized_shape must name at least one axis")
+    return tuple(check_count("normalized_shape", n, 1) for n in shape)
+
+
+def _check(x, shape, weight, bias):
+    if x.shape[x.ndim - len(shape):] != shape or x.ndim < len(shape):
+        raise ValueError(f"layer_norm: input shape {x.shape} does not end in normalized_shape "
+                         f"{shape}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.shape != shape:
+            raise ValueError(f"layer_norm: {name} shape {t.shape} != normalized_shape {shape}")
+
+
+def _f64_rows(data, n):
+    return xp.reshape(backend.astype(data, xp.float64, copy=False), (-1, n))
+
+
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
+    """``(x - mean) / sqrt(var + eps) * weight + bias`` over the trailing
+    ``normalized_shape`` axes (module doc: float64 throughout, one rounding)."""
+    shape = _normalized_shape(normalized_shape)
+    eps = check_real("eps", eps)
+    if eps < 0:
+        raise ValueError(f"layer_norm: eps must be >= 0, got {eps}")
+    given = [t for t in (x, weight, bias) if t is not None]
+    fmt, tensors = operands("wide", *given)
+    x = tensors[0]
+    weight = tensors[1] if weight is not None else None
+    bias = tensors[-1] if bias is not None else None
+    _check(x, shape, weight, bias)
+    n = math.prod(shape)
+    count = backend.scalar(n, xp.float64)
+    rows = _f64_rows(x.data, n)
+    with xp.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        centred = rows - xp.expand_dims(_row_sums(rows) / count, 1)
+        rstd = xp.expand_dims(xp.divide(1.0, xp.sqrt(_row_sums(centred * centred) / count
+                                                    + eps)), 1)
+        x_hat = centred * rstd
+        y = x_hat
+        if weight is not None:
+            y = y * xp.reshape(backend.astype(weight.data, xp.float64), (1, n))
+        if bias is not None:
+            y = y + xp.reshape(backend.astype(bias.data, xp.float64), (1, n))
+    out = round_array(xp.reshape(y, x.shape), fmt)
+
+    def backward(g, g_fmt):
+        g64 = _f64_rows(g, n)
+        grads = []
+        with xp.errstate(invalid="ignore", over="ignore"):
+            if x.requires_grad:
+                gw = g64 if weight is None else g64 * xp.reshape(
+                    backend.astype(weight.data, xp.float64), (1, n))
+                dx = rstd * (gw - xp.expand_dims(_row_sums(gw) / count, 1)
+                             - x_hat * xp.expand_dims(_row_sums(gw * x_hat) / count, 1))
+                grads.append(round_array(xp.reshape(dx, x.shape), x.grad_fmt))
+            else:
+                grads.append(None)
+            if weight is not None:
+                grads.append(_column_sum(g64 * x_hat, weight) if weight.requires_grad else None)
+            if bias is not None:
+                grads.append(_column_sum(g64, bias) if bias.requires_grad else None)
+        return tuple(grads)
+
+    return record(out, fmt, tensors, backward, "layer_norm")
+
+
+def _column_sum(values, t):
+    """Sum over the rows of (R, n) float64 ``values``, shaped like ``t``, rounded once to
+    ``t``'s gradient format."""
+    return round_array(xp.reshape(_row_sums(values.T), t.shape), t.grad_fmt)
+
+
+register(layer_norm)
