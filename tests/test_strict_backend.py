@@ -109,4 +109,5 @@ ENGINE_TESTS = [f"tests/{name}" for name in (
     "test_underflow_count.py", "test_optim_transforms.py", "test_resume_checked.py",
     "test_checkpoint.py", "test_graph_fastpaths.py", "test_autograd_properties.py",
     "test_optim_torch.py", "test_stochastic_rounding.py", "test_arith_fp32_cast.py",
-    "test_cr_hard_cases.py", "test_strict_backend.py")]
+    "test_cr_hard_cases.py", "test_strict_backend.py", "test_conv.py", "test_pool_norm.py",
+    "test_layer_norm_silu.py")]
