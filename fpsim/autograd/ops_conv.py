@@ -20,8 +20,11 @@ product by the accumulation model, rounded once to the operand's gradient format
   swapped (what cuDNN's dgrad computes). Each dx element is the sum of ALL its products
   (over output channel and kernel position: the col2im scatter-add of the column gradient
   ``g @ W``, but never rounding the per-column sums ``g @ W`` on the way), rounded once.
-  The terms are taken in (o, flipped i, flipped j) order; the zeros the frame adds change no
-  exact sum and no sequential accumulator (x + 0 = x for every accumulator value).
+  The terms are taken in (o, flipped i, flipped j) order. With finite weights the frame's
+  zero terms change no exact sum and no sequential accumulator (acc + 0 = acc: the
+  accumulator starts at +0 and is never -0); the blocked model cuts them into its blocks of
+  k like the other terms (an infinite weight times a frame zero is NaN, as in the forward
+  pass's zero padding).
 - dW: for each kernel position (i, j), ``dW[:, :, i, j] = g (O, N P Q) @ patch_ij
   (N P Q, C)``: one dot product over (n, p, q) per element, in that order.
 - db: the sum of g over (n, p, q) (``acc_sum``).
