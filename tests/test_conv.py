@@ -77,7 +77,8 @@ def _dyadic(rng, shape, bits, scale):
 def test_conv2d_is_the_exact_dot_product_rounded_once(geometry):
     """32-true: every value (forward and the three gradients) is the exact float64 result
     (torch float64 on dyadic data: every partial sum is exact) rounded to fp32, the bias
-    added in fp32 after that rounding. The data need ~30 bits (at most 2**44 units), so fp32 rounds."""
+    added in fp32 after that rounding. The data need ~30 bits (at most 2**44 units), so fp32
+    rounds."""
     pytest.importorskip("torch")
     rng = np.random.default_rng(len(str(geometry)))
     xs, ws, bs = _shapes(geometry)

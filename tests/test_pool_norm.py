@@ -157,6 +157,19 @@ def test_max_pool_gradient_goes_to_the_first_maximum_or_the_last_nan():
     assert backend.to_numpy(t.grad.data).tolist() == [[[[1, 0, 0, 0, 0, 0, 0, 1]]]]
 
 
+def test_max_pool_of_all_minus_inf_sends_the_gradient_to_the_first_input_element():
+    """PyTorch's search starts at the window's first element inside the input: padding
+    (also -inf) never takes the gradient."""
+    torch = pytest.importorskip("torch")
+    x = np.full((1, 1, 2, 3), -np.inf, np.float32)
+    y, dx, _ = _ours("max_pool2d", x, np.ones((1, 1, 3, 4), np.float32),
+                     (x.shape, 2, 1, 1))
+    tx = torch.tensor(x, requires_grad=True)
+    torch.nn.functional.max_pool2d(tx, 2, 1, 1).backward(torch.ones((1, 1, 3, 4)))
+    assert np.all(y == -np.inf)
+    np.testing.assert_array_equal(dx, tx.grad.numpy())
+
+
 def test_pooling_formats_under_16_mixed():
     """Pools are on neither autocast list: an fp16 input (a conv output) stays fp16, an fp32
     input stays fp32; avg pool rounds its fp32 mean once to fp16."""

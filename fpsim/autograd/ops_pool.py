@@ -6,12 +6,13 @@ kernel) and ``padding`` are an int or (rows, columns); padding is at most half t
 as PyTorch requires.
 
 - ``max_pool2d`` never rounds: each output is one of its window's values (the padding is
-  -inf, so it is never chosen). The window is read row by row; the output and its gradient
-  go to the first maximal element, or to the last NaN where the window holds a NaN, as
-  PyTorch's CPU kernel (``val > maxval || isnan(val)``) does. Backward: each input element
-  receives the exact sum of the gradients of the windows that chose it (windows overlap when
-  the stride is smaller than the kernel; ``fpsim.exact.scatter_sum``: order-free, so the same
-  bits on every backend), rounded once to its gradient format.
+  -inf). The window is read row by row; the output and its gradient go to the first
+  maximal element, to the last NaN where the window holds a NaN, and to the window's first
+  element inside the input where every value is -inf, as PyTorch's CPU kernel (its search
+  starts there and moves on ``val > maxval || isnan(val)``) does. Backward: each input
+  element receives the exact sum of the gradients of the windows that chose it (windows
+  overlap when the stride is smaller than the kernel; ``fpsim.exact.scatter_sum``:
+  order-free, so the same bits on every backend), rounded once to its gradient format.
 - ``avg_pool2d`` (PyTorch's defaults: zero padding counted in the divisor, ``kh kw``): the
   window summed by the accumulation model into fp32, one float32 division by ``kh kw``, one
   rounding to the output format, as ``mean`` (PyTorch's half kernels: float opmath sum,
@@ -87,13 +88,23 @@ def _scatter_back(positions, values, padded_shape, padding, in_hw):
     return full[:, :, ph:ph + h, pw:pw + w]
 
 
-def _first_max_index(windows):
-    """Index of the first maximal element of each window, or of its last NaN."""
+def _first_max_index(windows, first_real):
+    """Index of the first maximal element of each window, or of its last NaN; where every
+    value is -inf, the window's first element inside the input (``first_real``), as
+    PyTorch, whose search starts there and moves only on a larger value."""
     last = windows.shape[-1] - 1
     nan = xp.isnan(windows)
     reversed_nan = xp.take(nan, xp.arange(last, -1, -1), axis=-1)
     last_nan = last - xp.argmax(reversed_nan, axis=-1)
-    return xp.where(xp.any(nan, axis=-1), last_nan, xp.argmax(windows, axis=-1))
+    index = xp.where(xp.any(nan, axis=-1), last_nan, xp.argmax(windows, axis=-1))
+    all_minus_inf = xp.all(xp.equal(windows, -float("inf")), axis=-1)
+    return xp.where(all_minus_inf, xp.broadcast_to(first_real, index.shape), index)
+
+
+def _first_real(in_hw, kernel, stride, padding, out_hw):
+    """(P, Q): the index, in each window, of its first element inside the input."""
+    inside = pad_frame(xp.ones((1, 1) + tuple(in_hw), xp.float32), padding)
+    return xp.argmax(_windows(inside, kernel, stride, out_hw)[0, 0], axis=-1)
 
 
 def max_pool2d(x, kernel_size, stride=None, padding=0) -> Tensor:
@@ -103,7 +114,8 @@ def max_pool2d(x, kernel_size, stride=None, padding=0) -> Tensor:
     kernel, stride, padding, out_hw = _geometry(x, kernel_size, stride, padding, "max_pool2d")
     padded = pad_frame(x.data, padding, -float("inf"))
     windows = _windows(padded, kernel, stride, out_hw)
-    index = xp.expand_dims(_first_max_index(windows), -1)
+    first_real = _first_real(x.shape[2:], kernel, stride, padding, out_hw)
+    index = xp.expand_dims(_first_max_index(windows, first_real), -1)
     out = convert(xp.ascontiguousarray(xp.take_along_axis(windows, index, -1)[..., 0]),
                   x.fmt, fmt)
 
