@@ -170,8 +170,8 @@ def test_choose_backend():
     assert backend.available()[0] == "numpy" and "cupy" not in backend.available()
     with backend.use_backend("numpy") as chosen:
         assert chosen.name == "numpy" and backend.name() == "numpy"
-    with pytest.raises(ValueError, match=f"unknown backend 'cupy'; available: "
-                                         f"{', '.join(backend.available())}$"):
+    with pytest.raises(ValueError, match=f"unknown backend 'cupy'; accepted: "
+                                         f"{backend.accepted()}$"):
         backend.set_backend("cupy")
     assert backend.name() == "numpy"
 
@@ -184,7 +184,7 @@ def test_unknown_backend_from_the_environment(tmp_path):
     done = subprocess.run([sys.executable, "-c", "import fpsim"], env=env, capture_output=True,
                           text=True)
     assert done.returncode != 0
-    assert "FPSIM_BACKEND='tpu' is not a backend of this fpsim; available: numpy" in done.stderr
+    assert "FPSIM_BACKEND='tpu' is not a backend of this fpsim; accepted: numpy" in done.stderr
 
 
 def test_unknown_backend_under_python_m_fpsim_is_one_line():
@@ -196,9 +196,9 @@ def test_unknown_backend_under_python_m_fpsim_is_one_line():
                           capture_output=True, text=True)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.splitlines() == [
-        f"fpsim: error: FPSIM_BACKEND='cupy' is not a backend of this fpsim; available: "
-        f"{', '.join(backend.available())} (unset FPSIM_BACKEND for numpy; the GPU backends "
-        f"are not part of this version)"]
+        f"fpsim: error: FPSIM_BACKEND='cupy' is not a backend of this fpsim; accepted: "
+        f"{backend.accepted()} (unset FPSIM_BACKEND for numpy; CuPy is not part of this "
+        f"version)"]
 
 
 def test_an_optional_backend_without_its_library_says_what_to_install(monkeypatch):
@@ -208,7 +208,24 @@ def test_an_optional_backend_without_its_library_says_what_to_install(monkeypatc
         backend.set_backend("torch")
     with pytest.raises(ValueError, match=r"FPSIM_BACKEND='Torch': backend 'torch' needs torch"):
         backend.backend_from_environment("Torch")
+    with pytest.raises(ValueError, match=r"backend 'torch:cuda' needs torch, which is not"):
+        backend.set_backend("torch:cuda")
     assert backend.name() == "numpy"
+
+
+@pytest.mark.parametrize("command", [["train", "--steps", "2"], ["reproduce", "--quick"],
+                                     ["sweep", "spec.toml"]])
+@pytest.mark.parametrize("chosen", ["cupy", "torch:tpu"])
+def test_a_backend_that_is_not_there_is_one_line_and_nothing_is_written(command, chosen,
+                                                                       tmp_path, capsys):
+    from fpsim.cli import main
+    (tmp_path / "spec.toml").write_text("[base]\nsteps = 2\n[grid]\nseed = [0, 1]\n")
+    command = [tmp_path / c if c.endswith(".toml") else c for c in command]
+    out = tmp_path / "out"
+    assert main([*map(str, command), "--out", str(out), "--backend", chosen]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"fpsim: error: unknown backend {chosen!r}; accepted: {backend.accepted()}"]
+    assert not out.exists() and backend.name() == "numpy"
 
 
 @pytest.mark.parametrize("value,chosen", [(None, "numpy"), ("", "numpy"), ("  ", "numpy"),
@@ -220,7 +237,7 @@ def test_backend_from_the_environment_ignores_case_and_spaces(value, chosen):
 
 @pytest.mark.parametrize("value", ["cupy", "num py", "numpy_strict", "\x00"])
 def test_backend_from_the_environment_refuses_others(value):
-    with pytest.raises(ValueError, match="is not a backend of this fpsim; available: numpy, "
+    with pytest.raises(ValueError, match="is not a backend of this fpsim; accepted: numpy, "
                                          "numpy-strict"):
         backend.backend_from_environment(value)
 

@@ -128,6 +128,26 @@ def test_an_existing_different_sweep_is_not_replaced(two_worker_run, tmp_path, c
     assert (out / "results.csv").read_bytes() == before
 
 
+def test_a_sweep_on_torch_gives_numpys_table_and_keeps_to_its_backend(two_worker_run, cluster,
+                                                                       tmp_path, capsys):
+    pytest.importorskip("torch", reason="the torch backend needs PyTorch (fpsim[torch])")
+    spec, out_numpy, *_ = two_worker_run
+    out = tmp_path / "torch"
+    summary = run_sweep(load_spec(spec), out, scheduler=cluster.scheduler_address,
+                        progress=False, backend_name="torch")
+    assert summary.cells == 4 and _table(out) == _table(out_numpy)
+    assert json.loads((out / "sweep.json").read_text())["backend"] == "torch"
+    assert json.loads((out_numpy / "sweep.json").read_text())["backend"] == "numpy"
+    key = _table(out)[0]["key"]
+    assert json.loads((out / "cells" / key / "run.json").read_text())["backend"] == "torch"
+    before = (out / "results.csv").read_bytes()
+    assert main(["sweep", str(spec), "--out", str(out), "--backend", "numpy"]) == 2
+    assert "was swept on the torch backend" in capsys.readouterr().err
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "new"), "--backend", "cupy"]) == 2
+    assert "unknown backend 'cupy'" in capsys.readouterr().err
+    assert (out / "results.csv").read_bytes() == before and not (tmp_path / "new").exists()
+
+
 def test_failing_cells_are_recorded_and_the_sweep_goes_on(cluster, tmp_path):
     spec = _spec(tmp_path, TINY.replace('seed = [0, 1]', 'optimizer = ["sgd", "adam"]\n'
                                         'lr = [0.1, 1e6]').replace("steps = 5", "steps = 5\n"

@@ -64,6 +64,7 @@ def test_key_covers_the_whole_configuration_and_the_version():
     ("[grid]\nseed = [0, 0]", "[grid] seed: 0 is listed twice"),
     ("[grid]\nseed = 3", "[grid] seed: an axis is a non-empty list of values"),
     ("[base]\nout = 'x'\n[grid]\nseed = [0, 1]", "'out' is set by the sweep itself"),
+    ("[grid]\nbackend = ['numpy', 'torch']", "'backend' is set by the sweep itself"),
     ("[base]\nseed = 1\n[grid]\nseed = [0, 1]", "field 'seed' is in both [base] and [grid]"),
     ("[zip]\nlr = [0.1, 0.2]\nseed = [0]", "the lists in [zip] must have one length"),
     ("[base]\nsteps = 5", "nothing to vary"),

@@ -2,7 +2,13 @@
 special values (signed zeros, subnormals, inf, NaN payloads where NumPy's rule fixes them,
 huge and tiny values), for the argument forms the engine passes; torch's own functions that
 do not (sqrt, maximum/minimum, sign, ldexp, cumsum, float divmod) are the traps the namespace
-works around, and each has its test here."""
+works around, and each has its test here.
+
+Every test runs on the CPU ("torch") and again on a CUDA device ("torch:cuda", marked
+``gpu``: deselected by default, run with ``-m gpu``, skipped with the reason where no CUDA
+device is there). On CUDA, arithmetic returns the canonical NaN whatever the operands'
+payloads, so there NaNs are compared by position and sign-free (``same_bits`` below); every
+other bit is compared."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,18 +16,55 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the torch backend needs PyTorch (fpsim[torch])")
 
-from bit_patterns import same_bits  # noqa: E402
+import bit_patterns  # noqa: E402
 from fpsim import backend, use_policy  # noqa: E402
 from fpsim.backend import NAMESPACE  # noqa: E402
 from fpsim.backend.torch_backend import TorchBackend  # noqa: E402
+from fpsim.backend.torch_namespace import PLACEMENT  # noqa: E402
 from fpsim.formats import builtins  # noqa: E402
 from fpsim.rounding import MODES, philox_uniforms, round_to  # noqa: E402
 from fpsim.rounding.portable import round_to_portable  # noqa: E402
 from test_backend_seam import _train_bits  # noqa: E402
 
-OPS = TorchBackend()
+OPS = TorchBackend()        # the device's backend while a test runs (fixture ``device``)
 XP = OPS.xp
 UINT = {np.float32: np.uint32, np.float64: np.uint64}
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(autouse=True, params=DEVICES)
+def device(request):
+    """The device every tensor of the test is made on: tensors made from host data go there
+    (``PLACEMENT``), ``OPS`` is that device's backend and ``backend_name`` chooses it. The
+    backend in force (NumPy, for the reference results) is left as it is."""
+    global OPS
+    if request.param == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device: torch.cuda.is_available() is False here")
+    before = OPS
+    OPS = TorchBackend(request.param)
+    OPS.activate()
+    try:
+        yield request.param
+    finally:
+        OPS = before
+        OPS.activate()
+
+
+@pytest.fixture
+def backend_name(device):
+    """The name that chooses the torch backend on the test's device."""
+    assert "torch" in backend.available()       # fpsim lists it when PyTorch is installed
+    return "torch" if device == "cpu" else f"torch:{device}"
+
+
+def same_bits(expected, got) -> bool:
+    """Bit-identical; on CUDA a NaN matches any NaN (CUDA's arithmetic NaN is canonical)."""
+    expected, got = np.asarray(expected), np.asarray(got)
+    if PLACEMENT.device.type == "cpu" or expected.dtype.kind != "f":
+        return bit_patterns.same_bits(expected, got)
+    nan = np.isnan(expected)
+    return (expected.shape == got.shape and (np.isnan(got) == nan).all()
+            and bit_patterns.same_bits(expected[~nan], got[~nan]))
 
 
 def specials(dtype) -> np.ndarray:
@@ -243,30 +286,23 @@ def test_rounding_and_philox_give_numpys_bits(fmt):
     assert same_bits(philox_uniforms(9, 2**32 - 2, 1000), host(OPS.uniforms(9, 2**32 - 2, 1000)))
 
 
-@pytest.fixture
-def torch_registered():
-    """The name to choose the torch backend by (fpsim lists it when PyTorch is installed)."""
-    assert "torch" in backend.available()
-    return "torch"
-
-
-def test_an_engine_matmul_gives_numpys_bits_under_every_accumulation_model(torch_registered):
+def test_an_engine_matmul_gives_numpys_bits_under_every_accumulation_model(backend_name):
     from fpsim.exact.accumulation import matmul
     rng = np.random.default_rng(13)
     a = (rng.standard_normal((6, 33)) * 2.0 ** rng.integers(-20, 20, (6, 33))).astype(np.float32)
     b = rng.standard_normal((33, 5)).astype(np.float32)
     for model in ("exact", "sequential:fp16", "h100"):
         expected = matmul(a, b, out_fmt="fp16", model=model)
-        with backend.use_backend(torch_registered):
+        with backend.use_backend(backend_name):
             got = backend.to_numpy(matmul(backend.asarray(a), backend.asarray(b),
                                           out_fmt="fp16", model=model))
         assert same_bits(expected, got), model
 
 
-def test_a_training_run_gives_numpys_bits(torch_registered):
+def test_a_training_run_gives_numpys_bits(backend_name):
     reference = _train_bits()
-    with backend.use_backend(torch_registered):
-        assert backend.is_array(backend.asarray([1.0])) and backend.name() == "torch"
+    with backend.use_backend(backend_name):
+        assert backend.is_array(backend.asarray([1.0])) and backend.name() == backend_name
         assert _train_bits() == reference
 
 
@@ -289,24 +325,139 @@ def _loop_run(policy, rule):
 
 @pytest.mark.parametrize("policy,rule", [("16-mixed", "sgd"), ("bf16-mixed", "adamw"),
                                          ("16-true", "adamw")])
-def test_the_training_loop_gives_numpys_bits(policy, rule, torch_registered):
+def test_the_training_loop_gives_numpys_bits(policy, rule, backend_name):
     reference = _loop_run(policy, rule)
-    with backend.use_backend(torch_registered):
+    with backend.use_backend(backend_name):
         assert _loop_run(policy, rule) == reference
 
 
-def test_engine_tests_pass_on_torch():
-    """The engine's own tests (the list numpy-strict runs) under FPSIM_BACKEND=torch: about
-    45 s on 2 cores."""
+def test_engine_tests_pass_on_torch(backend_name):
+    """The engine's own tests (the list numpy-strict runs) under FPSIM_BACKEND=torch (or
+    torch:cuda): about 45 s on 2 cores."""
     import os
     import subprocess
     import sys
     from pathlib import Path
+
     from test_strict_backend import ENGINE_TESTS
     if backend.name() != "numpy":
         pytest.skip("run once, from the NumPy session")
-    env = {**os.environ, "FPSIM_BACKEND": "torch"}
+    env = {**os.environ, "FPSIM_BACKEND": backend_name}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                            *ENGINE_TESTS], cwd=Path(__file__).resolve().parents[1], env=env,
                           capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+def test_division_by_a_scalar_is_one_rounding(backend_name):
+    """x / c with c a Python scalar: CUDA computes a * (1/c) for a CPU scalar; the namespace
+    puts c on x's device, and the engine divides through xp.divide (numpy-strict refuses the
+    operator form). c = 3, 10 and 1e-300 make x * (1/c) differ from x / c for many x."""
+    x = np.concatenate([random_bits(np.float64, 20_000, 21), specials(np.float64)])
+    x32 = np.concatenate([random_bits(np.float32, 20_000, 22), specials(np.float32)])
+    with np.errstate(all="ignore"):
+        for c in (3.0, 10.0, 1e-300, 7):
+            assert same_bits(x / c, host(XP.divide(t(x), c))), c
+            assert same_bits(c / x, host(XP.divide(c, t(x)))), c
+            assert same_bits(x32 / np.float32(c), host(XP.divide(t(x32), c))), c
+            assert same_bits(x / c, host(t(x) / OPS.scalar(c, XP.float64))), c
+
+
+def test_tensors_made_from_nothing_go_to_the_backends_device():
+    """Every namespace function that makes a tensor without one beside it (and every Python
+    scalar meeting a tensor) uses the backend's device. Checked on torch's "meta" device,
+    which every CPU has: a CPU tensor of more than one element mixed with a meta tensor is an
+    error, and each result must be on meta."""
+    meta = TorchBackend("meta")
+    meta.activate()
+    try:
+        xp = meta.xp
+        x = xp.zeros(4, xp.float64)
+        made = {"zeros": x, "ones": xp.ones((2, 2)), "empty": xp.empty(2),
+                "full": xp.full(2, 1.5), "arange": xp.arange(4), "asarray list": xp.asarray([1.0]),
+                "asarray host": xp.asarray(np.ones(3)), "array": xp.array([1, 2]),
+                "ascontiguousarray": xp.ascontiguousarray(np.ones(2)),
+                "asarray cpu tensor": xp.asarray(torch.ones(3)),
+                "scalar": meta.scalar(1.0, xp.float32), "scratch": meta.scratch("s", xp.float64, 4),
+                "backend asarray": meta.asarray([0.5]), "zeros_like": xp.zeros_like(x),
+                "divide": xp.divide(x, 3.0), "divide scalar first": xp.divide(3.0, x),
+                "add": xp.add(x, 1.0), "where scalars": xp.where(x > 0, 1.0, 2.0),
+                "where": xp.where(x > 0, x, 0.0), "maximum": xp.maximum(x, 0.0),
+                "ldexp": xp.ldexp(x, 3), "ldexp host exponents": xp.ldexp(x, np.arange(4)),
+                "sqrt": xp.sqrt(x), "sign": xp.sign(x), "spacing": xp.spacing(x),
+                "nextafter": xp.nextafter(x, 1.0), "clip": xp.clip(x, 0.0, 1.0),
+                "cumsum": xp.cumsum(x), "frexp": xp.frexp(x)[0],
+                "bits": meta.bits(meta.asarray([1.0])), "sum": xp.sum(x, axis=0)}
+        elsewhere = {name: str(v.device) for name, v in made.items() if v.device.type != "meta"}
+        assert elsewhere == {}
+    finally:
+        TorchBackend().activate()
+
+
+def test_choosing_a_cuda_backend_without_a_device_says_so():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    for name in ("torch:cuda", "torch:cuda:1"):
+        with pytest.raises(ValueError, match="needs a CUDA device.*CUDA build of PyTorch"):
+            backend.set_backend(name)
+    assert backend.name() == "numpy"
+    with pytest.raises(ValueError, match="accepted: .*torch:cuda:N"):
+        backend.set_backend("torch:gpu")
+
+
+@pytest.mark.gpu
+def test_a_cuda_backend_switches_tf32_off(device):
+    if device != "cuda":
+        pytest.skip("a CUDA test")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    with backend.use_backend("torch:cuda") as chosen:
+        assert not torch.backends.cuda.matmul.allow_tf32
+        assert not torch.backends.cudnn.allow_tf32
+        assert chosen.versions()["device"] and backend.asarray([1.0]).device.type == "cuda"
+
+
+def test_fpsim_train_on_the_backend_gives_numpys_trace_and_names_it(backend_name, tmp_path,
+                                                                     capsys):
+    import json
+
+    from fpsim.cli import main
+    command = ["train", "--data", "blobs", "--samples", "128", "--hidden", "8", "--steps", "6",
+               "--quiet", "--out"]
+    assert main([*command, str(tmp_path / "numpy")]) == 0
+    assert main([*command, str(tmp_path / "torch"), "--backend", backend_name]) == 0
+    assert json.loads((tmp_path / "torch" / "run.json").read_text())["backend"] == backend_name
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "numpy"), str(tmp_path / "torch")]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith("bit-identical: 6 steps") and f"backend {backend_name})" in shown
+    assert f"backend: 'numpy' | '{backend_name}'" in shown
+
+
+QUICK_SUBSET = "underflow,master_weights,accumulation"     # the cheapest three on torch
+
+
+def _reproduced_bytes(out, backend_name=None, only=QUICK_SUBSET) -> dict:
+    from fpsim.cli import main
+    command = ["reproduce", "--quick", "--quiet", "--out", str(out)]
+    command += ["--only", only] if only else []
+    assert main(command + (["--backend", backend_name] if backend_name else [])) == 0
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())
+            if p.suffix == ".svg" or p.name in ("summary.json", "summary.md")}
+
+
+def test_reproduce_on_the_backend_writes_numpys_bytes(backend_name, tmp_path):
+    """summary.json, summary.md and the SVGs of `fpsim reproduce --quick --backend torch`
+    are NumPy's bytes (three experiments here; all of them in the slow test below)."""
+    import json
+    expected = _reproduced_bytes(tmp_path / "numpy")
+    assert len(expected) == 5 and _reproduced_bytes(tmp_path / "torch", backend_name) == expected
+    timings = json.loads((tmp_path / "torch" / "timings.json").read_text())
+    assert timings["backend"] == backend_name and "torch" in timings["versions"]
+
+
+@pytest.mark.slow
+def test_every_quick_experiment_on_the_backend_writes_numpys_bytes(backend_name, tmp_path):
+    """The whole of `fpsim reproduce --quick` (about 20 s on NumPy, 2 minutes on torch CPU
+    on 2 cores)."""
+    expected = _reproduced_bytes(tmp_path / "numpy", only=None)
+    assert _reproduced_bytes(tmp_path / "torch", backend_name, only=None) == expected

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sys
 from contextlib import contextmanager
 
@@ -67,12 +68,21 @@ __all__ = ["NAMESPACE", "ARRAY_ATTRIBUTES", "DTYPE_KINDS", "HOST_PACKAGES", "HOS
            "is_array_like", "astype", "copy", "size", "scalar", "isdtype", "is_contiguous",
            "is_unshared", "zero_where", "bitcast", "bits", "from_bits", "round_to", "uniforms",
            "scratch", "errstate", "host_rng", "is_generator", "array_text", "versions",
-           "CONTAINER", "backend_from_environment", "Tuning", "tuning", "use_tuning"]
+           "CONTAINER", "backend_from_environment", "accepted", "DEVICE_BACKENDS", "Tuning", "tuning", "use_tuning"]
 
-def _torch_backend() -> Backend:
-    """The PyTorch CPU backend, imported only when chosen (importing torch takes seconds)."""
-    from .torch_backend import TorchBackend
-    return TorchBackend()
+def _torch_backend(device: str = "cpu") -> Backend:
+    """The PyTorch backend on ``device``, imported only when chosen (importing torch takes
+    seconds); a CUDA device that is not there is a ValueError saying so."""
+    from .torch_backend import TorchBackend, cuda_problem
+    problem = cuda_problem(device) if device != "cpu" else None
+    if problem:
+        raise ValueError(f"backend 'torch:{device}' {problem}")
+    return TorchBackend(device)
+
+
+#: "torch:cuda" and "torch:cuda:N": the torch backend on a CUDA device (not in available():
+#: knowing whether a device is there takes importing torch)
+DEVICE_BACKENDS = re.compile(r"(?P<library>torch):(?P<device>cuda(?::\d+)?)")
 
 
 # backends that need a library fpsim does not require: name -> (module, how to install it)
@@ -104,6 +114,7 @@ def _install(chosen: Backend) -> None:
     missing = sorted(attr for attr in NAMESPACE if not hasattr(chosen.xp, attr))
     if missing:
         raise ValueError(f"backend {chosen.name!r} lacks namespace names: {', '.join(missing)}")
+    chosen.activate()
     vars(xp).clear()
     for attr in NAMESPACE:
         setattr(xp, attr, getattr(chosen.xp, attr))
@@ -126,22 +137,33 @@ def register_backend(backend_name: str, factory) -> None:
 
 
 def _missing_library(backend_name: str) -> str:
-    module, install = OPTIONAL[backend_name]
+    module, install = OPTIONAL[backend_name.split(":")[0]]
     return (f"backend {backend_name!r} needs {module}, which is not installed here: "
             f"{install}; available now: {', '.join(available())}")
 
 
+def accepted() -> str:
+    """The backend names this fpsim takes, in words (for error messages and --help)."""
+    names = ", ".join(available())
+    return f"{names}, torch:cuda, torch:cuda:N" if "torch" in _IMPLEMENTATIONS else names
+
+
 def _make(backend_name: str) -> Backend:
-    if backend_name in OPTIONAL and backend_name not in _IMPLEMENTATIONS:
+    on_device = DEVICE_BACKENDS.fullmatch(backend_name) if isinstance(backend_name, str) \
+        else None
+    library = on_device["library"] if on_device else backend_name
+    if library in OPTIONAL and library not in _IMPLEMENTATIONS:
         raise ValueError(_missing_library(backend_name))
+    if on_device:
+        return _torch_backend(on_device["device"])
     if not isinstance(backend_name, str) or backend_name not in _IMPLEMENTATIONS:
-        raise ValueError(f"unknown backend {backend_name!r}; available: "
-                         f"{', '.join(available())}")
+        raise ValueError(f"unknown backend {backend_name!r}; accepted: {accepted()}")
     return _IMPLEMENTATIONS[backend_name]()
 
 
 def set_backend(backend_name: str) -> None:
-    """Make ``backend_name`` (one of ``available()``) the backend of every later computation."""
+    """Make ``backend_name`` (one of ``available()``, or "torch:cuda" / "torch:cuda:N" where
+    PyTorch sees a CUDA device) the backend of every later computation."""
     _install(_make(backend_name))
 
 
@@ -320,12 +342,14 @@ def backend_from_environment(value: "str | None") -> str:
     """The backend ``FPSIM_BACKEND=value`` chooses: case and surrounding spaces ignored,
     unset or empty meaning numpy; anything else is a ValueError that says what is accepted."""
     chosen = (value or "").strip().lower() or "numpy"
-    if chosen in OPTIONAL and chosen not in _IMPLEMENTATIONS:
+    on_device = DEVICE_BACKENDS.fullmatch(chosen)
+    library = on_device["library"] if on_device else chosen
+    if library in OPTIONAL and library not in _IMPLEMENTATIONS:
         raise ValueError(f"FPSIM_BACKEND={value!r}: {_missing_library(chosen)}")
-    if chosen not in _IMPLEMENTATIONS:
-        raise ValueError(f"FPSIM_BACKEND={value!r} is not a backend of this fpsim; available: "
-                         f"{', '.join(available())} (unset FPSIM_BACKEND for numpy; the GPU "
-                         f"backends are not part of this version)")
+    if chosen not in _IMPLEMENTATIONS and not on_device:
+        raise ValueError(f"FPSIM_BACKEND={value!r} is not a backend of this fpsim; accepted: "
+                         f"{accepted()} (unset FPSIM_BACKEND for numpy; CuPy is not part of "
+                         f"this version)")
     return chosen
 
 

@@ -113,6 +113,11 @@ class Backend:
     #: the container of every fpsim Format (every format's values fit a float32 exactly)
     container = None
 
+    def activate(self) -> None:
+        """Called when this backend becomes the current one (``set_backend``, ``use_backend``,
+        leaving a ``use_backend`` block): a backend whose namespace makes arrays on a device
+        points it at its own (torch, ``torch_namespace.PLACEMENT``). Nothing by default."""
+
     def asarray(self, data, dtype=None):
         """Host data (array, nested lists, scalar) or an array of this backend as an array of
         ``dtype`` (default: the container) on this backend; no copy when it already is one."""

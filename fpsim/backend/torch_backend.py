@@ -1,4 +1,5 @@
-"""The torch backend: PyTorch CPU tensors under the engine, with NumPy's bits.
+"""The torch backend: PyTorch tensors under the engine, on the CPU or a CUDA device, with
+NumPy's bits.
 
 ``xp`` is ``TorchNamespace`` (``torch_namespace.py``: every ``NAMESPACE`` name, NumPy's
 semantics for the argument forms the engine passes, torch's traps worked around there).
@@ -6,24 +7,38 @@ Rounding to a format and stochastic rounding's Philox draws are the portable ref
 (``fpsim.rounding.portable``, the ``Backend`` defaults): torch's own low-precision casts are
 never used (float64 -> float16/bfloat16 goes through float32 in torch: double rounding).
 
-Tensors live on the CPU (device "cpu"), float32 is the container of every format.
-torch has no unsigned arithmetic, shifts or order on uint32 / uint64: ``bits`` gives
-uint32 / uint64 views as the interface says, and the engine uses only ``& | ^ ~ == !=`` on
-them (the ``numpy-strict`` backend enforces it). This module holds the kernels and the
-namespace's shape, creation and indexing functions; ``torch_namespace.py`` the arithmetic.
+Float32 is the container of every format. torch has no unsigned arithmetic, shifts or order
+on uint32 / uint64: ``bits`` gives uint32 / uint64 views as the interface says, and the
+engine uses only ``& | ^ ~ == !=`` on them (the ``numpy-strict`` backend enforces it). This
+module holds the kernels and the namespace's shape, creation and indexing functions;
+``torch_namespace.py`` the arithmetic.
 
-Status (issue 24): registered as ``"torch"`` (CPU) when PyTorch is installed. With NumPy's
-bits: every namespace function on special values, rounding to every format in every mode,
-Philox, accumulation.matmul under every model, whole training runs, and the engine's own
-test files (``tests/test_strict_backend.py``'s list, run under ``FPSIM_BACKEND=torch`` by
-``tests/test_torch_backend.py``). Not yet: ``torch:cuda``, ``--backend`` on the CLI, and the
-gpu-marked tests (issue 24's remaining parts). The reductions ``max``/``min`` do not
-reproduce which signed zero or NaN payload NumPy returns on ties (NumPy's own answer depends
-on its SIMD path).
+Devices: ``"torch"`` is the CPU; ``"torch:cuda"`` and ``"torch:cuda:N"`` put every tensor
+the engine makes on that GPU (``torch_namespace.PLACEMENT``, set by ``activate``). What the
+CUDA path does about CUDA's own traps: divisors are never CPU scalars (a Python scalar takes
+the device of the tensor it meets, and the ``numpy-strict`` backend refuses ``x / c`` and
+``c / x`` with host scalars in engine code: CUDA computes ``x / c`` as ``x * (1/c)``, and
+torch's ``c / x`` is ``reciprocal(x) * c`` everywhere); no fused op (``addcmul``, ``lerp``,
+``add(alpha=)``) is in the namespace, so nothing contracts ``a*b+c`` into an FMA; TF32 is
+switched off when a CUDA backend is chosen, and cuBLAS's GEMM emulation refused
+(``cuda_problem``); float64 products may take any summation order (the exact layer certifies
+them). NaN payloads of CUDA arithmetic are canonical; the engine's results do not depend on
+payloads, and the parity tests that check payloads on the CPU are marked where CUDA differs.
+
+Status (issue 24): registered as ``"torch"`` when PyTorch is installed. With NumPy's bits on
+the CPU: every namespace function on special values, rounding to every format in every mode,
+Philox, accumulation.matmul under every model, whole training runs, the engine's own test
+files (``tests/test_strict_backend.py``'s list, run under ``FPSIM_BACKEND=torch`` by
+``tests/test_torch_backend.py``) and ``fpsim reproduce --quick``. The same tests on
+``torch:cuda`` are marked ``gpu`` (run with ``-m gpu`` on a machine with a CUDA device); they
+are written but have not yet run on one (the GPU issue runs them). The reductions
+``max``/``min`` do not reproduce which signed zero or NaN payload NumPy returns on ties
+(NumPy's own answer depends on its SIMD path).
 """
 from __future__ import annotations
 
 import math
+import os
 import threading
 from contextlib import nullcontext
 
@@ -32,10 +47,10 @@ import torch
 
 from . import torch_namespace as arithmetic
 from .interface import DTYPE_KINDS, Backend
-from .torch_namespace import (DTYPES, as_tensor, flatnonzero, from_host, host_dtype, operands,
-                              torch_dtype)
+from .torch_namespace import (DTYPES, PLACEMENT, as_tensor, flatnonzero, from_host, host_dtype,
+                              operands, torch_dtype)
 
-__all__ = ["TorchBackend"]
+__all__ = ["TorchBackend", "cuda_problem"]
 
 # ---- shape, creation and indexing functions of the namespace (NumPy's semantics) ----
 
@@ -46,13 +61,14 @@ def shape_tuple(shape):
 
 def creator(fill):
     def create(shape, dtype=None):
-        return fill(shape_tuple(shape), dtype=torch_dtype(dtype) or torch.float64)
+        return fill(shape_tuple(shape), dtype=torch_dtype(dtype) or torch.float64,
+                    device=PLACEMENT.device)
     return create
 
 
 def full(shape, fill_value, dtype=None):
     dtype = torch_dtype(dtype) or host_dtype(fill_value)
-    return torch.full(shape_tuple(shape), fill_value, dtype=dtype)
+    return torch.full(shape_tuple(shape), fill_value, dtype=dtype, device=PLACEMENT.device)
 
 
 def like_creator(fill):
@@ -69,13 +85,13 @@ def arange(start, stop=None, step=1, dtype=None):
     bounds = (start, stop, step) if stop is not None else (0, start, step)
     if dtype is None:                 # NumPy: int64 for integers, float64 once a float appears
         dtype = torch.float64 if any(isinstance(v, float) for v in bounds) else torch.int64
-    return torch.arange(*bounds, dtype=torch_dtype(dtype))
+    return torch.arange(*bounds, dtype=torch_dtype(dtype), device=PLACEMENT.device)
 
 
 def asarray(a, dtype=None):
     dtype = torch_dtype(dtype)
-    if isinstance(a, torch.Tensor):
-        return a if dtype is None or a.dtype == dtype else a.to(dtype)
+    if isinstance(a, torch.Tensor):     # a tensor from elsewhere (a user's CPU tensor) moves
+        return a.to(device=PLACEMENT.device, dtype=dtype)       # itself when nothing changes
     return from_host(a, dtype)
 
 
@@ -167,7 +183,7 @@ def delete(a, obj, axis=None):
     a = as_tensor(a)
     if axis is None:
         a, axis = a.reshape(-1), 0
-    keep = torch.ones(a.shape[axis], dtype=torch.bool)
+    keep = torch.ones(a.shape[axis], dtype=torch.bool, device=a.device)
     keep[obj if isinstance(obj, (int, slice)) else as_tensor(obj)] = False
     return a[(slice(None),) * (axis % a.ndim) + (keep,)]
 
@@ -292,15 +308,49 @@ _KINDS = {"bool": lambda d: d == torch.bool, "signed integer": lambda d: d in _S
 assert set(_KINDS) == DTYPE_KINDS
 
 
+# cuBLAS's Ozaki-scheme emulation of FP64 (and FP32) GEMMs, switched on by these variables,
+# is not IEEE arithmetic in some summation order, which the exact layer's certificate assumes
+_EMULATION_VARIABLES = ("CUBLAS_EMULATE_DOUBLE_PRECISION", "CUBLAS_EMULATE_SINGLE_PRECISION")
+
+
+def cuda_problem(device: str) -> "str | None":
+    """Why tensors cannot live on CUDA ``device`` ("cuda", "cuda:N") here, or None."""
+    if not torch.cuda.is_available():
+        build = torch.version.cuda and f"CUDA {torch.version.cuda}" or "a CPU-only build"
+        return (f"needs a CUDA device, and PyTorch {torch.__version__} ({build}) sees none "
+                f"here: run it on a machine with an NVIDIA GPU and a CUDA build of PyTorch, "
+                f"or choose torch (CPU) or numpy")
+    count, index = torch.cuda.device_count(), torch.device(device).index or 0
+    if index >= count:
+        return f"names CUDA device {index}; this machine has {count} (cuda:0 to cuda:{count - 1})"
+    emulating = [n for n in _EMULATION_VARIABLES if os.environ.get(n, "0").strip() not in ("", "0")]
+    if emulating:
+        return (f"cannot run with {emulating[0]} set: cuBLAS's emulated GEMMs are not the IEEE "
+                f"arithmetic fpsim's certificates assume; unset it")
+    return None
+
+
 class TorchBackend(Backend):
-    name = "torch"
+    """PyTorch tensors on ``device``: "cpu" (the backend named "torch") or "cuda" / "cuda:N"
+    ("torch:cuda", "torch:cuda:N"). Choosing a CUDA one switches off TF32 in torch's
+    matmuls and convolutions, process-wide (fpsim's float64 products never use it; float32
+    ones must not either)."""
+
     xp = TorchNamespace()
     container = torch.float32
-    device = "cpu"
     bit_dtypes = {torch.float32: torch.uint32, torch.float64: torch.uint64}
 
-    def __init__(self):
+    def __init__(self, device: str = "cpu"):
+        self.device = torch.device(device)
+        self.name = "torch" if self.device.type == "cpu" else f"torch:{device}"
         self._local = threading.local()
+
+    def activate(self) -> None:
+        PLACEMENT.device = self.device
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+            torch.cuda.set_device(self.device)
 
     def asarray(self, data, dtype=None):
         return self.xp.asarray(data, self.container if dtype is None else dtype)
@@ -327,7 +377,7 @@ class TorchBackend(Backend):
     def scalar(self, value, dtype):
         # a 0-d tensor: torch promotes it like NumPy's scalar of the same dtype (the n-d
         # operand's dtype wins within a category; the engine mixes no others)
-        return torch.tensor(value, dtype=torch_dtype(dtype))
+        return torch.tensor(value, dtype=torch_dtype(dtype), device=self.device)
 
     def isdtype(self, dtype, kind: str) -> bool:
         if kind not in _KINDS:
@@ -351,7 +401,7 @@ class TorchBackend(Backend):
         key = (slot, torch_dtype(dtype))
         buffer = buffers.get(key)
         if buffer is None or buffer.numel() < n:
-            buffer = buffers[key] = torch.empty(n, dtype=key[1])
+            buffer = buffers[key] = torch.empty(n, dtype=key[1], device=self.device)
         return buffer[:n]
 
     def errstate(self, **settings):
@@ -359,4 +409,7 @@ class TorchBackend(Backend):
         return nullcontext()
 
     def versions(self) -> dict:
-        return {"torch": torch.__version__, "numpy": np.__version__}
+        found = {"torch": torch.__version__, "numpy": np.__version__}
+        if self.device.type == "cuda":
+            found.update(cuda=torch.version.cuda, device=torch.cuda.get_device_name(self.device))
+        return found

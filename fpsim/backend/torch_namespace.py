@@ -35,9 +35,21 @@ from contextlib import nullcontext
 import numpy as np
 import torch
 
-__all__ = ["DTYPES", "torch_dtype", "as_tensor", "from_host", "host_dtype", "operands",
+__all__ = ["PLACEMENT", "DTYPES", "torch_dtype", "as_tensor", "from_host", "host_dtype", "operands",
            "write_out", "elementwise", "reduction", "flatnonzero", "correctly_rounded_sqrt",
            "ldexp", "nextafter"]
+
+class Placement:
+    """The device every tensor the namespace makes from nothing (``zeros``, ``arange``, host
+    data, Python scalars without an array beside them) is put on: the current torch
+    backend's (``TorchBackend.activate``), process-wide as the backend choice is. A Python
+    scalar meeting a tensor is put on that tensor's device, so no CPU scalar ever meets a CUDA
+    tensor (CUDA divides by a CPU scalar as ``a * (1/b)``: two roundings)."""
+
+    device = torch.device("cpu")
+
+
+PLACEMENT = Placement()
 
 _NUMPY_TO_TORCH = {np.dtype(n): getattr(torch, n) for n in (
     "bool", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
@@ -102,17 +114,17 @@ def as_tensor(value, like=None):
         return value
     if like is not None and isinstance(value, (bool, int, float)) and not isinstance(value, bool):
         if isinstance(value, int) or like.dtype.is_floating_point:
-            return torch.tensor(value, dtype=like.dtype)
+            return torch.tensor(value, dtype=like.dtype, device=like.device)
     if isinstance(value, bool) and like is not None and like.dtype == torch.bool:
-        return torch.tensor(value)
+        return torch.tensor(value, device=like.device)
     return from_host(value)
 
 
 def from_host(value, dtype=None):
-    """Host data (NumPy array, lists, scalars) as a tensor, NumPy's dtype inference. Memory
-    is shared only with an array that owns it, C-ordered, writeable and native-endian
-    (torch.from_numpy refuses the others); views are copied (asking a broadcast view whether
-    it is writeable is itself a NumPy FutureWarning)."""
+    """Host data (NumPy array, lists, scalars) as a tensor on ``PLACEMENT.device``, NumPy's
+    dtype inference. On the CPU, memory is shared only with an array that owns it, C-ordered,
+    writeable and native-endian (torch.from_numpy refuses the others); views are copied
+    (asking a broadcast view whether it is writeable is itself a NumPy FutureWarning)."""
     array = np.asarray(value, dtype=None if dtype is None else numpy_dtype(dtype))
     if array.dtype.kind not in "biuf":
         raise TypeError(f"torch tensors hold real numbers (bool, integer, float), not "
@@ -121,7 +133,7 @@ def from_host(value, dtype=None):
             and array.dtype.isnative):
         # np.array(order="C"), not ascontiguousarray: that makes a 0-d array 1-d
         array = np.array(array, dtype=array.dtype.newbyteorder("="), order="C", copy=True)
-    return torch.from_numpy(array)
+    return torch.from_numpy(array).to(PLACEMENT.device)       # no copy on the CPU
 
 
 def numpy_dtype(dtype) -> np.dtype:
@@ -203,7 +215,7 @@ def correctly_rounded_sqrt(x):
     # (float64 has more than 2 * 24 + 2 bits, so no double rounding)
     root = torch.where(positive, root, wide).to(x.dtype)
     nan_bits = torch.where(torch.isnan(x), quiet(x).view(signed),
-                           torch.tensor(-1 << quiet_bit, dtype=signed))   # sign, exponent, quiet
+                           torch.tensor(-1 << quiet_bit, dtype=signed, device=x.device))
     special = torch.isnan(x) | (x < 0)
     return torch.where(special, nan_bits, root.view(signed)).view(x.dtype)
 
@@ -372,7 +384,7 @@ def unique(a, return_index=False, return_inverse=False, return_counts=False):
     flat = as_tensor(a).reshape(-1)
     order = torch.argsort(flat, stable=True)
     ordered = flat[order]
-    new = torch.ones(ordered.shape, dtype=torch.bool)
+    new = torch.ones(ordered.shape, dtype=torch.bool, device=ordered.device)
     if ordered.numel() > 1:
         same = ordered[1:] == ordered[:-1]
         if ordered.dtype.is_floating_point:
@@ -387,7 +399,8 @@ def unique(a, return_index=False, return_inverse=False, return_counts=False):
         results.append(inverse.reshape(as_tensor(a).shape))     # NumPy 2: the input's shape
     if return_counts:
         starts = flatnonzero(new)
-        results.append(torch.diff(starts, append=torch.tensor([ordered.numel()])))
+        results.append(torch.diff(starts, append=torch.tensor([ordered.numel()],
+                                                              device=ordered.device)))
     return results[0] if len(results) == 1 else tuple(results)
 
 

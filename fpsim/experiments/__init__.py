@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from .. import backend
 from ..files import folder_lock, write_text
 
 __all__ = ["Context", "Result", "Experiment", "ExperimentsFailed", "REGISTRY", "BROKEN",
@@ -296,8 +297,10 @@ def _write_summaries(out: Path, results: list[Result], quick: bool, timings: dic
                for name in order}
     payload = {"mode": mode, "experiments": entries}
     write_text(out / "summary.json", json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    write_text(out / "timings.json", json.dumps({"mode": mode, "experiments": timings},
-                                                indent=2, sort_keys=True) + "\n")
+    # which array library computed: the bits are the same on each, the seconds are not
+    computed_on = {"backend": backend.name(), "versions": backend.versions()}
+    write_text(out / "timings.json", json.dumps({"mode": mode, "experiments": timings,
+                                                 **computed_on}, indent=2, sort_keys=True) + "\n")
     lines = ["# Mixed Precision Training, reproduced with fpsim", "",
              f"Mode: {mode} (`fpsim reproduce{' --quick' if quick else ''}`). Every number "
              f"below is in `summary.json`; figures are PNG and SVG beside this file.", ""]
@@ -312,7 +315,9 @@ def _write_summaries(out: Path, results: list[Result], quick: bool, timings: dic
         lines += [f"![{r.title}]({fig})" for fig in r.figures if fig.endswith(".png")] + [""]
     write_text(out / "summary.md", "\n".join(lines))
     timing_lines = ["# Wall-clock timings (these, and only these, differ between machines)", "",
-                    "| experiment | seconds | CPU seconds (all threads) |", "|---|---|---|"]
+                    f"Computed on the {backend.name()} backend ("
+                    + ", ".join(f"{k} {v}" for k, v in computed_on["versions"].items()) + ").",
+                    "", "| experiment | seconds | CPU seconds (all threads) |", "|---|---|---|"]
     timing_lines += [f"| {name} | {t['seconds']} | {t['cpu_seconds']} |"
                      for name, t in timings.items()]
     for r in results:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import backend
 from ..autograd import Tensor, mse_loss, no_grad, use_policy
 from ..nn import MLP, Linear
 from ..optim import SGD, Optimizer
@@ -64,9 +65,8 @@ class UpdateLog:
 
     def apply(self, ops, param, grad, state, step):
         result = self.rule.apply(ops, param, grad, state, step)
-        before = np.asarray(param, np.float64).reshape(-1)
-        after = np.asarray(result.param, np.float64).reshape(-1)
-        intended = np.asarray(result.intended, np.float64).reshape(-1)
+        before, after, intended = (backend.to_numpy(v).astype(np.float64).reshape(-1)
+                                   for v in (param, result.param, result.intended))
         moved = intended != 0
         with np.errstate(divide="ignore", over="ignore"):
             self.ratios.append(np.abs(before[moved]) / np.abs(intended[moved]))
@@ -156,7 +156,7 @@ def run_regression(problem: Regression, policy: str, master, lr: float, steps: i
         state = report.scaler_state
         losses.append(loss.item())
         lost.append(report.lost_fraction)
-        diff = model.weight.data.reshape(-1).astype(np.float64) - w_star  # exact
+        diff = model.weight.numpy().reshape(-1).astype(np.float64) - w_star  # exact
         error.append(math.sqrt(math.fsum(diff * diff)) / norm_star)
     return RegressionRun(np.array(losses, np.float32), np.array(lost), np.array(error), log)
 
@@ -207,7 +207,7 @@ def accuracy(model, policy: str, data: Dataset) -> tuple[float, float]:
     """Held-out accuracy with the model evaluated under ``policy`` (no gradients), and the
     fraction of samples whose logits are not all finite; those count as wrong."""
     with use_policy(policy), no_grad(), np.errstate(invalid="ignore", over="ignore"):
-        logits = model(Tensor(data.x)).data
+        logits = model(Tensor(data.x)).numpy()
     finite = np.isfinite(logits).all(axis=1)
     correct = finite & (np.argmax(np.where(np.isfinite(logits), logits, -np.inf), axis=1)
                         == data.y)

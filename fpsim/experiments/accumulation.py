@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from .. import backend
 from ..exact.accumulation import ExactAccumulation, SequentialAccumulation, matmul, tensor_core
 from ..plots.accumulation import plot_accumulation_error
 from ..rounding import round_to
@@ -49,7 +50,7 @@ def measure(k_values, outputs: int = 8, seed: int = 0) -> dict:
             b = round_to(draw(rng, (k, outputs)).astype(np.float32), "fp16")
             reference = exact_reference(a, b)
             for name, (make, out_fmt) in MODELS.items():
-                got = matmul(a, b, out_fmt=out_fmt, model=make()).astype(np.float64)
+                got = backend.to_numpy(matmul(a, b, out_fmt=out_fmt, model=make())).astype(np.float64)
                 rel = np.abs(got - reference) / np.abs(reference)
                 errors[data_name][name].append(float(np.median(rel)))
     return errors

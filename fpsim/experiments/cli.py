@@ -16,6 +16,8 @@ import sys
 import threading
 import time
 
+from ..train.cli import add_backend_option, chosen_backend
+
 __all__ = ["register", "run", "MEASURED_SECONDS", "ProgressBars", "DEFAULT_OUT"]
 
 # Where each mode writes unless --out says otherwise: the lessons in notebooks/ check their
@@ -54,10 +56,17 @@ def register(commands) -> None:
                    help="let a run of one mode (quick or full) replace a folder holding a run "
                         "of the other (refused without this)")
     p.add_argument("--list", action="store_true", help="list the experiments and exit")
+    add_backend_option(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar or messages")
 
 
 def run(args: argparse.Namespace) -> int:
+    """Exit status 0 done, 1 an experiment failed; bad input raises ValueError (status 2)."""
+    with chosen_backend(args.backend):
+        return _reproduce_as_told(args)
+
+
+def _reproduce_as_told(args: argparse.Namespace) -> int:
     from . import BROKEN, REGISTRY, ExperimentsFailed, names, reproduce
 
     if args.list:

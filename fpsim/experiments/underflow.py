@@ -73,7 +73,7 @@ def record_activation_gradients(model, data, *, batches: int = BATCHES, seed: in
             if not per_layer:
                 per_layer = [[] for _ in watched]
             for store, t in zip(per_layer, watched):
-                store.append(np.array(t.grad.data, np.float32).reshape(-1))
+                store.append(t.grad.numpy().astype(np.float32).reshape(-1))
     return [np.concatenate(parts) for parts in per_layer]
 
 

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import backend
 from .._version import __version__
 from ..train import cli as train_cli
 from ..train import read_trace
@@ -84,10 +85,12 @@ def train_arguments(config: dict, out: "str | Path") -> argparse.Namespace:
     return args
 
 
-def run_cell(cell: Cell) -> dict:
-    """Train one cell (on a worker): ``{"fpsim": version, "row": results row, "files": {name:
-    text}}``. A configuration that fails gives a row with status "failed" and the error."""
-    with tempfile.TemporaryDirectory(prefix="fpsim-cell-") as folder:
+def run_cell(cell: Cell, backend_name: str = "numpy") -> dict:
+    """Train one cell (on a worker) on the sweep's backend: ``{"fpsim": version, "row":
+    results row, "files": {name: text}}``. A configuration that fails gives a row with status
+    "failed" and the error."""
+    with tempfile.TemporaryDirectory(prefix="fpsim-cell-") as folder, \
+            backend.use_backend(backend_name):
         error = None
         began = time.perf_counter()
         try:

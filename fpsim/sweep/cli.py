@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..train.cli import add_backend_option
 from .phase import PLOTTED, phase_diagram
 from .run import run_sweep
 from .spec import load_spec
@@ -32,6 +33,7 @@ def register(commands) -> None:
     p.add_argument("--scheduler", default=None,
                    help="address of a running Dask scheduler (tcp://HOST:8786) to use instead "
                         "(default: none, a local cluster)")
+    add_backend_option(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
     f = commands.add_parser("sweep-plot", help="draw a sweep's phase diagram",
                             description="Heatmap of one outcome over two axes of a sweep, "
@@ -64,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         summary = run_sweep(spec, args.out, workers=args.workers, scheduler=args.scheduler,
-                            progress=False if args.quiet else None, announce=announce)
+                            progress=False if args.quiet else None, announce=announce,
+                            backend_name=args.backend)
     except KeyboardInterrupt:
         print(f"fpsim sweep: interrupted; {args.out} holds the finished cells: rerun the same "
               f"command to resume")

@@ -79,6 +79,10 @@ def read_sweep_record(path: Path) -> dict:
         raise ValueError(f"{path}: 'format' is {record.get('format')!r}, not {SWEEP_FORMAT!r}: "
                          f"it is not {what}")
     _check_keys(path, "", record, RECORD_KEYS)
+    record.setdefault("backend", "numpy")      # sweeps recorded before --backend: NumPy's
+    if not isinstance(record["backend"], str):
+        raise ValueError(f"{path}: 'backend' must be a string (the backend the sweep ran on), "
+                         f"not {_kind(record['backend'])}")
     _check_keys(path, "'spec' ", record["spec"], SPEC_KEYS)
     for table in ("grid", "zip"):
         for axis, values in record["spec"][table].items():

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import backend
 from .._version import __version__
 from ..train.progress import progress_bar
 from ..files import LOCK_NAME, folder_lock, write_text
@@ -80,9 +81,10 @@ def columns(spec: SweepSpec) -> list[str]:
     return [*HEAD, *spec.axes, *(name for name in sorted(spec.base)), *TABLE_METRICS]
 
 
-def check_folder(spec: SweepSpec, out: Path) -> None:
-    """``out`` must be new, empty, or hold this same sweep (made by this fpsim version): a
-    sweep's results are never replaced by another's. Writes nothing."""
+def check_folder(spec: SweepSpec, out: Path, backend_name: str = "numpy") -> None:
+    """``out`` must be new, empty, or hold this same sweep (made by this fpsim version, on
+    this backend): a sweep's results are never replaced by another's, nor its cells mixed
+    with cells computed elsewhere. Writes nothing."""
     record = out / "sweep.json"
     if record.exists():
         earlier = read_sweep_record(record)
@@ -92,13 +94,17 @@ def check_folder(spec: SweepSpec, out: Path) -> None:
         if earlier["fpsim"] != __version__:
             raise ValueError(f"{out} was swept with fpsim {earlier['fpsim']}, this is fpsim "
                              f"{__version__}; choose another --out")
+        if earlier["backend"] != backend_name:
+            raise ValueError(f"{out} was swept on the {earlier['backend']} backend, this run "
+                             f"asks for {backend_name}; resume it with --backend "
+                             f"{earlier['backend']}, or choose another --out")
     elif out.exists() and (not out.is_dir() or any(p.name != LOCK_NAME for p in out.iterdir())):
         raise ValueError(f"{out} is not an empty folder and holds no sweep; choose a new or "
                          f"empty --out")
 
 
 @contextlib.contextmanager
-def locked_folder(spec: SweepSpec, out: Path, note):
+def locked_folder(spec: SweepSpec, out: Path, note, backend_name: str = "numpy"):
     """Create ``out`` and hold its lock (``fpsim.files.folder_lock``, as ``fpsim train`` and
     ``fpsim reproduce`` do) while the sweep writes there: a second sweep into ``out`` is
     refused (``FolderInUse``, naming the process). ``note`` receives the line saying a stale
@@ -113,7 +119,7 @@ def locked_folder(spec: SweepSpec, out: Path, note):
                              f"{err.strerror or err}") from None
         if taken_over:
             note(taken_over)
-        check_folder(spec, out)
+        check_folder(spec, out, backend_name)
         yield
 
 
@@ -143,11 +149,12 @@ def write_results(out: Path, spec: SweepSpec, done: dict[int, dict], baselines: 
             {row["cell"]: row for row in rows})
 
 
-def write_record(spec: SweepSpec, cells: list[Cell], out: Path) -> None:
-    """Write ``sweep.json`` (the spec, the cells, the versions) into the locked ``out``."""
+def write_record(spec: SweepSpec, cells: list[Cell], out: Path, backend_name: str) -> None:
+    """Write ``sweep.json`` (the spec, the cells, the backend, the versions) into the locked
+    ``out``."""
     (out / "cells").mkdir(exist_ok=True)
     info = {"format": SWEEP_FORMAT, "version": 1, "fpsim": __version__, "spec": spec.as_dict(),
-            "source": spec.source, "versions": _versions(),
+            "source": spec.source, "backend": backend_name, "versions": _versions(),
             "cells": [{"cell": c.index, "key": c.key, "axes": c.axes} for c in cells]}
     write_text(out / "sweep.json", json.dumps(info, indent=2, sort_keys=True,
                                               allow_nan=False) + "\n")
@@ -227,14 +234,30 @@ def installed_version() -> str:
     return __version__
 
 
-def _check_versions(client) -> int:
-    """The number of workers; every worker must run this fpsim version."""
+def backend_problem(backend_name: str) -> "str | None":
+    """Why this process (on a worker: the worker) cannot compute on ``backend_name``, or
+    None."""
+    try:
+        with backend.use_backend(backend_name):
+            return None
+    except ValueError as err:
+        return str(err)
+
+
+def _check_versions(client, backend_name: str) -> int:
+    """The number of workers; every worker must run this fpsim version and have the
+    sweep's backend."""
     found = client.run(installed_version)
     other = {addr: v for addr, v in found.items() if v != __version__}
     if other:
         addr, version = next(iter(other.items()))
         raise ValueError(f"Dask worker {addr} runs fpsim {version}, this is fpsim "
                          f"{__version__}: install the same version on every worker")
+    problems = {addr: why for addr, why in client.run(backend_problem, backend_name).items()
+                if why}
+    if problems:
+        addr, why = next(iter(problems.items()))
+        raise ValueError(f"Dask worker {addr} cannot run the sweep: {why}")
     return len(found)
 
 
@@ -245,10 +268,12 @@ def local_worker_limit() -> int:
 
 def run_sweep(spec: SweepSpec, out: "str | Path", *, workers: int | None = None,
               scheduler: str | None = None, progress: bool | None = None,
-              retries: int = 2, announce=None) -> SweepSummary:
+              retries: int = 2, announce=None, backend_name: str | None = None) -> SweepSummary:
     """Run every cell of ``spec`` not yet done in ``out``; returns the summary. ``workers``:
     processes of the local cluster (default: the CPU count; never more than the cells to
-    run); ``scheduler``: the address of an existing Dask scheduler instead. ``announce``
+    run); ``scheduler``: the address of an existing Dask scheduler instead; ``backend_name``:
+    what every cell computes on (default: this process's backend; recorded in sweep.json,
+    and a folder swept on another is refused). ``announce``
     (a function of one line) hears the plan before any worker starts, and a note when a stale
     lock is taken over. Bad input raises ``ValueError`` before anything is written."""
     announce = announce or (lambda line: None)
@@ -269,10 +294,15 @@ def run_sweep(spec: SweepSpec, out: "str | Path", *, workers: int | None = None,
         raise ValueError(f"{spec.source}: the sweep has {count:,} cells, more than the "
                          f"{MAX_CELLS:,} one sweep accepts (each cell is a training run); split "
                          f"it into several sweeps, each into its own --out")
+    backend_name = backend.name() if backend_name is None else backend_name
+    # local workers are this machine: it must have the backend (a cluster's are asked)
+    problem = backend_problem(backend_name) if scheduler is None else None
+    if problem:
+        raise ValueError(problem)
     out = Path(out)
     cells = expand(spec)
     baselines = find_baselines({cell.index: cell.config for cell in cells})
-    check_folder(spec, out)
+    check_folder(spec, out, backend_name)
     began = time.perf_counter()
     with contextlib.ExitStack() as stack:
         client, n_workers = None, 0
@@ -280,8 +310,9 @@ def run_sweep(spec: SweepSpec, out: "str | Path", *, workers: int | None = None,
             # an existing cluster is reached, and its workers' fpsim checked, before the
             # folder is made: a refused cluster leaves nothing behind
             client = stack.enter_context(_client(None, scheduler))
-            n_workers = _check_versions(client)
-        stack.enter_context(locked_folder(spec, out, lambda text: announce(f"note: {text}")))
+            n_workers = _check_versions(client, backend_name)
+        stack.enter_context(locked_folder(spec, out, lambda text: announce(f"note: {text}"),
+                                          backend_name))
         done = finished_rows(cells, out)
         pending = [cell for cell in cells if cell.index not in done]
         started = min(workers, len(pending)) if scheduler is None else None
@@ -292,14 +323,14 @@ def run_sweep(spec: SweepSpec, out: "str | Path", *, workers: int | None = None,
         # every cell done already: no cluster to start, the table is rewritten from the cells
         if pending and client is None:
             client = stack.enter_context(_client(started, scheduler))
-            n_workers = _check_versions(client)
-        write_record(spec, cells, out)
+            n_workers = _check_versions(client, backend_name)
+        write_record(spec, cells, out, backend_name)
         summary = SweepSummary(out, len(cells), len(done), workers=n_workers)
         table = {}
         try:
             if pending:
                 _run_pending(client, pending, out, done, spec, baselines, summary, progress,
-                             retries)
+                             retries, backend_name)
         finally:
             summary.tables, table = write_results(out, spec, done, baselines)
     summary.seconds = time.perf_counter() - began
@@ -309,12 +340,13 @@ def run_sweep(spec: SweepSpec, out: "str | Path", *, workers: int | None = None,
 
 
 def _run_pending(client, pending, out, done, spec, baselines, summary, progress,
-                 retries) -> None:
+                 retries, backend_name) -> None:
     from distributed import as_completed
 
     futures = {}
     for cell in pending:
-        future = client.submit(run_cell, cell, key=f"fpsim-cell-{cell.index}-{cell.key}",
+        future = client.submit(run_cell, cell, backend_name,
+                               key=f"fpsim-cell-{cell.index}-{cell.key}",
                                retries=retries, pure=False)
         futures[future] = cell
     bar = progress_bar(summary.cells, summary.earlier, "cell", progress)

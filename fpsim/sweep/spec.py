@@ -46,7 +46,7 @@ else:  # pragma: no cover  (Python 3.10)
 __all__ = ["SweepSpec", "SpecError", "load_spec", "parse_spec", "train_fields", "SWEEP_OWNED"]
 
 SWEEP_OWNED = ("out", "resume", "checkpoint_every", "trace_format", "quiet", "overwrite",
-               "allow_change", "plot")
+               "allow_change", "plot", "backend")
 TABLES = ("sweep", "base", "grid", "zip")
 SWEEP_KEYS = ("name", "description")
 

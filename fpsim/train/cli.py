@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import nullcontext
 
 import numpy as np
 
-from .. import nn
+from .. import backend, nn
 from ..autograd import get_policy, use_policy
 from ..optim import SGD, Adam, AdamW, Optimizer
 from .data import DATASETS, make_dataset
 from .loop import ADJUSTABLE_ON_RESUME, resolve_scaler, train
 from .recipes import recipe_for, recipe_record, scaler_name
 
-__all__ = ["register", "run"]
+__all__ = ["register", "run", "add_backend_option", "chosen_backend"]
 
 OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": AdamW}
 
@@ -81,7 +82,22 @@ def register(commands) -> None:
     p.add_argument("--plot", action="store_true",
                    help="also draw the run (fpsim plot) into OUT/trace.png at the end; needs "
                         "--out")
+    add_backend_option(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
+
+
+def add_backend_option(parser) -> None:
+    """``--backend NAME`` (fpsim train, reproduce and sweep): the array library computing."""
+    parser.add_argument("--backend", default=None,
+                        help=f"array library to compute with, the same bits on each: "
+                             f"{backend.accepted()} (default: the FPSIM_BACKEND environment "
+                             f"variable, else numpy); run records name it")
+
+
+def chosen_backend(name: "str | None"):
+    """``--backend``'s context: that backend for the command (a missing library or device is
+    a ValueError saying what to install), or the current one when not given."""
+    return backend.use_backend(name) if name is not None else nullcontext()
 
 
 def recipe_line(recipe, master_fmt, scaler_config) -> str:
@@ -112,8 +128,13 @@ def _sizes(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Train as the arguments say; returns the exit status (ValueError/TypeError propagate to
-    the caller, which reports them with status 2)."""
+    """Train as the arguments say, on ``--backend``; returns the exit status
+    (ValueError/TypeError propagate to the caller, which reports them with status 2)."""
+    with chosen_backend(getattr(args, "backend", None)):
+        return _train_as_told(args)
+
+
+def _train_as_told(args: argparse.Namespace) -> int:
     for option, value, low in (("--samples", args.samples, 1), ("--features", args.features, 1),
                                ("--classes", args.classes, 2), ("--steps", args.steps, 1),
                                ("--batch-size", args.batch_size, 1), ("--seed", args.seed, 0),

@@ -94,8 +94,9 @@ class TrainResult:
     notes: list[str] = field(default_factory=list)   # what was done on the user's behalf
 
     @property
-    def losses(self) -> xp.ndarray:
-        return xp.array([r.loss for r in self.records], xp.float32)
+    def losses(self):
+        """The per-step losses as a host NumPy float32 array (records live on the host)."""
+        return backend.to_numpy(xp.array([r.loss for r in self.records], xp.float32))
 
     @property
     def loss_hash(self) -> str:

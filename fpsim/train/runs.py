@@ -270,7 +270,8 @@ class Comparison:
         return self.difference is None and self.lengths[0] == self.lengths[1]
 
     def __str__(self) -> str:
-        names = f"A = {self.a.source} ({self.a.label})\nB = {self.b.source} ({self.b.label})"
+        names = "\n".join(f"{which} = {run.source} ({_described(run)})"
+                          for which, run in (("A", self.a), ("B", self.b)))
         compared = ", ".join(self.fields)
         if self.identical:
             lines = [f"bit-identical: {self.lengths[0]} steps, every value of {compared} "
@@ -309,6 +310,12 @@ class Comparison:
             lines.append(f"    {name:<{width}}  {show_value(name, va)} | "
                          f"{show_value(name, vb)}{mark}")
         return lines
+
+
+def _described(run: Run) -> str:
+    """The run's label and, where its run.json names it, the backend that computed it."""
+    computed_on = run.config.get("backend") if isinstance(run.config, dict) else None
+    return ", ".join(p for p in (run.label, computed_on and f"backend {computed_on}") if p)
 
 
 def compare_runs(a: "Run | str | os.PathLike", b: "Run | str | os.PathLike") -> Comparison:
