@@ -29,6 +29,7 @@ import time
 
 import numpy as np
 
+from .. import backend
 from ..optim import Adam, Optimizer
 from ..optim.arith import Arith
 from ..plots.recipes import plot_recipes
@@ -65,8 +66,9 @@ def first_step_moments(policy: str, data, eps: float) -> dict:
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         train(model, data, optimizer=optimizer, policy=policy, steps=1, batch_size=BATCH,
               seed=0, progress=False)
-    m = np.concatenate([s.exp_avg.reshape(-1) for s in optimizer.states.values()])
-    v = np.concatenate([s.exp_avg_sq.reshape(-1) for s in optimizer.states.values()])
+    m, v = (np.concatenate([backend.to_numpy(getattr(s, moment)).reshape(-1)
+                            for s in optimizer.states.values()])
+            for moment in ("exp_avg", "exp_avg_sq"))
     return {"v_zero_m_nonzero": float(np.mean((v == 0) & (m != 0))),
             "v_zero_m_zero": float(np.mean((v == 0) & (m == 0)))}
 
