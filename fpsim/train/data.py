@@ -16,54 +16,104 @@ __all__ = ["Dataset", "make_dataset", "DATASETS"]
 
 @dataclass(frozen=True)
 class Dataset:
-    """Inputs ``x`` (float32, ``(n, features)``) and integer class labels ``y`` (``(n,)``)."""
+    """Inputs ``x`` and targets ``y``, one sample per leading index.
+
+    - ``x``: float (stored as float32) of any shape ``(n, ...)``: feature rows ``(n, f)``,
+      images ``(n, C, H, W)``, sequences of vectors; or integer token ids ``(n, ...)`` (for
+      models that start with an ``Embedding``; stored as int64).
+    - ``y`` with ``classes`` (a classification): integer labels ``(n,)``, or one label per
+      position ``(n, ...)`` (per-token targets), each in ``0..classes-1``.
+    - ``y`` with ``classes=None`` (a regression): float targets ``(n, ...)``, stored as
+      float32.
+    """
 
     x: np.ndarray
     y: np.ndarray
-    classes: int
+    classes: "int | None" = None
     name: str = "data"
 
     def __post_init__(self) -> None:
-        if isinstance(self.classes, bool) or not isinstance(self.classes, (int, np.integer)) \
-                or self.classes < 1:
-            raise ValueError(f"{self.name}: classes must be a positive integer, got "
-                             f"{self.classes!r}")
         x, y = np.asarray(self.x), np.asarray(self.y)
-        if x.ndim != 2:
-            raise ValueError(f"{self.name}: inputs must be 2-D (samples, features), got shape "
-                             f"{x.shape}")
-        if x.dtype.kind != "f":
-            raise TypeError(f"{self.name}: inputs must be floating point, got {x.dtype}")
-        bad = ~np.isfinite(x)
-        if bad.any():
-            row, col = map(int, np.argwhere(bad)[0])
-            raise ValueError(f"{self.name}: inputs hold {int(bad.sum())} NaN/inf value(s), the "
-                             f"first at sample {row}, feature {col}; clean the data first")
-        if y.ndim != 1 or y.shape[0] != x.shape[0]:
-            raise ValueError(f"{self.name}: labels must have shape ({x.shape[0]},) to match "
-                             f"inputs {x.shape}, got {y.shape}")
-        if y.dtype.kind not in "iu":
-            raise TypeError(f"{self.name}: labels must be integers, got {y.dtype}")
-        if y.size and (y.min() < 0 or y.max() >= self.classes):
-            raise ValueError(f"{self.name}: labels must lie in 0..{self.classes - 1}, got "
-                             f"{int(y.min())}..{int(y.max())}")
-        with np.errstate(over="ignore"):
-            x32 = np.ascontiguousarray(x, np.float32)
-        beyond = ~np.isfinite(x32)
-        if beyond.any():
-            row, col = map(int, np.argwhere(beyond)[0])
-            raise ValueError(f"{self.name}: {int(beyond.sum())} input value(s) overflow float32 "
-                             f"(|x| > 3.4e38), the first at sample {row}, feature {col} "
-                             f"({float(x[row, col])!r}); scale the data first")
-        object.__setattr__(self, "x", x32)
-        object.__setattr__(self, "y", np.ascontiguousarray(y, np.int64))
+        if x.ndim < 1 or x.shape[0] < 1:
+            raise ValueError(f"{self.name}: inputs must hold at least one sample (n, ...), got "
+                             f"shape {x.shape}")
+        if x.dtype.kind not in "fiu":
+            raise TypeError(f"{self.name}: inputs must be floating point (features, images) or "
+                            f"integer (token ids), got {x.dtype}")
+        if y.ndim < 1 or y.shape[0] != x.shape[0]:
+            raise ValueError(f"{self.name}: labels/targets must have shape ({x.shape[0]},) or "
+                             f"({x.shape[0]}, ...) to match inputs {x.shape}, got {y.shape}")
+        object.__setattr__(self, "x", _inputs(self.name, x))
+        if self.classes is None:
+            object.__setattr__(self, "y", _regression_targets(self.name, y))
+        else:
+            object.__setattr__(self, "y", _labels(self.name, y, self.classes))
 
     @property
     def features(self) -> int:
-        return self.x.shape[1]
+        """The size of one sample's last axis (the feature count of ``(n, f)`` data)."""
+        return self.x.shape[-1]
+
+    @property
+    def task(self) -> str:
+        """"classification" (integer labels and ``classes``) or "regression"."""
+        return "regression" if self.classes is None else "classification"
 
     def __len__(self) -> int:
         return self.x.shape[0]
+
+
+def _first_bad(bad: np.ndarray) -> str:
+    """"3 value(s), the first at sample 3, feature 5" (or "position (1, 2)" beyond 2-D)."""
+    sample, *rest = map(int, np.argwhere(bad)[0])
+    at = (f", feature {rest[0]}" if len(rest) == 1 else
+          f", position {tuple(rest)}" if rest else "")
+    return f"the first at sample {sample}{at}"
+
+
+def _inputs(name: str, x: np.ndarray) -> np.ndarray:
+    if x.dtype.kind in "iu":
+        if x.size and x.min() < 0:
+            raise ValueError(f"{name}: integer inputs are token ids and must be >= 0; "
+                             f"{int((x < 0).sum())} negative value(s), {_first_bad(x < 0)}")
+        return np.ascontiguousarray(x, np.int64)
+    bad = ~np.isfinite(x)
+    if bad.any():
+        raise ValueError(f"{name}: inputs hold {int(bad.sum())} NaN/inf value(s), "
+                         f"{_first_bad(bad)}; clean the data first")
+    with np.errstate(over="ignore"):
+        x32 = np.ascontiguousarray(x, np.float32)
+    beyond = ~np.isfinite(x32)
+    if beyond.any():
+        raise ValueError(f"{name}: {int(beyond.sum())} input value(s) overflow float32 "
+                         f"(|x| > 3.4e38), {_first_bad(beyond)}; scale the data first")
+    return x32
+
+
+def _labels(name: str, y: np.ndarray, classes) -> np.ndarray:
+    if isinstance(classes, bool) or not isinstance(classes, (int, np.integer)) or classes < 1:
+        raise ValueError(f"{name}: classes must be a positive integer, got {classes!r} (or "
+                         f"None for regression targets)")
+    if y.dtype.kind not in "iu":
+        raise TypeError(f"{name}: labels must be integers (or give classes=None for float "
+                        f"regression targets), got {y.dtype}")
+    if y.size and (y.min() < 0 or y.max() >= classes):
+        raise ValueError(f"{name}: labels must lie in 0..{classes - 1}, got "
+                         f"{int(y.min())}..{int(y.max())}")
+    return np.ascontiguousarray(y, np.int64)
+
+
+def _regression_targets(name: str, y: np.ndarray) -> np.ndarray:
+    if y.dtype.kind != "f":
+        raise TypeError(f"{name}: without classes the targets are regression values and must "
+                        f"be floating point, got {y.dtype} (give classes= for labels)")
+    with np.errstate(over="ignore"):
+        y32 = np.ascontiguousarray(y, np.float32)
+    bad = ~np.isfinite(y32)
+    if bad.any():
+        raise ValueError(f"{name}: targets hold {int(bad.sum())} NaN/inf value(s) (or beyond "
+                         f"float32), {_first_bad(bad)}")
+    return y32
 
 
 def _blobs(rng, n, features, classes, spread=1.0):

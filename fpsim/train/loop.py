@@ -30,11 +30,12 @@ from ..backend import xp
 
 from .._version import __version__ as _fpsim_version
 from ..files import folder_lock, write_text
-from ..autograd import Tensor, cross_entropy, get_policy, no_grad, use_policy
+from ..autograd import Tensor, get_policy, no_grad, use_policy
 from ..exact.underflow import count_gradient_underflow
 from ..optim import SGD, Optimizer
 from ..scaling import NoScaler, ScalerState, StaticScaler, preset
 from .data import Dataset
+from .losses import batch_inputs, resolve_loss
 from .resume import (ADJUSTABLE_ON_RESUME, check_allowed_changes, check_same_config,
                      restore_checkpoint, run_identity, save_training_checkpoint)
 from .progress import progress_bar
@@ -108,10 +109,18 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler="r
           out: "str | os.PathLike | None" = None, trace_layout: str = "jsonl",
           checkpoint_every: int | None = None, resume: "str | os.PathLike | None" = None,
           progress: bool | None = None, config: dict | None = None, overwrite: bool = False,
-          allow_changes=()) -> TrainResult:
-    """Train ``model`` (a ``Module`` mapping ``(batch, features)`` to class logits) on
-    ``data`` for ``steps`` steps. Everything is checked before the first step: bad input
-    raises ``ValueError``/``TypeError`` and nothing is written.
+          allow_changes=(), loss="auto") -> TrainResult:
+    """Train ``model`` (any ``Module``) on ``data`` (a ``Dataset`` of any shape) for ``steps``
+    steps. Everything is checked before the first step (one forward pass and loss on two
+    samples included): bad input raises ``ValueError``/``TypeError`` and nothing is written.
+
+    ``loss``: ``"cross_entropy"`` (class logits ``(batch, ..., classes)`` against labels
+    ``(batch, ...)``: per-token labels are averaged over every position), ``"mse"``, a
+    function ``loss(output, targets)`` of the model's output and the batch's targets (a
+    ``Tensor`` for regression targets, an integer array for labels) returning a scalar
+    ``Tensor``, or ``"auto"`` (the default): cross-entropy for labelled data, mse for
+    regression targets. Integer inputs (token ids) reach the model as an integer array, float
+    inputs as a ``Tensor`` in the policy's input format.
 
     ``optimizer`` (built for ``model``) defaults to SGD(lr=0.1) with the master copy the
     policy's recipe keeps (``fpsim.train.recipe_for``: fp32 for the mixed recipes, none for the
@@ -148,7 +157,8 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler="r
     if isinstance(scaler, str) and scaler.strip().lower() == "recipe":
         scaler = recipe.scaler
     scaler_cfg = resolve_scaler(scaler)
-    _dry_run(model, data, policy)
+    loss_fn, loss_name = resolve_loss(loss, data)
+    _dry_run(model, data, policy, loss_fn)
 
     settings = dict(config or {}, policy=policy.name if hasattr(policy, "name") else str(policy),
                     steps=steps, batch_size=batch_size, seed=seed,
@@ -156,6 +166,7 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler="r
                     master=str(optimizer.master_fmt) if optimizer.master_fmt else None,
                     clip_norm=optimizer.clip_norm, scaler=repr(scaler_cfg), data=data.name,
                     model=type(model).__name__, scaler_name=scaler_name(scaler_cfg),
+                    loss=loss_name,
                     **recipe_record(recipe, optimizer.master_fmt, scaler_cfg))
     identity = run_identity(settings, optimizer, data, model)
     rng = backend.host_rng(seed)
@@ -172,7 +183,7 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler="r
                                                      resume, overwrite, identity, allow_changes)
         result = _run(model, data, optimizer, state, policy, rng, range(start, steps),
                       batch_size, writer, out_dir, checkpoint_every, identity, kept, progress,
-                      steps)
+                      steps, loss_fn)
         result.notes[:0] = notes
         if out_dir is not None:
             save_training_checkpoint(out_dir / "checkpoint.npz", model, optimizer,
@@ -182,7 +193,7 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler="r
 
 
 def _run(model, data, optimizer, state, policy, rng, step_range, batch_size, writer, out_dir,
-         checkpoint_every, identity, kept, progress, steps) -> TrainResult:
+         checkpoint_every, identity, kept, progress, steps, loss_fn) -> TrainResult:
     records: list[StepRecord] = list(kept)
     nonfinite: list[int] = [r.step for r in kept if not xp.isfinite(r.loss)]
     bar = progress_bar(steps, step_range.start, "step", progress)
@@ -191,7 +202,7 @@ def _run(model, data, optimizer, state, policy, rng, step_range, batch_size, wri
             began = time.perf_counter()
             idx = rng.integers(0, len(data), batch_size)
             with use_policy(policy):
-                loss = cross_entropy(model(Tensor(data.x[idx])), data.y[idx])
+                loss = loss_fn(model(batch_inputs(data.x[idx])), data.y[idx])
                 scale = state.scale
                 with count_gradient_underflow() as counts:
                     loss.backward(xp.full(loss.shape, scale, xp.float32))
@@ -234,15 +245,14 @@ def _check_optimizer_fits(model, optimizer) -> None:
                          f"Optimizer(model, rule)")
 
 
-def _dry_run(model, data: Dataset, policy) -> None:
-    """One forward pass on two samples, so shape and class-count mistakes stop the run before
-    anything is written."""
+def _dry_run(model, data: Dataset, policy, loss_fn) -> None:
+    """One forward pass and loss on two samples, so shape and class-count mistakes stop the
+    run before anything is written."""
     with use_policy(policy), no_grad():
-        logits = model(Tensor(data.x[:2]))
-    if logits.ndim != 2 or logits.shape[-1] != data.classes:
-        raise ValueError(f"the model maps inputs {data.x[:2].shape} to {logits.shape}, but the "
-                         f"data has {data.classes} classes: the output must be "
-                         f"(batch, {data.classes})")
+        value = loss_fn(model(batch_inputs(data.x[:2])), data.y[:2])
+    if not isinstance(value, Tensor) or backend.size(value.data) != 1:
+        raise TypeError(f"the loss must give one number (a Tensor of one element), got "
+                        f"{getattr(value, 'shape', type(value).__name__)}")
 
 
 def _open_outputs(stack: contextlib.ExitStack, out, layout, settings, start, resume,
