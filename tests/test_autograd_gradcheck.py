@@ -81,6 +81,14 @@ CASES = {
     "sigmoid": (lambda a: a.sigmoid(), lambda r: [_rand(r, 5) * 4]),
     "relu": (lambda a: a.relu(), lambda r: [_away_from_zero(r, 6)]),
     "gelu": (lambda a: a.gelu(), lambda r: [_rand(r, 6)]),
+    "gelu_tanh": (lambda a: a.gelu("tanh"), lambda r: [_rand(r, 8, low=-4.0, high=4.0)]),
+    "where": (lambda a, b: ag.where(np.array([[True, False, True], [False, False, True]]),
+                                    a, b) * b,
+              lambda r: [_rand(r, 2, 3), _rand(r, 3)]),
+    "where_scalar": (lambda a: ag.where(np.array([True, False, True]), 0.5, a),
+                     lambda r: [_rand(r, 2, 3)]),
+    "masked_fill": (lambda a: a.masked_fill(np.array([[False], [True]]), -1.5) * a,
+                    lambda r: [_rand(r, 2, 3)]),
     "softmax": (lambda a: a.softmax(axis=-1), lambda r: [_rand(r, 3, 5)]),
     "softmax_axis0": (lambda a: a.softmax(axis=0), lambda r: [_rand(r, 3, 5)]),
     "log_softmax": (lambda a: a.log_softmax(axis=1), lambda r: [_rand(r, 3, 5)]),
@@ -149,7 +157,8 @@ def test_gradient_float64_reference(name):
 
 FP32_CASES = ["cast", "add_broadcast", "mul_broadcast", "div", "matmul_batched", "linear", "conv2d",
               "max_pool2d", "avg_pool2d", "layer_norm", "silu", "sum_axes",
-              "mean_axis", "exp", "log", "tanh", "sigmoid", "gelu", "softmax", "log_softmax",
+              "mean_axis", "exp", "log", "tanh", "sigmoid", "gelu", "gelu_tanh", "where",
+              "masked_fill", "softmax", "log_softmax",
               "getitem_repeated_index", "cross_entropy", "mse_loss", "mlp"]
 
 

@@ -7,8 +7,9 @@ themselves stored in a format.
 - Ops (``ops_*.py``), each beside its backward: ``add sub mul div neg pow exp log sqrt tanh
   sigmoid silu relu gelu``; ``matmul linear``; ``conv2d`` (``ops_conv.py``: im2col through
   the same accumulation); ``max_pool2d avg_pool2d`` (``ops_pool.py``); ``layer_norm``
-  (``ops_norm.py``); ``sum mean max softmax log_softmax``; ``reshape transpose getitem
-  concatenate stack cast``; ``cross_entropy mse_loss``. The ops import
+  (``ops_norm.py``); ``where masked_fill`` (``ops_select.py``: select, never round);
+  ``sum mean max softmax log_softmax``; ``reshape transpose getitem concatenate stack
+  cast``; ``cross_entropy mse_loss``. The ops import
   ``tensor.py`` and register with it (``register``); ``Tensor``'s operators and methods call
   the registered ops. Their shared array-level accumulation: ``accumulate.py``.
 - ``Policy`` / ``get_policy`` (``policy.py``): the format of each op category (autocast-like),
@@ -37,6 +38,7 @@ from .ops_matmul import linear, matmul
 from .ops_conv import conv2d
 from .ops_pool import avg_pool2d, max_pool2d
 from .ops_norm import layer_norm
+from .ops_select import masked_fill, where
 from .ops_reduce import log_softmax, max, mean, softmax, sum
 from .ops_shape import cast, concatenate, getitem, reshape, stack, transpose
 from .policy import PRESETS, Policy, get_policy
@@ -46,7 +48,7 @@ __all__ = [
     "current_policy", "use_policy", "set_default_policy", "no_grad", "enable_grad",
     "is_grad_enabled",
     "add", "sub", "mul", "div", "neg", "pow", "exp", "log", "sqrt", "tanh", "sigmoid", "relu",
-    "gelu", "silu", "matmul", "linear", "conv2d", "max_pool2d", "avg_pool2d", "layer_norm",
+    "gelu", "silu", "where", "masked_fill", "matmul", "linear", "conv2d", "max_pool2d", "avg_pool2d", "layer_norm",
     "sum", "mean", "max", "softmax", "log_softmax", "reshape",
     "transpose", "getitem", "concatenate", "stack", "cast", "cross_entropy", "mse_loss",
 ]

@@ -36,6 +36,8 @@ from ..backend import xp
 
 from .numerics import FP64, round_array
 from ..exact import cr_exp, cr_gelu, cr_log, cr_sigmoid, cr_silu, cr_tanh, silu64
+from ..exact.correctly_rounded import (GELU_TANH_KAPPA, TWO_SQRT_2_OVER_PI, cr_gelu_tanh,
+                                      gelu_tanh64, gelu_tanh_parts)
 from ..exact import elementary
 from .accumulate import accumulation_model as _model
 from .accumulate import sum_to_shape as _unbroadcast
@@ -248,17 +250,38 @@ def silu(x) -> Tensor:
     return _unary("silu", x, "elementwise", silu64, grad, correctly_rounded=cr_silu)
 
 
-def gelu(x) -> Tensor:
-    """Exact GELU, x * Phi(x), correctly rounded (``fpsim.exact``: no erf from libm), as
-    PyTorch's default ``approximate='none'`` defines it. PyTorch's float32 kernel,
-    ``x * 0.5 * (1 + erf(x / sqrt 2))``, flushes GELU to 0 below x = -5.5 and loses relative
-    accuracy before that; here x * Phi(x) is right down to where it leaves the format (x about
-    -14 for fp32). Backward: g * (Phi(x) + x phi(x)) from the float64 Phi and phi (within
-    2**-49), in float64, rounded once."""
+def gelu(x, approximate: str = "none") -> Tensor:
+    """GELU, correctly rounded (``fpsim.exact``: no erf or tanh from libm), either form of
+    PyTorch's ``approximate``:
+
+    - ``"none"`` (default): exact GELU, x * Phi(x). PyTorch's float32 kernel,
+      ``x * 0.5 * (1 + erf(x / sqrt 2))``, flushes GELU to 0 below x = -5.5 and loses relative
+      accuracy before that; here x * Phi(x) is right down to where it leaves the format (x
+      about -14 for fp32). Backward: g * (Phi(x) + x phi(x)) from the float64 Phi and phi
+      (within 2**-49), in float64, rounded once.
+    - ``"tanh"``: the real number 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x**3))), with the
+      real constants sqrt(2/pi) and 0.044715, rounded once to the format
+      (``fpsim.exact.cr_gelu_tanh``). PyTorch evaluates that formula step by step in float32,
+      so its bits differ by a few ulps and, for x << 0 where 1 + tanh cancels, by more (the
+      tests bound the difference). Backward: g * (s + x s (1 - s) y') with y = 2 sqrt(2/pi)
+      (x + 0.044715 x**3), s = sigmoid(y), y' = 2 sqrt(2/pi) (1 + 3 * 0.044715 x**2), in
+      float64, rounded once."""
+    if approximate == "tanh":
+        return _unary("gelu", x, "elementwise", gelu_tanh64, _gelu_tanh_grad,
+                      correctly_rounded=cr_gelu_tanh)
+    if approximate != "none":
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     return _unary("gelu", x, "elementwise", elementary.gelu,
                   lambda g, d, o: _f64(g) * (elementary.normal_cdf(d)
                                              + _f64(d) * elementary.normal_pdf(d)),
                   correctly_rounded=cr_gelu)
+
+
+def _gelu_tanh_grad(g, d, o):
+    d = _f64(d)
+    y, s = gelu_tanh_parts(d)
+    slope = TWO_SQRT_2_OVER_PI * (1.0 + (3.0 * GELU_TANH_KAPPA) * (d * d))
+    return _f64(g) * (s + d * s * (1.0 - s) * slope)
 
 
 register(add, sub, mul, div, neg, pow, exp, log, sqrt, tanh, sigmoid, silu, relu, gelu)

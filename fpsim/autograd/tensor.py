@@ -204,7 +204,8 @@ class Tensor:
     def tanh(self): return _OPS["tanh"](self)
     def sigmoid(self): return _OPS["sigmoid"](self)
     def relu(self): return _OPS["relu"](self)
-    def gelu(self): return _OPS["gelu"](self)
+    def gelu(self, approximate="none"): return _OPS["gelu"](self, approximate)
+    def masked_fill(self, mask, value): return _OPS["masked_fill"](self, mask, value)
     def sum(self, axis=None, keepdims=False, *, accumulation=None):
         return _OPS["sum"](self, axis, keepdims, accumulation=accumulation)
     def mean(self, axis=None, keepdims=False, *, accumulation=None):

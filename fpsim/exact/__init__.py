@@ -27,7 +27,8 @@ its thread count.
 - ``elementary.py``: libm-free float64 exp, log, log1p, tanh, sigmoid, normal CDF and gelu
   (only + - * / and exact splits), each with a stated error bound.
 - ``correctly_rounded.py``: those values certified into the output format (``cr_exp``,
-  ``cr_log``, ``cr_tanh``, ``cr_sigmoid``, ``cr_silu``, ``cr_gelu``), with a Decimal fallback
+  ``cr_log``, ``cr_tanh``, ``cr_sigmoid``, ``cr_silu``, ``cr_gelu``, ``cr_gelu_tanh``), with
+  a Decimal fallback
   (``decimal_ref.py``, ``settle``) for the rare elements the bound cannot decide.
 - ``softmax.py``: correctly rounded softmax, log-softmax and cross-entropy rows; their
   fallback's exact enclosures in ``softmax_ref.py``.
@@ -55,8 +56,9 @@ from .scatter import scatter_sum
 from .sums import round_to_odd_sum
 from .norm import exact_global_norm, global_norm
 from .underflow import UnderflowCount, count_gradient_underflow
-from .correctly_rounded import (FALLBACK_COUNT, certified, cr_exp, cr_gelu, cr_log, cr_sigmoid,
-                                cr_silu, cr_tanh, enclosure, forced_fallback, settle, silu64)
+from .correctly_rounded import (FALLBACK_COUNT, certified, cr_exp, cr_gelu, cr_gelu_tanh, cr_log,
+                                cr_sigmoid, cr_silu, cr_tanh, enclosure, forced_fallback, settle,
+                                silu64)
 from .softmax import (cr_cross_entropy, cr_log_softmax, cr_softmax, log_softmax64, row_terms,
                       settle_rows, softmax64)
 
@@ -67,6 +69,7 @@ __all__ = ["accumulation", "underflow", "Accumulation", "ExactAccumulation",
            "matmul_2d", "round_out", "round_to_odd", "add_round_to_odd", "round_to_odd_sum",
            "scatter_sum",
            "UnderflowCount", "count_gradient_underflow", "global_norm", "exact_global_norm",
-           "FALLBACK_COUNT", "certified", "cr_cross_entropy", "cr_exp", "cr_gelu", "cr_log",
+           "FALLBACK_COUNT", "certified", "cr_cross_entropy", "cr_exp", "cr_gelu", "cr_gelu_tanh",
+           "cr_log",
            "cr_log_softmax", "cr_sigmoid", "cr_silu", "cr_softmax", "cr_tanh", "enclosure", "forced_fallback",
            "log_softmax64", "row_terms", "settle", "settle_rows", "silu64", "softmax64"]

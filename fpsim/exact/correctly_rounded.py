@@ -29,10 +29,12 @@ from ..rounding import float64_round_to_odd
 from . import decimal_ref as ref
 from .certificate import certify
 from . import elementary
+from .odd_rounding import round_to_odd
 
 __all__ = ["certified", "settle", "enclosure", "forced_fallback", "cr_exp", "cr_log", "cr_tanh",
            "cr_sigmoid", "cr_silu", "cr_gelu", "gelu_bound", "silu64", "SILU_BOUND",
-           "FALLBACK_COUNT"]
+           "cr_gelu_tanh", "gelu_tanh64", "gelu_tanh_parts", "gelu_tanh_bound",
+           "TWO_SQRT_2_OVER_PI", "GELU_TANH_KAPPA", "FALLBACK_COUNT"]
 
 FALLBACK_COUNT = {"elements": 0}   # how many elements ``settle`` decided (tests read it)
 _FORCED = {"on": False}            # the test switch of ``forced_fallback``
@@ -193,3 +195,57 @@ def gelu_bound(x):
 def cr_gelu(x, fmt):
     x = xp.asarray(x, xp.float64)
     return _finish(x, elementary.gelu, gelu_bound(x), fmt, ref.dgelu)
+
+
+# sqrt(2/pi) * 2 and 0.044715 as float64 (each within 2**-53 relative of the real constant)
+TWO_SQRT_2_OVER_PI = float.fromhex("0x1.9884533d43651p+0")
+GELU_TANH_KAPPA = 0.044715
+
+
+def gelu_tanh_parts(x):
+    """(y, s) for float64 x: y = 2 sqrt(2/pi) (x + 0.044715 x**3) within 7u relative
+    (u = 2**-53: x**3 two roundings, the constant and the product two, the sum of two terms
+    of one sign one, 2 sqrt(2/pi) one more) and s = sigmoid(y) within 8u of sigmoid(y)."""
+    x = xp.asarray(x, xp.float64)
+    with xp.errstate(over="ignore", invalid="ignore"):
+        y = TWO_SQRT_2_OVER_PI * (x + GELU_TANH_KAPPA * (x * x * x))
+    return y, elementary.sigmoid(y)
+
+
+def gelu_tanh64(x):
+    """PyTorch's tanh GELU, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x**3))), taken with the
+    real constants sqrt(2/pi) and 0.044715, in float64 as x sigmoid(y) (the same real number:
+    (1 + tanh(z)) / 2 = sigmoid(2z), with no cancellation in 1 + tanh(z) for z << 0).
+
+    Relative error (``gelu_tanh_bound``): y is off by 7u |y|, which moves log sigmoid(y) by at
+    most 7u |y| sigmoid(-y); sigmoid's own 8u and the product's u: within
+    16u (1 + |y| sigmoid(-y)). Where y >= 40 the value x (1 - sigmoid(-y)) lies within
+    x e**-40 < 2**-57 x below x, strictly between x's lower float64 neighbour and x: returned
+    rounded to odd (the odd one of the two), which rounds like it into every format. Where
+    y <= -300, |value| <= |x| e**-300 < 2**-300 for |x| < 2**128 (float32 inputs): returned
+    as -2**-1000, which rounds like it (to -0) into every format. inf -> inf, -inf -> NaN
+    (-inf * 0, as PyTorch's 0.5 x (1 + tanh) gives), NaN -> NaN."""
+    x = xp.asarray(x, xp.float64)
+    y, s = gelu_tanh_parts(x)
+    with xp.errstate(invalid="ignore"):
+        out = x * s
+    big = xp.isfinite(x) & (y >= 40.0)
+    out = xp.where(big, round_to_odd(x, xp.where(big, -1.0, 0.0)), out)
+    out = xp.where(xp.isfinite(x) & (y <= -300.0), -(2.0 ** -1000), out)
+    return xp.where(x == xp.inf, xp.inf, out)
+
+
+def gelu_tanh_bound(x):
+    """The relative bound of ``gelu_tanh64`` at each float64 x (its doc): 0 where it returns
+    a proxy that rounds like the exact value (y >= 40, y <= -300)."""
+    y, _ = gelu_tanh_parts(x)
+    with xp.errstate(invalid="ignore", over="ignore"):
+        b = 2.0 ** -49 * (1.0 + xp.abs(y) * elementary.sigmoid(-y))
+    return xp.where((y >= 40.0) | (y <= -300.0), 0.0, b)
+
+
+def cr_gelu_tanh(x, fmt):
+    """The tanh GELU of float32 values x, its exact real value (``gelu_tanh64``) correctly
+    rounded to ``fmt``, as a float64 proxy (module doc)."""
+    x = xp.asarray(x, xp.float64)
+    return _finish(x, gelu_tanh64, gelu_tanh_bound(x), fmt, ref.dgelu_tanh)

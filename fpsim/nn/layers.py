@@ -141,8 +141,19 @@ class Sigmoid(_Activation):
     fn = staticmethod(ag.sigmoid)
 
 
-class GELU(_Activation):
-    fn = staticmethod(ag.gelu)
+class GELU(Module):
+    """GELU, ``approximate="none"`` (x Phi(x)) or ``"tanh"`` (PyTorch's tanh form), each
+    correctly rounded (``fpsim.autograd.gelu``)."""
+
+    def __init__(self, approximate: str = "none"):
+        super().__init__()
+        self.approximate = check_choice("approximate", approximate, ("none", "tanh"))
+
+    def forward(self, x):
+        return ag.gelu(x, self.approximate)
+
+    def __repr__(self) -> str:
+        return f"GELU(approximate={self.approximate!r})"
 
 
 class SiLU(_Activation):
