@@ -148,6 +148,17 @@ def test_a_sweep_on_torch_gives_numpys_table_and_keeps_to_its_backend(two_worker
     assert (out / "results.csv").read_bytes() == before and not (tmp_path / "new").exists()
 
 
+def test_a_sweep_over_a_cnns_arguments_on_images(cluster, tmp_path):
+    spec = _spec(tmp_path, '[base]\nmodel = "cnn"\ndata = "images"\ndata_arg = ["size=8"]\n'
+                           'samples = 64\nsteps = 3\nbatch_size = 8\n[grid]\n'
+                           'model_arg = [["channels=[2]"], ["channels=[2, 4]"]]\n')
+    summary = run_sweep(load_spec(spec), tmp_path / "out", scheduler=cluster.scheduler_address,
+                        progress=False)
+    rows = _table(tmp_path / "out")
+    assert summary.cells == 2 and [r["status"] for r in rows] == ["ok", "ok"]
+    assert rows[0]["loss_sha256"] != rows[1]["loss_sha256"]
+
+
 def test_failing_cells_are_recorded_and_the_sweep_goes_on(cluster, tmp_path):
     spec = _spec(tmp_path, TINY.replace('seed = [0, 1]', 'optimizer = ["sgd", "adam"]\n'
                                         'lr = [0.1, 1e6]').replace("steps = 5", "steps = 5\n"

@@ -67,8 +67,9 @@ def find_baselines(configs: dict[int, dict]) -> dict[int, int]:
 
 def _problem(config: dict) -> tuple:
     """What a cell trains, whatever the precision: every other field and its value."""
-    return tuple(sorted((name, value) for name, value in config.items()
-                        if name not in PRECISION_FIELDS))
+    # list values (--model-arg K=V ...) as tuples: the key must hash
+    return tuple(sorted((name, tuple(value) if isinstance(value, list) else value)
+                        for name, value in config.items() if name not in PRECISION_FIELDS))
 
 
 def judge(rows: list[dict], baselines: dict[int, int]) -> list[dict]:

@@ -35,7 +35,8 @@ from pathlib import Path
 
 from .. import formats, nn
 from ..autograd import get_policy
-from ..train import DATASETS, resolve_scaler
+from ..train import DATASETS, LOSSES, resolve_scaler
+from ..train.factories import MODELS, is_factory, parse_arguments
 from ..train import cli as train_cli
 
 if sys.version_info >= (3, 11):
@@ -186,6 +187,15 @@ def check_value(name: str, value, action, where: str):
     """``value`` as the training field ``name`` takes it (an ``int``, a ``float`` or a
     string), or ``SpecError``."""
     kind = action.type or (bool if isinstance(action.default, bool) else str)
+    if isinstance(action.default, list):      # a repeatable option: --model-arg K=V ...
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise SpecError(f"{where}: must be a list of strings like [\"width=8\"], got "
+                            f"{value!r}")
+        try:
+            parse_arguments(value, f"--{name.replace('_', '-')}")
+        except ValueError as err:
+            raise SpecError(f"{where}: {err}") from None
+        return value
     if kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise SpecError(f"{where}: must be an integer, got {value!r}")
@@ -229,8 +239,13 @@ def _check_meaning(name: str, value) -> str | None:
             resolve_scaler(value)
         elif name == "optimizer" and value not in train_cli.OPTIMIZERS:
             return f"unknown optimizer {value!r}; choose {', '.join(train_cli.OPTIMIZERS)}"
-        elif name == "data" and value not in DATASETS:
-            return f"unknown data set {value!r}; choose {', '.join(DATASETS)}"
+        elif name == "data" and value not in DATASETS and not is_factory(value):
+            return (f"unknown data set {value!r}; choose {', '.join(DATASETS)}, or "
+                    f"MODULE:FACTORY")
+        elif name == "model" and value not in MODELS and not is_factory(value):
+            return f"unknown model {value!r}; choose {', '.join(MODELS)}, or MODULE:FACTORY"
+        elif name == "loss" and value not in LOSSES:
+            return f"unknown loss {value!r}; choose {', '.join(LOSSES)}"
         elif name == "activation" and value not in nn.ACTIVATIONS:
             return f"unknown activation {value!r}; choose {', '.join(nn.ACTIVATIONS)}"
         elif name == "master" and value.lower() != "none":

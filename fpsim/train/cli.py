@@ -13,7 +13,9 @@ import numpy as np
 from .. import backend, nn
 from ..autograd import get_policy, use_policy
 from ..optim import SGD, Adam, AdamW, Optimizer
-from .data import DATASETS, make_dataset
+from .data import DATASETS
+from .factories import MODELS, build_data, build_model, parse_arguments
+from .losses import LOSSES
 from .loop import ADJUSTABLE_ON_RESUME, resolve_scaler, train
 from .recipes import recipe_for, recipe_record, scaler_name
 
@@ -35,14 +37,29 @@ reported in one line before training starts, with exit status 2."""
 
 
 def register(commands) -> None:
-    p = commands.add_parser("train", help="train a built-in model and write a per-step trace",
-                            description=DESCRIPTION)
-    p.add_argument("--data", default="teacher", help=f"data set: {', '.join(DATASETS)}")
+    p = commands.add_parser("train", help="train a model (built-in or yours) and write a "
+                            "per-step trace", description=DESCRIPTION)
+    p.add_argument("--model", default="mlp",
+                   help=f"model: {', '.join(MODELS)} (sized from the data), or MODULE:FACTORY, "
+                        f"an importable function returning an fpsim.nn.Module")
+    p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="keyword argument for the model's factory (repeatable; VALUE read as "
+                        "JSON where it is: 8, 0.5, [8, 16], else as text)")
+    p.add_argument("--data", default="teacher",
+                   help=f"data set: {', '.join(DATASETS)}, or MODULE:FACTORY, an importable "
+                        f"function returning an fpsim.train.Dataset")
+    p.add_argument("--data-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="keyword argument for the data set (images: size, channels, noise; "
+                        "tokens: length; a factory: its own)")
+    p.add_argument("--loss", default="auto",
+                   help=f"{', '.join(LOSSES)}: auto is cross_entropy for labels, mse for "
+                        f"regression targets")
     p.add_argument("--samples", type=int, default=2048, help="number of samples")
     p.add_argument("--features", type=int, default=16, help="input features")
     p.add_argument("--classes", type=int, default=4, help="classes")
     p.add_argument("--hidden", default="64,64", help="hidden layer sizes, comma-separated")
-    p.add_argument("--activation", default="relu", help="relu, tanh, sigmoid or gelu")
+    p.add_argument("--activation", default="relu",
+                   help=f"activation of the built-in mlp and cnn: {', '.join(nn.ACTIVATIONS)}")
     p.add_argument("--policy", default="16-mixed",
                    help="precision recipe: 32-true, 16-mixed, bf16-mixed, 16-true, bf16-true, "
                         "or jmp style params=...,compute=...,output=...")
@@ -146,7 +163,10 @@ def _train_as_told(args: argparse.Namespace) -> int:
     if args.optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {args.optimizer!r}; choose {', '.join(OPTIMIZERS)}")
     policy = get_policy(args.policy)
-    data = make_dataset(args.data, args.samples, args.features, args.classes, args.seed)
+    model_arguments = parse_arguments(args.model_arg, "--model-arg")
+    data_arguments = parse_arguments(args.data_arg, "--data-arg")
+    data = build_data(args.data, data_arguments, samples=args.samples, features=args.features,
+                      classes=args.classes, seed=args.seed)
     rule_kwargs = dict(lr=args.lr, weight_decay=args.weight_decay)
     if args.optimizer == "sgd":
         rule_kwargs["momentum"] = args.momentum
@@ -160,17 +180,18 @@ def _train_as_told(args: argparse.Namespace) -> int:
         master = None if args.master.lower() == "none" else args.master
     scaler = resolve_scaler(recipe.scaler if args.scaler is None else args.scaler)
     with use_policy(policy):
-        model = nn.MLP([args.features, *_sizes(args.hidden), args.classes],
-                       activation=args.activation, rng=args.seed)
+        model = build_model(args.model, model_arguments, data, hidden=_sizes(args.hidden),
+                            activation=args.activation, seed=args.seed)
         optimizer = Optimizer(model, rule, master=master, clip_norm=args.clip_norm)
     config = {"command": "train", "data": args.data, "samples": args.samples,
               "features": args.features, "classes": args.classes, "hidden": args.hidden,
-              "activation": args.activation}
+              "activation": args.activation, "model_spec": args.model,
+              "model_args": model_arguments, "data_args": data_arguments}
     result = train(model, data, optimizer=optimizer, scaler=scaler, policy=policy,
                    steps=args.steps, batch_size=args.batch_size, seed=args.seed, out=args.out,
                    trace_layout=args.trace_format, checkpoint_every=args.checkpoint_every,
                    resume=args.resume, progress=False if args.quiet else None, config=config,
-                   overwrite=args.overwrite, allow_changes=args.allow_change)
+                   overwrite=args.overwrite, allow_changes=args.allow_change, loss=args.loss)
     for note in result.notes:
         print(f"fpsim train: note: {note}", file=sys.stderr)
     if not args.quiet:

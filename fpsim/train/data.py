@@ -120,7 +120,7 @@ def _blobs(rng, n, features, classes, spread=1.0):
     centers = rng.standard_normal((classes, features)) * 3.0
     y = rng.integers(0, classes, n)
     x = centers[y] + rng.standard_normal((n, features)) * spread
-    return x, y
+    return x, y, classes
 
 
 def _spirals(rng, n, features, classes, noise=0.15):
@@ -133,7 +133,7 @@ def _spirals(rng, n, features, classes, noise=0.15):
     x[:, 0] = t * np.cos(angle) + rng.standard_normal(n) * noise
     x[:, 1] = t * np.sin(angle) + rng.standard_normal(n) * noise
     x[:, 2:] = rng.standard_normal((n, features - 2)) * noise
-    return x, y
+    return x, y, classes
 
 
 def _teacher(rng, n, features, classes, hidden=32):
@@ -142,21 +142,58 @@ def _teacher(rng, n, features, classes, hidden=32):
     w1 = rng.standard_normal((features, hidden)) / np.sqrt(features)
     w2 = rng.standard_normal((hidden, classes)) / np.sqrt(hidden)
     y = np.argmax(np.tanh(x @ w1 * 2.0) @ w2, axis=1)
-    return x, y
+    return x, y, classes
 
 
-DATASETS = {"blobs": _blobs, "spirals": _spirals, "teacher": _teacher}
+def _images(rng, n, features, classes, size=12, channels=1, noise=1.0):
+    """Images (n, channels, size, size): one smooth random template per class (a 3x3 box
+    average of Gaussian pixels), each sample its class's template plus N(0, noise**2) pixels."""
+    raw = rng.standard_normal((classes, channels, size + 2, size + 2))
+    templates = sum(raw[..., i:i + size, j:j + size] for i in range(3) for j in range(3)) / 3.0
+    y = rng.integers(0, classes, n)
+    return templates[y] + rng.standard_normal((n, channels, size, size)) * noise, y, classes
+
+
+def _tokens(rng, n, features, classes, length=16):
+    """Token sequences (n, length) over a vocabulary of ``classes`` ids, one label per
+    token: the sum of the token and the one before it, modulo the vocabulary (the first
+    token's predecessor is 0), so a model must look back one position."""
+    x = rng.integers(0, classes, (n, length))
+    before = np.concatenate([np.zeros((n, 1), np.int64), x[:, :-1]], axis=1)
+    return x, (x + before) % classes, classes
+
+
+DATASETS = {"blobs": _blobs, "spirals": _spirals, "teacher": _teacher, "images": _images,
+            "tokens": _tokens}
+# the keyword arguments each built-in data set takes (--data-arg), with the least they accept
+OPTIONS = {"images": {"size": 1, "channels": 1, "noise": 0.0}, "tokens": {"length": 1}}
 
 
 def make_dataset(name: str, n: int = 2048, features: int = 16, classes: int = 4,
-                 seed: int = 0) -> Dataset:
+                 seed: int = 0, **options) -> Dataset:
     """A built-in data set: ``"blobs"`` (Gaussian clusters), ``"spirals"`` (interleaved
-    spirals in the first two features) or ``"teacher"`` (labels from a random network)."""
+    spirals in the first two features), ``"teacher"`` (labels from a random network), all
+    ``(n, features)``; ``"images"`` (``(n, channels, size, size)``, options ``size=12``,
+    ``channels=1``, ``noise=1.0``); ``"tokens"`` (``(n, length)`` ids over a vocabulary of
+    ``classes``, a label per token; option ``length=16``)."""
     if name not in DATASETS:
         raise ValueError(f"unknown data set {name!r}; built-in: {', '.join(DATASETS)}")
     for label, value, low in (("n", n, 1), ("features", features, 1), ("classes", classes, 2)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
             raise ValueError(f"{label} must be an integer >= {low}, got {value!r}")
+    accepted = OPTIONS.get(name, {})
+    for key, value in options.items():
+        if key not in accepted:
+            raise ValueError(f"data set {name!r} takes "
+                             f"{', '.join(accepted) or 'no options'}; got {key!r}")
+        whole = isinstance(accepted[key], int)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer) if whole else
+                                                       (int, float, np.number)) \
+                or not value >= accepted[key] or (not whole and not np.isfinite(value)):
+            kind = "an integer" if whole else "a finite number"
+            raise ValueError(f"data set {name!r}: {key} must be {kind} >= {accepted[key]}, "
+                             f"got {value!r}")
     rng = np.random.default_rng(seed)
-    x, y = DATASETS[name](rng, n, features, classes)
-    return Dataset(x.astype(np.float32), y.astype(np.int64), classes, name)
+    x, y, classes = DATASETS[name](rng, n, features, classes, **options)
+    x = x if x.dtype.kind in "iu" else x.astype(np.float32)
+    return Dataset(x, y.astype(np.int64), classes, name)
