@@ -20,7 +20,7 @@ True
 """
 from __future__ import annotations
 
-from ..backend import xp
+from ..backend import to_list, xp
 
 from .sums import round_to_odd_sum
 
@@ -42,8 +42,11 @@ def scatter_sum(positions: xp.ndarray, values: xp.ndarray, size: int) -> xp.ndar
     targets, starts, counts = xp.unique(positions[order], return_index=True,
                                         return_counts=True)
     grouped = values[order]
-    for length in xp.unique(counts):
+    for length in to_list(xp.unique(counts)):
         chosen = counts == length
+        if length == 1:     # one value: its own exact sum (max pooling's usual case)
+            out[targets[chosen]] = grouped[starts[chosen]] + 0.0          # -0 -> +0
+            continue
         rows = grouped[starts[chosen][:, None] + xp.arange(length)]    # (count, length)
         finite = xp.all(xp.isfinite(rows), axis=1)
         totals = xp.empty(rows.shape[0], xp.float64)

@@ -1,0 +1,157 @@
+"""One training step of the models issue 26 names, in one run: a small CNN (two 3x3
+convolutions, 1x28x28 inputs, batch 64) and, where ``fpsim.nn`` has its blocks, a 2-block
+pre-LN transformer (d=64, 4 heads, sequence 32, batch 16), each under "32-true" and
+"16-mixed", beside the float64 floor of the step's products (the exact model cannot be faster
+than its float64 products) and PyTorch's float32 eager step of the same model on the CPU.
+
+Target (issue 26): each step within 3x its float64 floor. Also printed: the convolution's
+im2col memory, measured with tracemalloc, against the input's size (target: under 4x).
+
+Each time is the fastest of ``--repeat`` rounds of about ``--budget / --repeat`` seconds, the
+rows taking turns.
+
+Run: python benchmarks/bench_models.py [--repeat N] [--budget S]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+import tracemalloc
+
+import numpy as np
+
+from fpsim import nn
+from fpsim.autograd import Tensor, use_policy
+from fpsim.optim import SGD, Optimizer
+from fpsim.train.losses import resolve_loss
+from fpsim.train import Dataset
+
+CNN_BATCH, CNN_CHANNELS = 64, (8, 16)
+LR = 0.01
+
+
+def _seconds(fn, repeat: int, budget_s: float) -> float:
+    fn()
+    start = time.perf_counter()
+    fn()
+    calls = max(1, int(budget_s / repeat / max(time.perf_counter() - start, 1e-7)))
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best
+
+
+def cnn(seed=0):
+    return nn.Sequential(
+        nn.Conv2d(1, CNN_CHANNELS[0], 3, padding=1, rng=seed), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(CNN_CHANNELS[0], CNN_CHANNELS[1], 3, padding=1, rng=seed + 1), nn.ReLU(),
+        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(CNN_CHANNELS[1] * 7 * 7, 10, rng=seed + 2))
+
+
+def cnn_data():
+    rng = np.random.default_rng(0)
+    return Dataset(rng.standard_normal((CNN_BATCH, 1, 28, 28)).astype(np.float32),
+                   rng.integers(0, 10, CNN_BATCH), 10, "bench")
+
+
+def engine_step(make_model, data, policy):
+    """Forward, loss, backward and an SGD update (master fp32 under 16-mixed)."""
+    with use_policy(policy):
+        model = make_model()
+        optimizer = Optimizer(model, SGD(lr=LR), master="fp32" if "mixed" in policy else None)
+    loss_fn, _ = resolve_loss("auto", data)
+    from fpsim.scaling import NoScaler
+    state = NoScaler().init()
+
+    def step():
+        with use_policy(policy):
+            loss_fn(model(Tensor(data.x)), data.y).backward()
+        optimizer.step(state)
+        optimizer.zero_grad()
+
+    return step
+
+
+def cnn_floor(batch=CNN_BATCH):
+    """The float64 products of one exact CNN step: per convolution the im2col forward
+    product, the weight gradient and (above the first layer) the input gradient, and the
+    read-out's three products."""
+    rng = np.random.default_rng(0)
+    shapes = []
+    depth, size = 1, 28
+    for i, out in enumerate(CNN_CHANNELS):
+        rows, inner = batch * size * size, depth * 9
+        shapes += [((rows, inner), (inner, out)), ((out, rows), (rows, inner))]
+        if i:
+            shapes.append(((rows, out), (out, inner)))
+        depth, size = out, size // 2
+    features = depth * size * size
+    shapes += [((batch, features), (features, 10)), ((10, batch), (batch, features)),
+               ((batch, 10), (10, features))]
+    pairs = [(rng.standard_normal(a), rng.standard_normal(b)) for a, b in shapes]
+    return lambda: [a @ b for a, b in pairs]
+
+
+def torch_cnn_step():
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, CNN_CHANNELS[0], 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(CNN_CHANNELS[0], CNN_CHANNELS[1], 3, padding=1), torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(CNN_CHANNELS[1] * 49, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    x, y = torch.randn(CNN_BATCH, 1, 28, 28), torch.randint(0, 10, (CNN_BATCH,))
+
+    def step():
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    return step
+
+
+def conv_memory() -> tuple[float, float]:
+    """Peak bytes traced during the second convolution's forward (8 channels in, 16 out, 14x14)
+    over its input's bytes: all of it, and beyond the output it must return."""
+    x = np.random.default_rng(0).standard_normal((CNN_BATCH, CNN_CHANNELS[0], 14, 14))
+    with use_policy("32-true"):
+        layer = nn.Conv2d(CNN_CHANNELS[0], CNN_CHANNELS[1], 3, padding=1, rng=0)
+        x = Tensor(x.astype(np.float32))
+        tracemalloc.start()
+        out = layer(x)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    size = 4 * x.size
+    return peak / size, (peak - 4 * out.size) / size
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--budget", type=float, default=3.0, help="seconds per row")
+    args = parser.parse_args(argv)
+    data = cnn_data()
+    floor = _seconds(cnn_floor(), args.repeat, args.budget)
+    print(f"small CNN (conv {CNN_CHANNELS}, 1x28x28, batch {CNN_BATCH}): f64 floor "
+          f"{floor * 1e3:.1f} ms")
+    try:
+        eager = _seconds(torch_cnn_step(), args.repeat, args.budget)
+        print(f"  torch fp32 eager   {eager * 1e3:8.1f} ms")
+    except ImportError:
+        eager = None
+    for policy in ("32-true", "16-mixed"):
+        seconds = _seconds(engine_step(cnn, data, policy), args.repeat, args.budget)
+        versus = f", {seconds / eager:.1f}x torch" if eager else ""
+        print(f"  fpsim {policy:<12} {seconds * 1e3:8.1f} ms  {seconds / floor:.1f}x floor{versus}")
+    whole, beyond = conv_memory()
+    print(f"  conv forward peak memory: {whole:.1f}x its input ({beyond:.1f}x beyond the "
+          f"output)")
+    if not hasattr(nn, "TransformerBlock"):
+        print("transformer: fpsim.nn has no TransformerBlock in this version; not timed")
+
+
+if __name__ == "__main__":
+    main()
