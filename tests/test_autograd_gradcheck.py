@@ -87,6 +87,12 @@ CASES = {
               lambda r: [_rand(r, 2, 3), _rand(r, 3)]),
     "where_scalar": (lambda a: ag.where(np.array([True, False, True]), 0.5, a),
                      lambda r: [_rand(r, 2, 3)]),
+    "dropout": (lambda a: ag.dropout(a, 0.4, seed=3, offset=5) * a, lambda r: [_rand(r, 4, 5)]),
+    "batch_norm_train": (lambda x, w, b: ag.batch_norm(x, None, None, w, b, training=True),
+                         lambda r: [_rand(r, 3, 2, 2, 2), _rand(r, 2), _rand(r, 2)]),
+    "batch_norm_eval": (lambda x, w, b: ag.batch_norm(x, Tensor([0.3, -0.2]), Tensor([0.5, 2.0]),
+                                                      w, b),
+                        lambda r: [_rand(r, 3, 2, 2), _rand(r, 2), _rand(r, 2)]),
     "masked_fill": (lambda a: a.masked_fill(np.array([[False], [True]]), -1.5) * a,
                     lambda r: [_rand(r, 2, 3)]),
     "softmax": (lambda a: a.softmax(axis=-1), lambda r: [_rand(r, 3, 5)]),
@@ -158,7 +164,8 @@ def test_gradient_float64_reference(name):
 FP32_CASES = ["cast", "add_broadcast", "mul_broadcast", "div", "matmul_batched", "linear", "conv2d",
               "max_pool2d", "avg_pool2d", "layer_norm", "silu", "sum_axes",
               "mean_axis", "exp", "log", "tanh", "sigmoid", "gelu", "gelu_tanh", "where",
-              "masked_fill", "softmax", "log_softmax",
+              "masked_fill", "dropout", "batch_norm_train", "batch_norm_eval", "softmax",
+              "log_softmax",
               "getitem_repeated_index", "cross_entropy", "mse_loss", "mlp"]
 
 

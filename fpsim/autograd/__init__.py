@@ -6,8 +6,8 @@ themselves stored in a format.
   ``backward``, ``detach``, ``zero_grad``, ``retain_grad``.
 - Ops (``ops_*.py``), each beside its backward: ``add sub mul div neg pow exp log sqrt tanh
   sigmoid silu relu gelu``; ``matmul linear``; ``conv2d`` (``ops_conv.py``: im2col through
-  the same accumulation); ``max_pool2d avg_pool2d`` (``ops_pool.py``); ``layer_norm``
-  (``ops_norm.py``); ``where masked_fill`` (``ops_select.py``: select, never round);
+  the same accumulation); ``max_pool2d avg_pool2d`` (``ops_pool.py``); ``layer_norm
+  batch_norm`` (``ops_norm.py``); ``where masked_fill dropout`` (``ops_select.py``: masks);
   ``sum mean max softmax log_softmax``; ``reshape transpose getitem concatenate stack
   cast``; ``cross_entropy mse_loss``. The ops import
   ``tensor.py`` and register with it (``register``); ``Tensor``'s operators and methods call
@@ -37,8 +37,8 @@ from .ops_loss import cross_entropy, mse_loss
 from .ops_matmul import linear, matmul
 from .ops_conv import conv2d
 from .ops_pool import avg_pool2d, max_pool2d
-from .ops_norm import layer_norm
-from .ops_select import masked_fill, where
+from .ops_norm import batch_norm, layer_norm
+from .ops_select import dropout, masked_fill, where
 from .ops_reduce import log_softmax, max, mean, softmax, sum
 from .ops_shape import cast, concatenate, getitem, reshape, stack, transpose
 from .policy import PRESETS, Policy, get_policy
@@ -48,7 +48,8 @@ __all__ = [
     "current_policy", "use_policy", "set_default_policy", "no_grad", "enable_grad",
     "is_grad_enabled",
     "add", "sub", "mul", "div", "neg", "pow", "exp", "log", "sqrt", "tanh", "sigmoid", "relu",
-    "gelu", "silu", "where", "masked_fill", "matmul", "linear", "conv2d", "max_pool2d", "avg_pool2d", "layer_norm",
+    "gelu", "silu", "where", "masked_fill", "dropout", "matmul", "linear", "conv2d",
+    "max_pool2d", "avg_pool2d", "layer_norm", "batch_norm",
     "sum", "mean", "max", "softmax", "log_softmax", "reshape",
     "transpose", "getitem", "concatenate", "stack", "cast", "cross_entropy", "mse_loss",
 ]

@@ -1,4 +1,5 @@
-"""Layer normalisation (PyTorch's ``layer_norm``), beside its backward.
+"""Layer and batch normalisation (PyTorch's ``layer_norm``, ``batch_norm``), each beside its
+backward.
 
 ``layer_norm`` is in the policy's ``wide`` category: autocast runs ``layer_norm`` in float32
 (its "autocast to float32" list), so under "16-mixed" an fp16 input is widened (exactly) and
@@ -49,7 +50,7 @@ from .numerics import round_array
 from .ops_shape import operands
 from .tensor import Tensor, record, register
 
-__all__ = ["layer_norm"]
+__all__ = ["layer_norm", "batch_norm"]
 
 
 def _row_sums(rows):
@@ -142,4 +143,103 @@ def _column_sum(values, t):
     return round_array(xp.reshape(_row_sums(values.T), t.shape), t.grad_fmt)
 
 
-register(layer_norm)
+def _channel_rows(data):
+    """(C, N * spatial) float64 rows of an (N, C, ...) array: one row per channel."""
+    moved = xp.moveaxis(backend.astype(data, xp.float64, copy=False), 1, 0)
+    return xp.reshape(moved, (moved.shape[0], -1))
+
+
+def _from_channel_rows(rows, shape):
+    return xp.moveaxis(xp.reshape(rows, (shape[1], shape[0]) + tuple(shape[2:])), 0, 1)
+
+
+def _column(t, c):
+    return xp.reshape(backend.astype(t.data, xp.float64), (c, 1))
+
+
+def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None,
+               training: bool = False, momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
+    """PyTorch's ``F.batch_norm`` over axis 1 of an (N, C, ...) input.
+
+    Training (or no running statistics): per channel, over N and the spatial axes (M
+    values), the statistics of ``layer_norm`` (mean and biased variance from exact sums,
+    float64), y = (x - m) r w + b rounded once; ``running_mean`` and ``running_var`` (tensors,
+    updated in place, outside the graph) become (1 - momentum) old + momentum m and
+    (1 - momentum) old + momentum v M / (M - 1) (the unbiased variance, as PyTorch), each
+    evaluated in float64 and rounded once into the buffer's format. Eval: y = (x - mean)
+    / sqrt(var + eps) w + b with the running statistics, in float64, rounded once.
+
+    Formats: autocast's lists have no batch_norm, so under "16-mixed" it runs on the fp16
+    activation with the fp32 weight and statistics and writes fp16, as cuDNN's mixed batch
+    norm does (computing in fp32): the output takes x's format under the ``elementwise``
+    category (promote: x's own; a jmp compute format: x cast to it); weight, bias and
+    statistics enter exactly, whatever their formats. Backward, in float64, each gradient
+    rounded once: training as ``layer_norm``'s per row (dx = r (gw - mean gw - x_hat
+    mean(gw x_hat)), gw = g w), eval dx = g w r; dw = RO(sum g x_hat), db = RO(sum g)."""
+    eps = check_real("eps", eps)
+    momentum = check_real("momentum", momentum)
+    fmt, (x,) = operands("elementwise", x)
+    if x.ndim < 2:
+        raise ValueError(f"batch_norm: input must be (N, C, ...), got shape {x.shape}")
+    c = x.shape[1]
+    for name, t in (("running_mean", running_mean), ("running_var", running_var),
+                    ("weight", weight), ("bias", bias)):
+        if t is not None and t.shape != (c,):
+            raise ValueError(f"batch_norm: {name} shape {t.shape} != ({c},), the channels")
+    use_batch = training or running_mean is None or running_var is None
+    rows = _channel_rows(x.data)
+    m_count = rows.shape[1]
+    if use_batch and training and m_count < 2:
+        raise ValueError(f"batch_norm: expected more than 1 value per channel when training, "
+                         f"got input shape {x.shape}")
+    with xp.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        if use_batch:
+            count = backend.scalar(m_count, xp.float64)
+            mean = xp.expand_dims(_row_sums(rows) / count, 1)
+            centred = rows - mean
+            var = xp.expand_dims(_row_sums(centred * centred) / count, 1)
+        else:
+            mean, var = _column(running_mean, c), _column(running_var, c)
+            centred = rows - mean
+        rstd = xp.divide(1.0, xp.sqrt(var + eps))
+        x_hat = centred * rstd
+        y = x_hat if weight is None else x_hat * _column(weight, c)
+        y = y if bias is None else y + _column(bias, c)
+    out = round_array(_from_channel_rows(y, x.shape), fmt)
+    if training and running_mean is not None and running_var is not None:
+        _update(running_mean, mean, momentum)
+        _update(running_var, var * xp.divide(count, backend.scalar(m_count - 1, xp.float64)),
+                momentum)
+    params = [t for t in (weight, bias) if t is not None]
+
+    def backward(g, g_fmt):
+        g64 = _channel_rows(g)
+        gw = g64 if weight is None else g64 * _column(weight, c)
+        grads = []
+        with xp.errstate(invalid="ignore", over="ignore"):
+            if not x.requires_grad:
+                grads.append(None)
+            elif use_batch:
+                dx = rstd * (gw - xp.expand_dims(_row_sums(gw) / count, 1)
+                             - x_hat * xp.expand_dims(_row_sums(gw * x_hat) / count, 1))
+                grads.append(round_array(_from_channel_rows(dx, x.shape), x.grad_fmt))
+            else:
+                grads.append(round_array(_from_channel_rows(gw * rstd, x.shape), x.grad_fmt))
+            for t, values in ((weight, g64 * x_hat), (bias, g64)):
+                if t is not None:
+                    grads.append(round_array(_row_sums(values), t.grad_fmt)
+                                 if t.requires_grad else None)
+        return tuple(grads)
+
+    return record(out, fmt, (x, *params), backward, "batch_norm")
+
+
+def _update(stat, batch_value, momentum):
+    """The running statistic ``stat`` (a Tensor) <- (1 - momentum) stat + momentum value,
+    in float64, rounded once into its format (in place: it is state, not a graph value)."""
+    old = backend.astype(stat.data, xp.float64)
+    new = (1.0 - momentum) * old + momentum * xp.reshape(batch_value, (-1,))
+    stat.data = backend.astype(round_array(new, stat.fmt), stat.data.dtype)
+
+
+register(layer_norm, batch_norm)

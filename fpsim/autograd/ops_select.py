@@ -1,4 +1,5 @@
-"""Selection by a boolean mask: ``where`` and ``masked_fill``, each beside its backward.
+"""Selection by a boolean mask: ``where``, ``masked_fill`` and ``dropout``, each beside its
+backward.
 
 Neither op does arithmetic: every output element is one of its inputs' values, moved, so the
 select itself never rounds. The only roundings are the format resolution before it:
@@ -19,6 +20,15 @@ was broadcast then has its gradient summed over the broadcast axes by the accumu
 and rounded once (PyTorch's ``sum_to_size``). The condition is a boolean array (NumPy or the
 backend's, or nested lists), broadcast against the operands.
 
+``dropout(x, p, seed=, offset=)`` is PyTorch's CPU dropout: x * noise, noise = 1/(1-p) where
+kept and 0 where dropped (so a dropped NaN or inf gives NaN, a dropped -x gives -0, as
+there). The scale is float32's 1 / float32(1 - p), rounded once more into x's format (the
+noise tensor has x's dtype); x * noise is one float32 multiplication rounded to x's format;
+backward: g * noise the same way. Which elements drop is PyTorch's distribution, not its bits:
+element i (C order) drops when the Philox4x32-10 uniform of counter ``offset + i`` under key
+``seed`` (``fpsim.backend.uniforms``, the generator of stochastic rounding) is < p, so a
+(seed, offset) gives the same mask on every backend and thread count.
+
 >>> from fpsim.autograd import Tensor
 >>> x = Tensor([1.0, 2.0, 3.0], "fp16", requires_grad=True)
 >>> y = masked_fill(x, [False, True, False], 0.1); y.fmt.name, y.data
@@ -34,12 +44,13 @@ from numbers import Real
 from .. import backend
 from ..backend import xp
 
+from ..options import check_real
 from .accumulate import accumulation_model, sum_to_shape
 from .numerics import container_of, round_array
 from .ops_shape import convert, operands
 from .tensor import Tensor, record, register
 
-__all__ = ["where", "masked_fill"]
+__all__ = ["where", "masked_fill", "dropout"]
 
 
 def _mask(condition, op):
@@ -128,4 +139,33 @@ def masked_fill(x, mask, value) -> Tensor:
     return record(data, fmt, (x,), backward, "masked_fill")
 
 
-register(where, masked_fill)
+def dropout(x, p: float = 0.5, *, seed: int, offset: int = 0) -> Tensor:
+    """Training-mode dropout of ``x`` with drop probability ``p`` in [0, 1], the mask drawn
+    from Philox counters ``offset .. offset + x.size - 1`` under key ``seed`` (module doc).
+    ``p = 1`` gives x * 0, as PyTorch."""
+    p = check_real("p", p)
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout: p must be in [0, 1], got {p}")
+    fmt, (x,) = operands("elementwise", x)
+    opmath = x.data.dtype
+    drawn = backend.uniforms(seed, offset, x.size)
+    keep = xp.reshape(drawn >= p, x.shape)
+    if p == 1.0:
+        scale = xp.asarray([0.0], opmath)
+    elif opmath == xp.float64:              # the float64 reference mode: no rounding
+        scale = xp.asarray([1.0 / (1.0 - p)], xp.float64)
+    else:                                   # torch: noise.div_(1 - p) in float32, x's dtype
+        scale = round_array(xp.divide(xp.asarray([1.0], xp.float32),
+                                      xp.asarray([1.0 - p], xp.float32)), fmt)
+    noise = xp.where(keep, xp.reshape(scale, ()), backend.scalar(0.0, opmath))
+    with xp.errstate(invalid="ignore", over="ignore"):
+        out = round_array(x.data * noise, fmt)
+
+    def backward(g, g_fmt):
+        with xp.errstate(invalid="ignore", over="ignore", under="ignore"):
+            return (round_array(backend.astype(g, opmath, copy=False) * noise, x.grad_fmt),)
+
+    return record(out, fmt, (x,), backward, "dropout")
+
+
+register(where, masked_fill, dropout)

@@ -18,7 +18,8 @@ torch.amp", section "Autocast Op Reference", lists "CUDA Ops that can autocast t
 ``loss``         the losses on the float32 list: ``cross_entropy``, ``mse_loss``.
 ``elementwise``  everything on neither list: add, sub, mul, div, neg, sqrt, tanh, sigmoid,
                  relu, gelu, silu, max, mean, max_pool2d, avg_pool2d, concatenate,
-                 stack, where, masked_fill. ``mean`` is on neither list, so
+                 stack, where, masked_fill, dropout, batch_norm (its output
+                 keeps x's format; ``ops_norm``). ``mean`` is on neither list, so
                  under "16-mixed" the mean of an fp16 tensor is fp16 (summed in the
                  accumulation format, divided, rounded once), as in PyTorch.
 

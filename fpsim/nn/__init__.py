@@ -1,7 +1,8 @@
 """Layers on the autograd engine: ``Module`` (named parameters, state dicts), ``Linear``,
 ``Embedding``, ``LSTM``, ``ModuleList``, ``Sequential``, activations, the ``MLP`` builder,
 image layers (``Conv2d``, ``MaxPool2d``, ``AvgPool2d``, ``Flatten``: ``conv.py``),
-``LayerNorm`` (``norm.py``) and seeded initialisers (``fpsim.nn.init``).
+``LayerNorm``, ``BatchNorm2d`` (``norm.py``), ``Dropout`` and seeded initialisers
+(``fpsim.nn.init``).
 
 >>> from fpsim import nn
 >>> model = nn.MLP([2, 3, 1], activation="tanh", rng=7)
@@ -9,13 +10,13 @@ image layers (``Conv2d``, ``MaxPool2d``, ``AvgPool2d``, ``Flatten``: ``conv.py``
 ['0.bias', '0.weight', '2.bias', '2.weight']
 """
 from . import init
-from .layers import (ACTIVATIONS, GELU, MLP, Embedding, Linear, ModuleList, ReLU, Sequential,
-                     Sigmoid, SiLU, Tanh)
+from .layers import (ACTIVATIONS, GELU, MLP, Dropout, Embedding, Linear, ModuleList, ReLU,
+                     Sequential, Sigmoid, SiLU, Tanh)
 from .conv import AvgPool2d, Conv2d, Flatten, MaxPool2d
 from .lstm import LSTM
 from .module import Module, parameter
-from .norm import LayerNorm
+from .norm import BatchNorm2d, LayerNorm
 
 __all__ = ["Module", "parameter", "Linear", "Embedding", "LSTM", "ModuleList", "Sequential",
-           "ReLU", "Tanh", "Sigmoid", "GELU", "SiLU", "MLP", "ACTIVATIONS", "Conv2d", "MaxPool2d",
-           "AvgPool2d", "Flatten", "LayerNorm", "init"]
+           "ReLU", "Tanh", "Sigmoid", "GELU", "SiLU", "MLP", "ACTIVATIONS", "Conv2d",
+           "MaxPool2d", "AvgPool2d", "Flatten", "LayerNorm", "BatchNorm2d", "Dropout", "init"]

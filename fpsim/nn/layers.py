@@ -1,5 +1,5 @@
-"""Layers: ``Linear``, ``Embedding``, ``ModuleList``, ``Sequential``, activations and the
-``MLP`` builder.
+"""Layers: ``Linear``, ``Embedding``, ``ModuleList``, ``Sequential``, ``Dropout``,
+activations and the ``MLP`` builder.
 
 Parameters are created in the current policy's ``param`` format (build the model inside
 ``use_policy("16-true")`` for fp16 parameters); forward passes round as the policy in force
@@ -18,15 +18,15 @@ when they run says (``fpsim.autograd.policy``).
 from __future__ import annotations
 
 from .. import backend
-from ..options import check_choice, check_count
+from ..options import check_choice, check_count, check_real
 from ..backend import xp
 
 from .. import autograd as ag
 from . import init
 from .module import Module, parameter
 
-__all__ = ["Linear", "Embedding", "ModuleList", "Sequential", "ReLU", "Tanh", "Sigmoid", "GELU",
-           "SiLU", "MLP", "ACTIVATIONS"]
+__all__ = ["Linear", "Embedding", "ModuleList", "Sequential", "Dropout", "ReLU", "Tanh",
+           "Sigmoid", "GELU", "SiLU", "MLP", "ACTIVATIONS"]
 
 
 class Linear(Module):
@@ -117,6 +117,40 @@ class Sequential(ModuleList):
         for module in self._children.values():
             x = module(x)
         return x
+
+
+class Dropout(Module):
+    """Zeroes each element with probability ``p`` and scales the rest by 1/(1-p) in training
+    mode (``autograd.dropout``: PyTorch's CPU arithmetic, Philox mask); the identity in eval
+    mode (``eval()``), as ``torch.nn.Dropout``.
+
+    The mask of each training call is drawn from Philox counters ``offset ..
+    offset + x.size - 1`` under key ``seed``, then ``offset`` advances by ``x.size``: calls
+    never reuse a counter, and the same seed, offset and shapes give the same masks on every
+    backend and thread count. ``offset`` is a plain attribute (not in ``state_dict``, as
+    PyTorch's generator state is not): a resumed run that must repeat the masks restores it.
+    Dropouts of one model with the same seed draw the same masks for the same offsets:
+    give each its own ``seed``."""
+
+    def __init__(self, p: float = 0.5, *, seed: int = 0):
+        super().__init__()
+        p = check_real("p", p)
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"Dropout: p must be in [0, 1], got {p}")
+        self.p = p
+        self.seed = int(seed)
+        self.offset = 0
+
+    def forward(self, x):
+        if not self.training or self.p == 0.0:
+            return ag.as_tensor(x)
+        x = ag.as_tensor(x)
+        out = ag.dropout(x, self.p, seed=self.seed, offset=self.offset)
+        self.offset += x.size
+        return out
+
+    def __repr__(self) -> str:
+        return f"Dropout(p={self.p}, seed={self.seed})"
 
 
 class _Activation(Module):

@@ -12,9 +12,16 @@ For optimizers (master weights, loss scaling) the contract is:
   after ``backward`` a ``.grad`` tensor in ``grad_fmt``. An optimizer updates a parameter by
   assigning ``p.data = <new float32 array already rounded to p.fmt>``.
 - ``zero_grad()`` sets every ``.grad`` to ``None``.
-- ``state_dict()`` returns ``{name: copy of p.data}`` (host NumPy arrays on every backend), ``load_state_dict(d)``
-  rounds each array into the parameter's format; unknown or missing names and wrong shapes are
-  errors (``strict=False`` allows missing and unknown names).
+- ``state_dict()`` returns ``{name: copy of p.data}`` (host NumPy arrays on every backend)
+  for every parameter, then every buffer; ``load_state_dict(d)`` rounds each array into the
+  parameter's (buffer's) format; unknown or missing names and wrong shapes are errors
+  (``strict=False`` allows missing and unknown names).
+
+Buffers (``register_buffer``) are tensors that are state but not trained, such as
+``BatchNorm2d``'s running statistics: in ``state_dict`` (so checkpoints that save the
+state dict carry them), never in ``parameters()``. ``training`` (True after construction)
+says whether the module is in training mode; ``train(mode)`` / ``eval()`` set it on the
+module and every sub-module, as PyTorch's do (``Dropout`` and ``BatchNorm2d`` read it).
 
 >>> from fpsim.nn import Linear
 >>> layer = Linear(3, 2, rng=0)
@@ -52,6 +59,8 @@ class Module:
     def __init__(self) -> None:
         object.__setattr__(self, "_params", {})
         object.__setattr__(self, "_children", {})
+        object.__setattr__(self, "_buffers", {})
+        object.__setattr__(self, "training", True)
 
     def __setattr__(self, name, value):
         if "_params" not in self.__dict__:
@@ -59,7 +68,12 @@ class Module:
                                  f"before setting attributes")
         self._params.pop(name, None)
         self._children.pop(name, None)
-        if isinstance(value, Tensor) and value.requires_grad and value.is_leaf:
+        if name in self._buffers:
+            if value is not None and not isinstance(value, Tensor):
+                raise TypeError(f"buffer {name!r} takes a Tensor or None, got "
+                                f"{type(value).__name__}")
+            self._buffers[name] = value
+        elif isinstance(value, Tensor) and value.requires_grad and value.is_leaf:
             self._params[name] = value
         elif isinstance(value, Module):
             self._children[name] = value
@@ -70,6 +84,26 @@ class Module:
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
+
+    def register_buffer(self, name: str, tensor) -> None:
+        """Hold ``tensor`` (a ``Tensor`` that does not require grad, or None) as the buffer
+        ``name``: an attribute listed by ``named_buffers`` and saved by ``state_dict``;
+        assigning the attribute later replaces the buffer."""
+        if tensor is not None and (not isinstance(tensor, Tensor) or tensor.requires_grad):
+            raise TypeError(f"buffer {name!r} must be a Tensor that does not require grad "
+                            f"(or None), got {tensor!r}")
+        self._buffers[name] = tensor
+        object.__setattr__(self, name, tensor)
+
+    def train(self, mode: bool = True) -> "Module":
+        """Set training mode (``mode``) on this module and every sub-module; returns self."""
+        for _, module in self.named_modules():
+            object.__setattr__(module, "training", bool(mode))
+        return self
+
+    def eval(self) -> "Module":
+        """``train(False)``."""
+        return self.train(False)
 
     # --- traversal --------------------------------------------------------------------------
     def named_children(self) -> Iterator[tuple[str, "Module"]]:
@@ -90,6 +124,15 @@ class Module:
                     seen.add(id(param))
                     yield (f"{module_name}.{name}" if module_name else name), param
 
+    def named_buffers(self, prefix: str = "") -> Iterator[tuple[str, Tensor]]:
+        """(dotted name, buffer) pairs in the order of ``named_parameters`` (None skipped)."""
+        seen = set()
+        for module_name, module in self.named_modules(prefix):
+            for name, buf in module._buffers.items():
+                if buf is not None and id(buf) not in seen:
+                    seen.add(id(buf))
+                    yield (f"{module_name}.{name}" if module_name else name), buf
+
     def parameters(self) -> list[Tensor]:
         return [p for _, p in self.named_parameters()]
 
@@ -101,12 +144,16 @@ class Module:
             p.grad = None
 
     # --- state ------------------------------------------------------------------------------
-    def state_dict(self) -> "dict[str, numpy.ndarray]":
-        """``{name: host NumPy copy of p.data}`` on every backend (``Tensor.numpy``)."""
-        return {name: p.numpy() for name, p in self.named_parameters()}
+    def state_dict(self) -> dict:
+        """``{name: host NumPy copy of p.data}`` on every backend (``Tensor.numpy``), the
+        parameters, then the buffers."""
+        state = {name: p.numpy() for name, p in self.named_parameters()}
+        state.update((name, b.numpy()) for name, b in self.named_buffers())
+        return state
 
     def load_state_dict(self, state: dict, strict: bool = True) -> None:
         own = dict(self.named_parameters())
+        own.update(self.named_buffers())
         missing = [k for k in own if k not in state]
         unexpected = [k for k in state if k not in own]
         if strict and (missing or unexpected):

@@ -1,4 +1,4 @@
-"""Normalisation layers: ``LayerNorm``.
+"""Normalisation layers: ``LayerNorm``, ``BatchNorm2d``.
 
 ``LayerNorm`` calls ``fpsim.autograd.layer_norm`` (policy ``wide``: fp32 under "16-mixed", as
 autocast runs it; the module doc of ``ops_norm`` says where it rounds).
@@ -12,15 +12,23 @@ autocast runs it; the module doc of ``ops_norm`` says where it rounds).
 ...     y = norm(Tensor(np.arange(8.0).reshape(2, 4)).cast("fp16"))
 >>> y.fmt.name
 'fp32'
+
+``BatchNorm2d`` calls ``fpsim.autograd.batch_norm`` (its doc: batch statistics in training
+mode, running statistics in eval mode; output in the input's format, as autocast leaves
+batch norm). Its running statistics are buffers: in ``state_dict``, not ``parameters()``.
+
+>>> bn = BatchNorm2d(3)
+>>> sorted(bn.state_dict())
+['bias', 'running_mean', 'running_var', 'weight']
 """
 from __future__ import annotations
 
 from .. import autograd as ag
-from ..options import check_count, check_real
+from ..options import check_count, check_flag, check_real
 from . import init
 from .module import Module, parameter
 
-__all__ = ["LayerNorm"]
+__all__ = ["LayerNorm", "BatchNorm2d"]
 
 
 class LayerNorm(Module):
@@ -44,3 +52,44 @@ class LayerNorm(Module):
     def __repr__(self) -> str:
         return (f"LayerNorm({self.normalized_shape}, eps={self.eps}, "
                 f"elementwise_affine={self.weight is not None})")
+
+
+class BatchNorm2d(Module):
+    """Batch normalisation of (N, C, H, W) inputs over N, H, W per channel, as
+    ``torch.nn.BatchNorm2d``: ``weight`` ones and ``bias`` zeros (omitted with
+    ``affine=False``); buffers ``running_mean`` (zeros) and ``running_var`` (ones) in the
+    parameter format (omitted with ``track_running_stats=False``, which then normalises with
+    batch statistics in eval mode too). Training mode updates the buffers with ``momentum``
+    (a number; PyTorch's cumulative average, momentum=None, is not offered)."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1,
+                 affine: bool = True, track_running_stats: bool = True):
+        super().__init__()
+        self.num_features = check_count("num_features", num_features, 1)
+        self.eps = check_real("eps", eps)
+        if momentum is None:
+            raise ValueError("BatchNorm2d: momentum=None (a cumulative average) is not "
+                             "supported; give a number")
+        self.momentum = check_real("momentum", momentum)
+        affine = check_flag("affine", affine)
+        self.track_running_stats = check_flag("track_running_stats", track_running_stats)
+        shape = (self.num_features,)
+        self.weight = parameter(init.ones(shape)) if affine else None
+        self.bias = parameter(init.zeros(shape)) if affine else None
+        stats = self.track_running_stats
+        fmt = ag.current_policy().param
+        self.register_buffer("running_mean", ag.Tensor(init.zeros(shape), fmt) if stats else None)
+        self.register_buffer("running_var", ag.Tensor(init.ones(shape), fmt) if stats else None)
+
+    def forward(self, x):
+        x = ag.as_tensor(x)
+        if x.ndim != 4:
+            raise ValueError(f"BatchNorm2d expects input (N, C, H, W), got shape {x.shape}")
+        return ag.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                             training=self.training or not self.track_running_stats,
+                             momentum=self.momentum, eps=self.eps)
+
+    def __repr__(self) -> str:
+        return (f"BatchNorm2d({self.num_features}, eps={self.eps}, momentum={self.momentum}, "
+                f"affine={self.weight is not None}, "
+                f"track_running_stats={self.track_running_stats})")
