@@ -1,7 +1,9 @@
 """Layers on the autograd engine: ``Module`` (named parameters, state dicts), ``Linear``,
 ``Embedding``, ``LSTM``, ``ModuleList``, ``Sequential``, activations, the ``MLP`` builder,
 image layers (``Conv2d``, ``MaxPool2d``, ``AvgPool2d``, ``Flatten``: ``conv.py``),
-``LayerNorm``, ``BatchNorm2d`` (``norm.py``), ``Dropout`` and seeded initialisers
+``LayerNorm``, ``BatchNorm2d`` (``norm.py``), ``Dropout``,
+``MultiheadAttention``, ``TransformerBlock``, ``causal_mask`` (``attention.py``),
+``from_torch`` (the same model from a ``torch.nn.Module``) and seeded initialisers
 (``fpsim.nn.init``).
 
 >>> from fpsim import nn
@@ -16,7 +18,10 @@ from .conv import AvgPool2d, Conv2d, Flatten, MaxPool2d
 from .lstm import LSTM
 from .module import Module, parameter
 from .norm import BatchNorm2d, LayerNorm
+from .attention import MultiheadAttention, TransformerBlock, causal_mask
+from .from_torch import from_torch
 
 __all__ = ["Module", "parameter", "Linear", "Embedding", "LSTM", "ModuleList", "Sequential",
            "ReLU", "Tanh", "Sigmoid", "GELU", "SiLU", "MLP", "ACTIVATIONS", "Conv2d",
-           "MaxPool2d", "AvgPool2d", "Flatten", "LayerNorm", "BatchNorm2d", "Dropout", "init"]
+           "MaxPool2d", "AvgPool2d", "Flatten", "LayerNorm", "BatchNorm2d", "Dropout",
+           "MultiheadAttention", "TransformerBlock", "causal_mask", "from_torch", "init"]

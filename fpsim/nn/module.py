@@ -13,7 +13,7 @@ For optimizers (master weights, loss scaling) the contract is:
   assigning ``p.data = <new float32 array already rounded to p.fmt>``.
 - ``zero_grad()`` sets every ``.grad`` to ``None``.
 - ``state_dict()`` returns ``{name: copy of p.data}`` (host NumPy arrays on every backend)
-  for every parameter, then every buffer; ``load_state_dict(d)`` rounds each array into the
+  for every parameter and buffer, in PyTorch's order; ``load_state_dict(d)`` rounds each array into the
   parameter's (buffer's) format; unknown or missing names and wrong shapes are errors
   (``strict=False`` allows missing and unknown names).
 
@@ -145,10 +145,16 @@ class Module:
 
     # --- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """``{name: host NumPy copy of p.data}`` on every backend (``Tensor.numpy``), the
-        parameters, then the buffers."""
-        state = {name: p.numpy() for name, p in self.named_parameters()}
-        state.update((name, b.numpy()) for name, b in self.named_buffers())
+        """``{name: host NumPy copy of t.data}`` on every backend (``Tensor.numpy``): module by
+        module, its parameters, then its buffers (PyTorch's order); a shared tensor once."""
+        state, seen = {}, set()
+        for module_name, module in self.named_modules():
+            own = list(module._params.items()) + [(k, b) for k, b in module._buffers.items()
+                                                  if b is not None]
+            for name, t in own:
+                if id(t) not in seen:
+                    seen.add(id(t))
+                    state[f"{module_name}.{name}" if module_name else name] = t.numpy()
         return state
 
     def load_state_dict(self, state: dict, strict: bool = True) -> None:

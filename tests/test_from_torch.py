@@ -1,0 +1,164 @@
+"""fpsim.nn.from_torch: a PyTorch model's fpsim twin, with the same parameter and buffer
+names and values bit for bit, and the same forward values under "32-true" within the
+layer-by-layer first-order bound of ``error_bounds`` (derived there).
+
+The transformer block runs PyTorch's ``scaled_dot_product_attention`` on its math backend
+(forced: the CPU flash kernel's online softmax rounds differently), which scales q and k by
+D**-1/4 each; with D = 16 that is 1/2, exact, as fpsim's q * D**-1/2 = q / 4.
+"""
+import numpy as np
+import pytest
+
+from fpsim import backend, nn
+from fpsim.autograd import Tensor, use_policy
+
+import error_bounds as eb
+
+torch = pytest.importorskip("torch")
+
+
+def _np(t):
+    return backend.to_numpy(t.data)
+
+
+def _torch_state(model):
+    return {k: v.detach().numpy() for k, v in model.state_dict().items()
+            if not k.endswith("num_batches_tracked")}
+
+
+def _same_state(ours, theirs):
+    mine, reference = ours.state_dict(), _torch_state(theirs)
+    assert list(mine) == list(reference)
+    for name, value in reference.items():
+        assert mine[name].dtype == np.float32
+        np.testing.assert_array_equal(mine[name].view(np.uint32), value.view(np.uint32))
+
+
+def _inputs(module, layers):
+    """The input each of ``layers`` receives in a forward pass of ``module`` (hooks)."""
+    seen = {}
+
+    def keep(key):
+        def hook(mod, args, out):
+            seen[key] = args[0].detach().numpy()       # returns None: the output stands
+        return hook
+
+    handles = [layer.register_forward_hook(keep(key)) for key, layer in layers.items()]
+    return seen, handles
+
+
+def test_cnn_converted_same_weights_same_outputs():
+    torch.manual_seed(0)
+    cnn = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2), torch.nn.Conv2d(4, 6, 3, stride=1, padding=1, groups=2),
+        torch.nn.SiLU(), torch.nn.AvgPool2d(2), torch.nn.Flatten(), torch.nn.Dropout(0.2),
+        torch.nn.Linear(6 * 3 * 3, 10))
+    cnn(torch.randn(8, 1, 12, 12))           # a training step moves the running statistics
+    cnn.eval()
+    model = nn.from_torch(cnn)
+    assert not model.training and not model[1].training
+    _same_state(model, cnn)
+    x = np.random.default_rng(1).standard_normal((5, 1, 12, 12)).astype(np.float32)
+    ours = _np(model(Tensor(x)))
+    theirs = cnn(torch.tensor(x)).detach().numpy()
+
+    sd = _torch_state(cnn)
+    h = eb.conv2d(eb.Bound(x), sd["0.weight"], sd["0.bias"], 1, 1, 1, 1)
+    h = eb.batch_norm_eval(h, sd["1.running_mean"], sd["1.running_var"], sd["1.weight"],
+                           sd["1.bias"])
+    h = eb.max_pool2d(eb.relu(h), 2, 2, 0)
+    h = eb.silu(eb.conv2d(h, sd["4.weight"], sd["4.bias"], 1, 1, 1, 2))
+    h = eb.avg_pool2d(h, 2, 2, 0).map(lambda a: a.reshape(a.shape[0], -1))
+    out = eb.linear(h, sd["9.weight"], sd["9.bias"])
+    assert out.holds(ours, theirs) <= 1
+
+
+def test_transformer_block_converted_same_weights_same_outputs():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(1)
+    layer = torch.nn.TransformerEncoderLayer(32, 2, 48, dropout=0.0, activation="gelu",
+                                             batch_first=True, norm_first=True)
+    with torch.no_grad():
+        for p in (layer.norm1.bias, layer.norm2.bias, layer.norm1.weight):
+            p.add_(torch.randn(p.shape) * 0.1)
+    block = nn.from_torch(layer)
+    assert isinstance(block, nn.TransformerBlock) and block.training
+    _same_state(block, layer)
+    x = np.random.default_rng(2).standard_normal((2, 6, 32)).astype(np.float32)
+    causal = backend.to_numpy(nn.causal_mask(6))
+    ours = _np(block(Tensor(x), attn_mask=causal))
+    seen, handles = _inputs(layer, {"norm1": layer.norm1, "norm2": layer.norm2})
+    with sdpa_kernel(SDPBackend.MATH):
+        theirs = layer(torch.tensor(x), src_mask=torch.tensor(causal)).detach().numpy()
+    for handle in handles:
+        handle.remove()
+
+    sd = _torch_state(layer)
+    e, heads = 32, 2
+    d = e // heads
+    xb = eb.Bound(x)
+    h = eb.layer_norm(xb, sd["norm1.weight"], sd["norm1.bias"], seen["norm1"])
+    proj = eb.linear(h, sd["self_attn.in_proj_weight"], sd["self_attn.in_proj_bias"])
+
+    def part(i):
+        return proj.map(lambda a: a[..., i * e:(i + 1) * e].reshape(2, 6, heads, d)
+                        .transpose(0, 2, 1, 3))
+
+    q, k, v = part(0), part(1), part(2)
+    scores = eb.matmul(eb.scale(q, 0.5), eb.scale(k, 0.5).map(lambda a: a.swapaxes(-1, -2)))
+    p = eb.softmax(eb.masked(scores, causal[None, None]))
+    o = eb.matmul(p, v).map(lambda a: a.transpose(0, 2, 1, 3).reshape(2, 6, e))
+    attended = eb.linear(o, sd["self_attn.out_proj.weight"], sd["self_attn.out_proj.bias"])
+    x1 = eb.add(xb, attended)
+    h2 = eb.layer_norm(x1, sd["norm2.weight"], sd["norm2.bias"], seen["norm2"])
+    hidden = eb.gelu(eb.linear(h2, sd["linear1.weight"], sd["linear1.bias"]))
+    out = eb.add(x1, eb.linear(hidden, sd["linear2.weight"], sd["linear2.bias"]))
+    assert out.holds(ours, theirs) <= 1
+
+
+def test_other_layers_convert():
+    torch.manual_seed(3)
+    model = torch.nn.ModuleList([
+        torch.nn.Embedding(10, 4), torch.nn.LayerNorm(4), torch.nn.Tanh(), torch.nn.Sigmoid(),
+        torch.nn.GELU(approximate="tanh"),
+        torch.nn.MultiheadAttention(4, 2, batch_first=True),
+        torch.nn.LSTM(4, 3, batch_first=True)])
+    ours = nn.from_torch(model)
+    assert [type(m).__name__ for m in ours] == ["Embedding", "LayerNorm", "Tanh", "Sigmoid",
+                                                 "GELU", "MultiheadAttention", "LSTM"]
+    assert ours[4].approximate == "tanh"
+    mine = ours.state_dict()
+    for name, value in _torch_state(model).items():
+        key = name.replace("_l0", "")
+        np.testing.assert_array_equal(mine[key], value)
+    # LSTM: same layout, so the same function (compared in float64)
+    lstm = model[6].double()
+    with use_policy("64-true"):
+        ours_lstm = nn.from_torch(lstm)
+        x = np.random.default_rng(4).standard_normal((2, 5, 4))
+        out, (h, c) = ours_lstm(Tensor(x))
+    t_out, (t_h, t_c) = lstm(torch.tensor(x))
+    np.testing.assert_allclose(_np(out), t_out.detach().numpy(), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(_np(c), t_c[0].detach().numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_unsupported_layers_are_refused_by_name():
+    with pytest.raises(ValueError, match=r"unsupported layer Conv1d at '1'; supported: Linear"):
+        nn.from_torch(torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Conv1d(1, 1, 1)))
+
+    class Custom(torch.nn.Module):
+        def forward(self, x):
+            return x
+
+    with pytest.raises(ValueError, match="unsupported layer Custom"):
+        nn.from_torch(Custom())
+    for layer, why in ((torch.nn.MaxPool2d(2, ceil_mode=True), "ceil_mode"),
+                       (torch.nn.BatchNorm2d(3, momentum=None), "momentum=None"),
+                       (torch.nn.MultiheadAttention(4, 2), "batch_first"),
+                       (torch.nn.LSTM(2, 3, num_layers=2, batch_first=True), "one layer"),
+                       (torch.nn.TransformerEncoderLayer(4, 2, batch_first=True), "norm_first"),
+                       (torch.nn.Embedding(3, 2, padding_idx=0), "padding_idx")):
+        with pytest.raises(ValueError, match=why):
+            nn.from_torch(layer)
