@@ -232,3 +232,38 @@ def test_gelu_tanh_under_16_mixed_and_the_layer():
     with pytest.raises(ValueError, match="approximate"):
         nn.GELU("erf")
     np.testing.assert_array_equal(_np(nn.GELU()(Tensor(x))), _np(ag.gelu(Tensor(x))))
+
+
+def test_gelu_tanh_fallback_and_hard_cases_against_mpfr():
+    """The Decimal fallback (``forced_fallback``: every element the proxies do not decide
+    goes there) and the inputs the float64 certificate cannot decide (x an odd float32
+    subnormal: x/2 is an fp32 midpoint, the value a relative 0.8 x above it; fp16 midpoints
+    beyond y = 40, where the value lies a relative e**-y below x) give MPFR's rounding."""
+    gmpy2 = pytest.importorskip("gmpy2")
+    from mpfr_oracle import mpfr_rounded
+
+    import fpsim.exact as fx
+    from fpsim.formats import get
+    from fpsim.rounding import round_to
+
+    rng = np.random.default_rng(6)
+    cases = {"fp32": np.concatenate([np.array([1, 3, 0x80000005, 12345], np.uint32).view(np.float32),
+                                     rng.standard_normal(40).astype(np.float32) * 4]),
+             "fp16": np.array([25.0078125, -3.0009765625, 2.0 ** -25 * 3, 7.00390625],
+                              np.float32),
+             "bf16": rng.uniform(-15, 9, 40).astype(np.float32)}
+    for fmt, x in cases.items():
+        with gmpy2.context(precision=300):
+            c = gmpy2.sqrt(2 / gmpy2.const_pi())
+            k = gmpy2.mpfr("0.044715")
+            exact = [v * (1 + gmpy2.tanh(c * (v + k * v * v * v))) / 2
+                     for v in (gmpy2.mpfr(float(a)) for a in x)]
+        want = _bits(mpfr_rounded(exact, fmt))
+        before = fx.FALLBACK_COUNT["elements"]
+        got = round_to(fx.cr_gelu_tanh(x, get(fmt)), get(fmt)).astype(np.float32)
+        np.testing.assert_array_equal(_bits(got), want)
+        if fmt == "fp32":
+            assert fx.FALLBACK_COUNT["elements"] - before >= 4     # the subnormals settled
+        with fx.forced_fallback():
+            forced = round_to(fx.cr_gelu_tanh(x, get(fmt)), get(fmt)).astype(np.float32)
+        np.testing.assert_array_equal(_bits(forced), want)
