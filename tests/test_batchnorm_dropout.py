@@ -301,3 +301,23 @@ def test_batch_norm_module_buffers_state_dict_and_modes():
         nn.BatchNorm2d(2)(Tensor(np.ones((2, 2))))
     with pytest.raises(ValueError, match="momentum=None"):
         nn.BatchNorm2d(2, momentum=None)
+
+
+def test_running_statistics_round_trip_through_a_checkpoint(tmp_path):
+    """The checkpoint code saves ``model.state_dict()``; the buffers ride along, bit for bit."""
+    from fpsim.train.checkpoint import load_checkpoint, save_checkpoint
+
+    model = nn.Sequential(nn.Conv2d(2, 3, 3, rng=0), nn.BatchNorm2d(3), nn.ReLU())
+    model(Tensor(np.random.default_rng(7).standard_normal((4, 2, 6, 6))))
+    path = tmp_path / "model.npz"
+    save_checkpoint(path, model.state_dict(), {"step": 1})
+    arrays, meta = load_checkpoint(path)
+    fresh = nn.Sequential(nn.Conv2d(2, 3, 3, rng=1), nn.BatchNorm2d(3), nn.ReLU())
+    fresh.load_state_dict(arrays)
+    for name, value in model.state_dict().items():
+        np.testing.assert_array_equal(fresh.state_dict()[name].view(np.uint32),
+                                      value.view(np.uint32))
+    model.eval()
+    fresh.eval()
+    x = Tensor(np.ones((1, 2, 6, 6)))
+    np.testing.assert_array_equal(_np(model(x)), _np(fresh(x)))
