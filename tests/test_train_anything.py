@@ -136,3 +136,32 @@ def test_a_loss_that_does_not_fit_is_refused_before_anything_is_written(data, lo
 def test_datasets_of_any_shape_are_checked(make, message):
     with pytest.raises((ValueError, TypeError), match=message):
         make()
+
+
+def dropout_bn_cnn(seed=0):
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1, rng=seed), nn.BatchNorm2d(4), nn.ReLU(),
+                         nn.Dropout(0.25, seed=seed), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(64, 2, rng=seed + 1))
+
+
+def test_dropout_and_batch_norm_resume_exactly_and_the_dry_run_leaves_them_alone(tmp_path):
+    """The checkpoint holds BatchNorm's running statistics (buffers) and Dropout's Philox
+    offset (extra state); the check before training runs in eval mode, so neither moves."""
+    whole_model = dropout_bn_cnn()
+    whole = train(whole_model, images(), steps=6, batch_size=16, progress=False)
+    assert whole_model[3].offset == 6 * 16 * 4 * 8 * 8 and whole_model.training
+    model = dropout_bn_cnn()
+    train(model, images(), steps=3, batch_size=16, progress=False, out=tmp_path)
+    model = dropout_bn_cnn()               # a fresh process: offsets and statistics from disk
+    resumed = train(model, images(), steps=6, batch_size=16, progress=False, out=tmp_path,
+                    resume=tmp_path / "checkpoint.npz")
+    assert resumed.loss_hash == whole.loss_hash and model[3].offset == whole_model[3].offset
+    assert (model.state_dict()["1.running_var"] == whole_model.state_dict()["1.running_var"]).all()
+    from fpsim.train import load_checkpoint, save_checkpoint
+    arrays, meta = load_checkpoint(tmp_path / "checkpoint.npz")
+    for extra, words in (({"3": {"offset": -1}}, "module '3': Dropout's extra state"),
+                         ({}, r"extra state for modules \[\]")):
+        save_checkpoint(tmp_path / "bad.npz", arrays, dict(meta, modules=extra))
+        with pytest.raises(ValueError, match=words):
+            train(dropout_bn_cnn(), images(), steps=8, batch_size=16, progress=False,
+                  resume=tmp_path / "bad.npz")

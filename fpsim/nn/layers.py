@@ -127,10 +127,10 @@ class Dropout(Module):
     The mask of each training call is drawn from Philox counters ``offset ..
     offset + x.size - 1`` under key ``seed``, then ``offset`` advances by ``x.size``: calls
     never reuse a counter, and the same seed, offset and shapes give the same masks on every
-    backend and thread count. ``offset`` is a plain attribute (not in ``state_dict``, as
-    PyTorch's generator state is not): a resumed run that must repeat the masks restores it.
-    Dropouts of one model with the same seed draw the same masks for the same offsets:
-    give each its own ``seed``."""
+    backend and thread count. ``offset`` is not in ``state_dict`` (as PyTorch's generator
+    state is not) but in ``extra_state``, which training checkpoints save, so a resumed run
+    draws the masks the uninterrupted one drew. Dropouts of one model with the same seed draw
+    the same masks for the same offsets: give each its own ``seed``."""
 
     def __init__(self, p: float = 0.5, *, seed: int = 0):
         super().__init__()
@@ -148,6 +148,17 @@ class Dropout(Module):
         out = ag.dropout(x, self.p, seed=self.seed, offset=self.offset)
         self.offset += x.size
         return out
+
+    def extra_state(self) -> dict:
+        return {"offset": self.offset}
+
+    def set_extra_state(self, state: dict) -> None:
+        offset = state.get("offset") if isinstance(state, dict) else None
+        if set(state) != {"offset"} or isinstance(offset, bool) or not isinstance(offset, int) \
+                or offset < 0:
+            raise ValueError(f"Dropout's extra state is {{'offset': a non-negative integer}}, "
+                             f"got {state!r}")
+        self.offset = offset
 
     def __repr__(self) -> str:
         return f"Dropout(p={self.p}, seed={self.seed})"

@@ -95,6 +95,25 @@ class Module:
         self._buffers[name] = tensor
         object.__setattr__(self, name, tensor)
 
+    def extra_state(self) -> dict:
+        """JSON values outside the arrays that a resumed run needs to continue with the same
+        bits (``Dropout``: its Philox offset); ``{}`` for most modules. Training checkpoints
+        save them (``fpsim.train``), ``set_extra_state`` puts them back."""
+        return {}
+
+    def set_extra_state(self, state: dict) -> None:
+        if state:
+            raise ValueError(f"{type(self).__name__} keeps no extra state, got {sorted(state)}")
+
+    def training_modes(self) -> dict:
+        """``{module name: training flag}`` of every sub-module, for ``restore_modes``."""
+        return {name: module.training for name, module in self.named_modules()}
+
+    def restore_modes(self, modes: dict) -> None:
+        """Put back the flags ``training_modes`` returned."""
+        for name, module in self.named_modules():
+            object.__setattr__(module, "training", modes[name])
+
     def train(self, mode: bool = True) -> "Module":
         """Set training mode (``mode``) on this module and every sub-module; returns self."""
         for _, module in self.named_modules():

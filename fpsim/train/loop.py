@@ -248,8 +248,13 @@ def _check_optimizer_fits(model, optimizer) -> None:
 def _dry_run(model, data: Dataset, policy, loss_fn) -> None:
     """One forward pass and loss on two samples, so shape and class-count mistakes stop the
     run before anything is written."""
-    with use_policy(policy), no_grad():
-        value = loss_fn(model(batch_inputs(data.x[:2])), data.y[:2])
+    modes = model.training_modes()
+    model.eval()       # batch norm's running statistics and dropout's offsets stay as they are
+    try:
+        with use_policy(policy), no_grad():
+            value = loss_fn(model(batch_inputs(data.x[:2])), data.y[:2])
+    finally:
+        model.restore_modes(modes)
     if not isinstance(value, Tensor) or backend.size(value.data) != 1:
         raise TypeError(f"the loss must give one number (a Tensor of one element), got "
                         f"{getattr(value, 'shape', type(value).__name__)}")

@@ -70,11 +70,18 @@ def save_training_checkpoint(path: Path, model, optimizer: Optimizer, state: Sca
     arrays = {f"param/{name}": value for name, value in model.state_dict().items()}
     arrays.update({f"optim/{k}": v for k, v in optimizer.state_dict().items()})
     meta = {"step": step, "rng": rng.bit_generator.state, "config": identity,
-            "scaler": {name: getattr(state, name) for name in _COUNTERS}}
+            "scaler": {name: getattr(state, name) for name in _COUNTERS},
+            "modules": _extra_states(model)}
     save_checkpoint(path, arrays, meta)
 
 
+def _extra_states(model) -> dict:
+    return {name: extra for name, module in model.named_modules()
+            if (extra := module.extra_state())}
+
+
 _META_KEYS = ("step", "rng", "scaler", "config")
+_OPTIONAL_META = ("modules",)       # modules' extra state (Dropout offsets); absent before
 
 
 def restore_checkpoint(path, model, optimizer: Optimizer, scaler_cfg, rng, identity: dict,
@@ -86,7 +93,7 @@ def restore_checkpoint(path, model, optimizer: Optimizer, scaler_cfg, rng, ident
     def bad(problem: str) -> CheckpointError:
         return CheckpointError(f"checkpoint {path}: {problem}")
 
-    unknown = sorted(set(meta) - set(_META_KEYS))
+    unknown = sorted(set(meta) - set(_META_KEYS) - set(_OPTIONAL_META))
     missing = [k for k in _META_KEYS if k not in meta]
     if unknown or missing:
         raise bad(f"metadata has unknown keys {unknown} / lacks {missing}; an fpsim training "
@@ -121,7 +128,22 @@ def restore_checkpoint(path, model, optimizer: Optimizer, scaler_cfg, rng, ident
         optimizer.load_state_dict(optim)     # checks every array before it changes anything
     except (KeyError, ValueError, TypeError) as err:
         raise bad(f"optimizer state does not fit: {err}") from None
+    extra = meta.get("modules", {})
+    modules = dict(model.named_modules())
+    expected = _extra_states(model)
+    if not isinstance(extra, dict) or set(extra) != set(expected):
+        held = sorted(extra) if isinstance(extra, dict) else extra
+        raise bad(f"it holds extra state for modules {held!r}, this model's modules with extra "
+                  f"state are {sorted(expected)}")
+    for name, values in extra.items():     # checked before anything changes
+        try:
+            probe_module = copy.copy(modules[name])
+            probe_module.set_extra_state(values)
+        except (ValueError, TypeError) as err:
+            raise bad(f"module {name!r}: {err}") from None
     model.load_state_dict(params)
+    for name, values in extra.items():
+        modules[name].set_extra_state(values)
     rng.bit_generator.state = meta["rng"]
     return step, state
 
