@@ -100,6 +100,24 @@ def test_a_factory_that_fails_is_one_line_and_nothing_is_written(user_module, tm
     assert not (tmp_path / "run").exists()
 
 
+def test_the_built_in_transformer_on_tokens_is_the_python_model(tmp_path):
+    out = tmp_path / "run"
+    assert main([*COMMON, "--model", "transformer", "--model-arg", "d_model=8",
+                 "--model-arg", "heads=2", "--model-arg", "blocks=1", "--data", "tokens",
+                 "--data-arg", "length=5", "--classes", "7", "--samples", "64",
+                 "--out", str(out)]) == 0
+    info = json.loads((out / "run.json").read_text())
+    assert info["config"]["model"] == "TokenTransformer" and info["config"]["loss"] == \
+        "cross_entropy"
+    from fpsim import use_policy
+    from fpsim.train.models import TokenTransformer
+    with use_policy("16-mixed"):
+        model = TokenTransformer(7, 7, 5, d_model=8, heads=2, blocks=1, seed=0)
+    expected = train(model, make_dataset("tokens", 64, classes=7, seed=0, length=5), steps=6,
+                     batch_size=16, policy="16-mixed", progress=False)
+    assert info["summary"]["loss_sha256"] == expected.loss_hash
+
+
 def test_the_mlp_refuses_images_and_says_what_fits(capsys):
     assert main([*COMMON, "--data", "images"]) == 2
     assert "--model mlp takes feature rows" in capsys.readouterr().err

@@ -28,7 +28,7 @@ from .data import DATASETS, Dataset, make_dataset
 __all__ = ["MODELS", "parse_arguments", "load_factory", "build_model", "build_data",
            "is_factory"]
 
-MODELS = ("mlp", "cnn")    # "transformer" joins when nn has its blocks
+MODELS = ("mlp", "cnn", "transformer")
 
 
 def is_factory(spec: str) -> bool:
