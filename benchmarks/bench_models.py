@@ -1,6 +1,6 @@
 """One training step of the models issue 26 names, in one run: a small CNN (two 3x3
-convolutions, 1x28x28 inputs, batch 64) and, where ``fpsim.nn`` has its blocks, a 2-block
-pre-LN transformer (d=64, 4 heads, sequence 32, batch 16), each under "32-true" and
+convolutions, 1x28x28 inputs, batch 64) and a 2-block pre-LN transformer on tokens (d=64,
+4 heads, sequence 32, batch 16, ``fpsim.train.models.TokenTransformer``), each under "32-true" and
 "16-mixed", beside the float64 floor of the step's products (the exact model cannot be faster
 than its float64 products) and PyTorch's float32 eager step of the same model on the CPU.
 
@@ -23,7 +23,7 @@ import numpy as np
 from fpsim import nn
 from fpsim.autograd import Tensor, use_policy
 from fpsim.optim import SGD, Optimizer
-from fpsim.train.losses import resolve_loss
+from fpsim.train.losses import batch_inputs, resolve_loss
 from fpsim.train import Dataset
 
 CNN_BATCH, CNN_CHANNELS = 64, (8, 16)
@@ -68,7 +68,7 @@ def engine_step(make_model, data, policy):
 
     def step():
         with use_policy(policy):
-            loss_fn(model(Tensor(data.x)), data.y).backward()
+            loss_fn(model(batch_inputs(data.x)), data.y).backward()
         optimizer.step(state)
         optimizer.zero_grad()
 
@@ -113,6 +113,63 @@ def torch_cnn_step():
     return step
 
 
+D_MODEL, HEADS, LENGTH, T_BATCH, VOCAB = 64, 4, 32, 16, 64
+
+
+def transformer(seed=0):
+    from fpsim.train.models import TokenTransformer
+    return TokenTransformer(VOCAB, VOCAB, LENGTH, d_model=D_MODEL, heads=HEADS, blocks=2,
+                            seed=seed)
+
+
+def token_data():
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, VOCAB, (T_BATCH, LENGTH))
+    return Dataset(ids, rng.integers(0, VOCAB, (T_BATCH, LENGTH)), VOCAB, "bench")
+
+
+def transformer_floor():
+    """The float64 products of one exact step: each forward product of the two blocks and
+    the read-out (projections, scores, weights @ values, the MLP), and two backward products
+    of each shape (the gradients of both operands)."""
+    rng = np.random.default_rng(0)
+    rows, head = T_BATCH * LENGTH, D_MODEL // HEADS
+    block = [((rows, D_MODEL), (D_MODEL, 3 * D_MODEL)),
+             ((T_BATCH * HEADS, LENGTH, head), (T_BATCH * HEADS, head, LENGTH)),
+             ((T_BATCH * HEADS, LENGTH, LENGTH), (T_BATCH * HEADS, LENGTH, head)),
+             ((rows, D_MODEL), (D_MODEL, D_MODEL)), ((rows, D_MODEL), (D_MODEL, 4 * D_MODEL)),
+             ((rows, 4 * D_MODEL), (4 * D_MODEL, D_MODEL))]
+    shapes = block * 2 + [((rows, D_MODEL), (D_MODEL, VOCAB))]
+    pairs = [(rng.standard_normal(a), rng.standard_normal(b)) for a, b in shapes]
+    return lambda: [a @ b for _ in range(3) for a, b in pairs]
+
+
+def torch_transformer_step():
+    import torch
+    torch.manual_seed(0)
+    layers = [torch.nn.TransformerEncoderLayer(D_MODEL, HEADS, 4 * D_MODEL, 0.0, "gelu",
+                                               batch_first=True, norm_first=True)
+              for _ in range(2)]
+    token, position = torch.nn.Embedding(VOCAB, D_MODEL), torch.nn.Embedding(LENGTH, D_MODEL)
+    norm, head = torch.nn.LayerNorm(D_MODEL), torch.nn.Linear(D_MODEL, VOCAB)
+    modules = torch.nn.ModuleList([*layers, token, position, norm, head])
+    opt = torch.optim.SGD(modules.parameters(), lr=LR)
+    ids = torch.randint(0, VOCAB, (T_BATCH, LENGTH))
+    labels = torch.randint(0, VOCAB, (T_BATCH, LENGTH))
+    mask = torch.triu(torch.ones(LENGTH, LENGTH, dtype=torch.bool), 1)
+
+    def step():
+        opt.zero_grad()
+        x = token(ids) + position(torch.arange(LENGTH))
+        for layer in layers:
+            x = layer(x, src_mask=mask)
+        logits = head(norm(x))
+        torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1)).backward()
+        opt.step()
+
+    return step
+
+
 def conv_memory() -> tuple[float, float]:
     """Peak bytes traced during the second convolution's forward (8 channels in, 16 out, 14x14)
     over its input's bytes: all of it, and beyond the output it must return."""
@@ -149,8 +206,19 @@ def main(argv=None) -> None:
     whole, beyond = conv_memory()
     print(f"  conv forward peak memory: {whole:.1f}x its input ({beyond:.1f}x beyond the "
           f"output)")
-    if not hasattr(nn, "TransformerBlock"):
-        print("transformer: fpsim.nn has no TransformerBlock in this version; not timed")
+    tokens = token_data()
+    floor = _seconds(transformer_floor(), args.repeat, args.budget)
+    print(f"2-block transformer (d={D_MODEL}, {HEADS} heads, sequence {LENGTH}, batch "
+          f"{T_BATCH}): f64 floor {floor * 1e3:.1f} ms")
+    try:
+        eager = _seconds(torch_transformer_step(), args.repeat, args.budget)
+        print(f"  torch fp32 eager   {eager * 1e3:8.1f} ms")
+    except ImportError:
+        eager = None
+    for policy in ("32-true", "16-mixed"):
+        seconds = _seconds(engine_step(transformer, tokens, policy), args.repeat, args.budget)
+        versus = f", {seconds / eager:.1f}x torch" if eager else ""
+        print(f"  fpsim {policy:<12} {seconds * 1e3:8.1f} ms  {seconds / floor:.1f}x floor{versus}")
 
 
 if __name__ == "__main__":

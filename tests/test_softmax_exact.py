@@ -5,6 +5,8 @@ of exponentials carry ~350 good bits, one rounding to the format's grid finishes
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -141,3 +143,28 @@ def test_non_finite_rows_give_the_nans_they_gave_before():
         bad = np.isnan(want)
         assert np.array_equal(got[bad].view(np.uint32), want[bad].view(np.uint32))
         assert np.array_equal(got[~bad], want[~bad])
+
+
+def test_the_fallback_takes_rows_with_minus_infinity():
+    """A -inf logit (an fp16 read-out that overflowed downwards) adds e**-inf = 0 exactly to
+    the row's sum; the Decimal fallback took it to a Fraction and raised OverflowError."""
+    from fractions import Fraction
+
+    from fpsim.exact import softmax_ref as ref
+    row = ref.Row([-np.inf, 1.0, 2.0, -np.inf])
+    low, high = ref.cross_entropy_enclosure([row], [2], "mean")(30)
+    assert high - low < Fraction(1, 10**25)
+    assert abs(float(low) - math.log1p(math.exp(-1.0))) < 1e-15       # -log(e**2 / (e + e**2))
+    assert ref.softmax_enclosure(row, 0)(30) == (0, 0)
+    soft_low, soft_high = ref.softmax_enclosure(row, 1)(30)
+    assert abs(float(soft_low) - 1 / (1 + math.e)) < 1e-15
+    f = get("fp32")
+    x = np.float32([[-np.inf, 1.0, 2.0], [0.5, -np.inf, -1.0]])
+    x64 = _dev(x.astype(np.float64), backend.xp.float64)
+    ok = backend.xp.zeros(x.shape, backend.xp.bool_)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        _, _, e, t, _, _, top = fx.row_terms(x64)
+        settled = backend.to_numpy(fx.settle_rows(x64, e / (top + t), ok, f, "softmax"))
+    settled = round_to(settled, f)
+    assert settled[0, 0] == 0 and settled[1, 1] == 0
+    assert settled[0, 2] == np.float32(1 / (1 + math.exp(-1.0)))

@@ -26,6 +26,7 @@ more finite values. Every Decimal operation runs in ``decimal_ref.context`` (no 
 """
 from __future__ import annotations
 
+import math
 from decimal import Decimal
 from fractions import Fraction
 
@@ -85,14 +86,16 @@ class Row:
     def sums(self, digits: int):
         """(d, t_lo, t_hi): d_j = x_j - m exact, and t = sum over j != j* of e**d_j with
         t_lo < t < t_hi, or t_lo = t = t_hi where every term is exact (d_j = 0: ties with
-        the maximum; none: a row of one value)."""
+        the maximum; none: a row of one value). A -inf value (an fp16 logit that overflowed
+        downwards) has d_j = None and adds e**-inf = 0 exactly; the row's maximum is finite
+        (rows with +inf or NaN, or of -inf only, give inf or NaN, never asked here)."""
         if digits not in self._sums:
             m = max(self.xs)
             top = self.xs.index(m)
-            d = [Fraction(v) - Fraction(m) for v in self.xs]
+            d = [None if v == -math.inf else Fraction(v) - Fraction(m) for v in self.xs]
             t_lo = t_hi = Fraction(0)
             for j, dj in enumerate(d):
-                if j != top:
+                if j != top and dj is not None:
                     lo, hi = exp_enclosure(dj, digits)
                     t_lo, t_hi = t_lo + lo, t_hi + hi
             self._sums[digits] = d, t_lo, t_hi
@@ -126,6 +129,8 @@ def softmax_enclosure(row: Row, i: int):
     row of equal values (1/n, which can be a format midpoint: 2**-10 for e4m3fn)."""
     def value(digits):
         d, t_lo, t_hi = row.sums(digits)
+        if d[i] is None:                     # e**-inf: exactly 0
+            return Fraction(0), Fraction(0)
         e_lo, e_hi = exp_enclosure(d[i], digits)
         return e_lo / (1 + t_hi), e_hi / (1 + t_lo)
     return value
