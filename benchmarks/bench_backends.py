@@ -27,9 +27,10 @@ Run: python benchmarks/bench_backends.py [--wide] [--repeat N] [--budget S] [--e
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
+
+from _timing import seconds_per_call
 
 import fpsim.autograd as ag
 from fpsim import backend, nn
@@ -48,22 +49,7 @@ def _synchronize() -> None:
 
 
 def _seconds(fn, repeat: int, budget_s: float) -> float:
-    """Seconds per call: the fastest of ``repeat`` rounds of about ``budget_s / repeat``."""
-    fn()
-    fn()
-    _synchronize()
-    start = time.perf_counter()
-    fn()
-    _synchronize()
-    calls = max(1, int(budget_s / repeat / max(time.perf_counter() - start, 1e-7)))
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        _synchronize()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best
+    return seconds_per_call(fn, repeat, budget_s, _synchronize)
 
 
 def rounding_work(n: int) -> dict:

@@ -15,10 +15,11 @@ Run: python benchmarks/bench_models.py [--repeat N] [--budget S]
 from __future__ import annotations
 
 import argparse
-import time
 import tracemalloc
 
 import numpy as np
+
+from _timing import seconds_per_call as _seconds
 
 from fpsim import nn
 from fpsim.autograd import Tensor, use_policy
@@ -28,20 +29,6 @@ from fpsim.train import Dataset
 
 CNN_BATCH, CNN_CHANNELS = 64, (8, 16)
 LR = 0.01
-
-
-def _seconds(fn, repeat: int, budget_s: float) -> float:
-    fn()
-    start = time.perf_counter()
-    fn()
-    calls = max(1, int(budget_s / repeat / max(time.perf_counter() - start, 1e-7)))
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best
 
 
 def cnn(seed=0):
@@ -190,36 +177,30 @@ def main(argv=None) -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--budget", type=float, default=3.0, help="seconds per row")
     args = parser.parse_args(argv)
-    data = cnn_data()
-    floor = _seconds(cnn_floor(), args.repeat, args.budget)
-    print(f"small CNN (conv {CNN_CHANNELS}, 1x28x28, batch {CNN_BATCH}): f64 floor "
-          f"{floor * 1e3:.1f} ms")
-    try:
-        eager = _seconds(torch_cnn_step(), args.repeat, args.budget)
-        print(f"  torch fp32 eager   {eager * 1e3:8.1f} ms")
-    except ImportError:
-        eager = None
-    for policy in ("32-true", "16-mixed"):
-        seconds = _seconds(engine_step(cnn, data, policy), args.repeat, args.budget)
-        versus = f", {seconds / eager:.1f}x torch" if eager else ""
-        print(f"  fpsim {policy:<12} {seconds * 1e3:8.1f} ms  {seconds / floor:.1f}x floor{versus}")
+    report(f"small CNN (conv {CNN_CHANNELS}, 1x28x28, batch {CNN_BATCH})", cnn, cnn_data(),
+           cnn_floor(), torch_cnn_step, args)
     whole, beyond = conv_memory()
     print(f"  conv forward peak memory: {whole:.1f}x its input ({beyond:.1f}x beyond the "
           f"output)")
-    tokens = token_data()
-    floor = _seconds(transformer_floor(), args.repeat, args.budget)
-    print(f"2-block transformer (d={D_MODEL}, {HEADS} heads, sequence {LENGTH}, batch "
-          f"{T_BATCH}): f64 floor {floor * 1e3:.1f} ms")
+    report(f"2-block transformer (d={D_MODEL}, {HEADS} heads, sequence {LENGTH}, batch "
+           f"{T_BATCH})", transformer, token_data(), transformer_floor(),
+           torch_transformer_step, args)
+
+
+def report(title, make_model, data, floor_step, make_torch_step, args) -> None:
+    """One model's rows: its float64 floor, torch's eager step, the engine's two steps."""
+    floor = _seconds(floor_step, args.repeat, args.budget)
+    print(f"{title}: f64 floor {floor * 1e3:.1f} ms")
     try:
-        eager = _seconds(torch_transformer_step(), args.repeat, args.budget)
+        eager = _seconds(make_torch_step(), args.repeat, args.budget)
         print(f"  torch fp32 eager   {eager * 1e3:8.1f} ms")
     except ImportError:
         eager = None
     for policy in ("32-true", "16-mixed"):
-        seconds = _seconds(engine_step(transformer, tokens, policy), args.repeat, args.budget)
+        seconds = _seconds(engine_step(make_model, data, policy), args.repeat, args.budget)
         versus = f", {seconds / eager:.1f}x torch" if eager else ""
-        print(f"  fpsim {policy:<12} {seconds * 1e3:8.1f} ms  {seconds / floor:.1f}x floor{versus}")
-
+        print(f"  fpsim {policy:<12} {seconds * 1e3:8.1f} ms  {seconds / floor:.1f}x floor"
+              f"{versus}")
 
 if __name__ == "__main__":
     main()

@@ -77,17 +77,22 @@ def _inputs(name: str, x: np.ndarray) -> np.ndarray:
             raise ValueError(f"{name}: integer inputs are token ids and must be >= 0; "
                              f"{int((x < 0).sum())} negative value(s), {_first_bad(x < 0)}")
         return np.ascontiguousarray(x, np.int64)
-    bad = ~np.isfinite(x)
+    return _finite_float32(name, x, "input")
+
+
+def _finite_float32(name: str, values: np.ndarray, what: str) -> np.ndarray:
+    """``values`` as float32, refused where one is NaN/inf or overflows float32."""
+    bad = ~np.isfinite(values)
     if bad.any():
-        raise ValueError(f"{name}: inputs hold {int(bad.sum())} NaN/inf value(s), "
+        raise ValueError(f"{name}: {what}s hold {int(bad.sum())} NaN/inf value(s), "
                          f"{_first_bad(bad)}; clean the data first")
     with np.errstate(over="ignore"):
-        x32 = np.ascontiguousarray(x, np.float32)
-    beyond = ~np.isfinite(x32)
+        values32 = np.ascontiguousarray(values, np.float32)
+    beyond = ~np.isfinite(values32)
     if beyond.any():
-        raise ValueError(f"{name}: {int(beyond.sum())} input value(s) overflow float32 "
+        raise ValueError(f"{name}: {int(beyond.sum())} {what} value(s) overflow float32 "
                          f"(|x| > 3.4e38), {_first_bad(beyond)}; scale the data first")
-    return x32
+    return values32
 
 
 def _labels(name: str, y: np.ndarray, classes) -> np.ndarray:
@@ -107,13 +112,7 @@ def _regression_targets(name: str, y: np.ndarray) -> np.ndarray:
     if y.dtype.kind != "f":
         raise TypeError(f"{name}: without classes the targets are regression values and must "
                         f"be floating point, got {y.dtype} (give classes= for labels)")
-    with np.errstate(over="ignore"):
-        y32 = np.ascontiguousarray(y, np.float32)
-    bad = ~np.isfinite(y32)
-    if bad.any():
-        raise ValueError(f"{name}: targets hold {int(bad.sum())} NaN/inf value(s) (or beyond "
-                         f"float32), {_first_bad(bad)}")
-    return y32
+    return _finite_float32(name, y, "target")
 
 
 def _blobs(rng, n, features, classes, spread=1.0):
