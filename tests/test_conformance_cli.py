@@ -96,7 +96,11 @@ def test_bad_input_exits_2_with_a_reason(tmp_path, capsys):
     cases = [
         (["check-scaler", str(tmp_path / "none.jsonl"), "--preset", "torch"], "does not exist"),
         (["check-scaler", str(bad), "--preset", "torch"], "line 4, field 'found_inf'"),
-        (["check-scaler", str(good), "--preset", "pytorch"], "unknown loss-scaling preset"),
+        (["check-scaler", str(good), "--preset", "pytorch"],
+         "unknown loss-scaling preset 'pytorch' (did you mean 'torch'?); valid names: torch,"),
+        (["check-scaler", str(good), "--preset", "deepspeeed"], "(did you mean 'deepspeed'?)"),
+        (["check-scaler", str(tmp_path / "none.jsonl"), "--preset", "tensorflow"],
+         "(did you mean 'tf-keras'?)"),
         (["check-scaler", str(good), "--preset", "torch", "--param", "x=1"], "unknown parameter"),
         (["check-scaler", str(good), "--preset", "torch", "--param", "growth_factor=0.5"],
          "growth_factor must be > 1"),
@@ -121,3 +125,19 @@ def test_register_adds_both_commands_to_any_parser():
                                                                  "nearest_even")
     assert COMMANDS == ("check-scaler", "check-cast")
     assert run(parser.parse_args(["other"])) == 2
+
+
+def test_a_header_param_in_another_frameworks_convention_is_named_and_mapped(tmp_path,
+                                                                             capsys):
+    """torch multiplies by backoff_factor 0.5, DeepSpeed divides by 2: checking a torch trace
+    against deepspeed says so and gives the --param that maps it; mapped, the check compares
+    (and finds the frameworks' own difference: DeepSpeed counts its growth tracker from -1)."""
+    path = write_preset_trace(tmp_path / "t.jsonl", "torch", FLAGS, backoff_factor=0.5,
+                              growth_interval=3)
+    assert main(["check-scaler", str(path), "--preset", "deepspeed"]) == 2
+    err = capsys.readouterr().err
+    assert "map them with --param backoff_factor=2.0, or pass --ignore-header-params" in err
+    assert main(["check-scaler", str(path), "--preset", "deepspeed", "--param",
+                 "backoff_factor=2.0", "--param", "hysteresis=1"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("DIVERGED at step 0") and "growth_tracker  1" in out

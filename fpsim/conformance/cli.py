@@ -22,7 +22,7 @@ import sys
 
 from ..formats import get
 from ..rounding import MODES
-from ..scaling import DynamicScaler, preset_names
+from ..scaling import DynamicScaler, preset, preset_names
 from .cast_check import check_cast, load_array
 from .replay import replay
 from .trace import read_trace
@@ -124,7 +124,22 @@ def _parse_float(raw: str, text: str, key: str) -> float:
             from None
 
 
+def header_param_mapping(params: dict, preset_name: str, overrides: dict) -> dict:
+    """The header's parameters in the preset's conventions, where they differ: a
+    ``backoff_factor`` below 1 is a multiplier (torch, Megatron: the scale times 0.5), which a
+    preset that divides by its factor (DeepSpeed, apex, Keras, jmp: the scale over 2) takes as
+    its reciprocal. Only values the overrides leave alone are mapped."""
+    reference = preset(preset_name)
+    factor = params.get("backoff_factor")
+    mapped = {}
+    if ("backoff_factor" not in overrides and isinstance(factor, (int, float))
+            and 0 < factor < 1 and reference.backoff_op == "divide"):
+        mapped["backoff_factor"] = 1 / factor
+    return mapped
+
+
 def _check_scaler(args) -> int:
+    preset(args.preset)           # an unknown name is refused as such, before the trace is read
     overrides = dict(parse_param(p) for p in args.param)
     try:
         trace = read_trace(args.trace)
@@ -136,10 +151,13 @@ def _check_scaler(args) -> int:
     except (ValueError, TypeError) as err:
         if args.ignore_header_params or not trace.header.params:
             raise
+        mapped = header_param_mapping(trace.header.params, args.preset, overrides)
+        how = (f"map them with {' '.join(f'--param {k}={v!r}' for k, v in mapped.items())}, or "
+               if mapped else "")
         raise UsageError(f"{err}; the trace header's params are the recording framework's "
-                         f"settings ({', '.join(trace.header.params)}), which may not fit preset "
-                         f"{args.preset!r}: pass --ignore-header-params to use the preset's own "
-                         f"defaults") from None
+                         f"settings ({', '.join(trace.header.params)}), which may not mean what "
+                         f"they mean to preset {args.preset!r}: {how}pass "
+                         f"--ignore-header-params to use the preset's own defaults") from None
     print(report)
     return 0 if report.agree else 1
 

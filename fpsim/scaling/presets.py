@@ -247,6 +247,20 @@ PRESETS = {"torch": _torch, "apex": _apex, "deepspeed": _deepspeed, "megatron": 
            "tf-keras": _tf_keras, "keras3": _keras3, "jmp": _jmp}
 
 
+# what people call the frameworks, where it is not a preset's own name
+_CALLED = {"pytorch": "torch", "amp": "torch", "gradscaler": "torch", "nvidia-apex": "apex",
+           "megatron-core": "megatron", "megatron-lm": "megatron", "keras": "keras3",
+           "tensorflow": "tf-keras", "tf": "tf-keras"}
+
+
+def _suggestion(key: str) -> str:
+    """" (did you mean 'torch'?)" for a name close to, or commonly used for, a preset."""
+    import difflib
+    close = _CALLED.get(key) or next(iter(difflib.get_close_matches(key, PRESETS, 1, 0.6)),
+                                     None)
+    return f" (did you mean {close!r}?)" if close else ""
+
+
 def preset_names() -> tuple[str, ...]:
     return tuple(PRESETS)
 
@@ -261,8 +275,8 @@ def preset(name: str, **overrides) -> DynamicScaler:
         raise TypeError(f"preset name must be a str, got {type(name).__name__}")
     key = name.strip().lower().replace("_", "-")
     if key not in PRESETS:
-        raise ValueError(f"unknown loss-scaling preset {name!r}; valid names: "
-                         f"{', '.join(PRESETS)}")
+        raise ValueError(f"unknown loss-scaling preset {name!r}{_suggestion(key)}; valid "
+                         f"names: {', '.join(PRESETS)}")
     valid = DynamicScaler.field_names()
     unknown = sorted(set(overrides) - set(valid))
     if unknown:
