@@ -154,3 +154,30 @@ def cli_parser():
     parser = argparse.ArgumentParser(prog="fpsim")
     cli.register(parser.add_subparsers(dest="command"))
     return parser
+
+
+def test_two_optimizers_under_one_scaler_are_one_update_per_iteration(tmp_path):
+    """scaler.step(o1); scaler.step(o2); scaler.update(): recorded as one line per update
+    (found_inf from both), replayed in agreement; stepping them one by one is refused."""
+    torch.manual_seed(0)
+    first, second = torch.nn.Linear(8, 16), torch.nn.Linear(16, 1)
+    o1 = torch.optim.SGD(first.parameters(), lr=1e-2)
+    o2 = torch.optim.SGD(second.parameters(), lr=1e-2)
+    x = torch.randn(32, 8)
+    y = x[:, :1] * 3.0 + 1.0
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 127, growth_interval=3)
+    path = tmp_path / "two.jsonl"
+    with GradScalerRecorder(scaler, path) as recorder:
+        for _ in range(40):
+            o1.zero_grad()
+            o2.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = torch.nn.functional.mse_loss(second(torch.relu(first(x))).float(), y)
+            scaler.scale(loss).backward()
+            assert len(recorder.step([o1, o2])) == 2
+        with pytest.raises(ValueError, match=r"recorder.step\(\[o1, o2\]\)"):
+            recorder.step(o1)
+    trace = read_trace(path)
+    assert len(trace.steps) == 40 and sum(s.found_inf for s in trace.steps) >= 3
+    assert all(s.grad_stats["count"] == 8 * 16 + 16 + 16 + 1 for s in trace.steps)
+    assert replay(trace, "torch").agree

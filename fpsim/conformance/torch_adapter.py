@@ -124,8 +124,14 @@ class GradScalerRecorder:
                 scaler.scale(loss).backward()
                 recorder.step(optimizer)          # scaler.step + scaler.update, recorded
 
-    Attach it before the scaler's first step (the trace starts from the initial state). One
-    optimizer per scaler. ``grad_stats=False`` leaves out the gradient statistics.
+    Attach it before the scaler's first step (the trace starts from the initial state).
+    Several optimizers under one scaler (torch's ``scaler.step(o1); scaler.step(o2);
+    scaler.update()``) are passed together, ``recorder.step([o1, o2])``: one trace line per
+    update, ``found_inf`` if any optimizer's gradients held inf/NaN, ``skipped`` if any
+    optimizer's step was skipped. Each call must pass the same optimizers: calling
+    ``step(o1)`` then ``step(o2)`` would update the scaler twice per iteration (and unscale
+    o2's gradients with the updated scale), so it is refused. ``grad_stats=False`` leaves out
+    the gradient statistics.
     """
 
     def __init__(self, scaler, target, *, source: str | None = None,
@@ -140,30 +146,49 @@ class GradScalerRecorder:
                                    f"{_version(torch)} GradScaler({device!r})",
                                    params=gradscaler_params(scaler))
         self._hooked: dict[int, object] = {}
-        self._stepped = False
+        self._optimizers: "tuple[int, ...] | None" = None
+        self._stepped: set[int] = set()
         self.steps = 0
 
-    def _on_step(self, *_args) -> None:
-        self._stepped = True
-
-    def step(self, optimizer, *args, **kwargs):
-        """``scaler.step(optimizer, ...)`` then ``scaler.update()``, recorded; returns what
-        ``scaler.step`` returned."""
+    def _hook(self, optimizer) -> None:
         if id(optimizer) not in self._hooked:
-            self._hooked[id(optimizer)] = optimizer.register_step_post_hook(self._on_step)
+            self._hooked[id(optimizer)] = optimizer.register_step_post_hook(
+                lambda *_args: self._stepped.add(id(optimizer)))
+
+    def step(self, optimizers, *args, **kwargs):
+        """``scaler.step(o, ...)`` for the optimizer (or each of a list of them), then one
+        ``scaler.update()``, recorded; returns what ``scaler.step`` returned (a list for a
+        list)."""
+        several = isinstance(optimizers, (list, tuple))
+        chosen = list(optimizers) if several else [optimizers]
+        ids = tuple(id(o) for o in chosen)
+        if not chosen or len(set(ids)) != len(ids):
+            raise ValueError("GradScalerRecorder.step takes an optimizer or a list of distinct "
+                             "optimizers")
+        if self._optimizers is None:
+            self._optimizers = ids
+        elif ids != self._optimizers:
+            raise ValueError(f"GradScalerRecorder.step was given {len(self._optimizers)} "
+                             f"optimizer(s) before and now {len(ids)} other(s): one call per "
+                             f"iteration with every optimizer the scaler serves, "
+                             f"recorder.step([o1, o2]) (stepping them one by one would update "
+                             f"the scaler once per optimizer)")
+        for optimizer in chosen:
+            self._hook(optimizer)
         scaler = self.scaler
         scale_before = float(scaler.get_scale())
-        self._stepped = False
-        result = scaler.step(optimizer, *args, **kwargs)
-        found = sum(float(v.item()) for v in scaler._found_inf_per_device(optimizer).values())
-        stats = _grad_stats(optimizer) if self._grad_stats else None
+        self._stepped.clear()
+        results = [scaler.step(o, *args, **kwargs) for o in chosen]
+        found = sum(float(v.item()) for o in chosen
+                    for v in scaler._found_inf_per_device(o).values())
+        stats = _grad_stats(chosen) if self._grad_stats else None
         scaler.update()
         self._writer.write(TraceStep(
             self.steps, found != 0.0, scale_before, float(scaler.get_scale()),
-            not self._stepped, growth_tracker=int(scaler._get_growth_tracker()),
+            len(self._stepped) < len(chosen), growth_tracker=int(scaler._get_growth_tracker()),
             grad_stats=stats))
         self.steps += 1
-        return result
+        return results if several else results[0]
 
     def close(self) -> None:
         for handle in self._hooked.values():
@@ -178,12 +203,13 @@ class GradScalerRecorder:
         self.close()
 
 
-def _grad_stats(optimizer) -> dict:
-    """Statistics of the gradients as GradScaler left them (unscaled): element count, how
-    many are inf/NaN, the largest finite magnitude, the float64 norm of the finite ones."""
+def _grad_stats(optimizers) -> dict:
+    """Statistics of the optimizers' gradients as GradScaler left them (unscaled): element
+    count, how many are inf/NaN, the largest finite magnitude, the float64 norm of the finite
+    ones."""
     count = nonfinite = 0
     max_abs, square_sum = 0.0, 0.0
-    for group in optimizer.param_groups:
+    for group in (g for optimizer in optimizers for g in optimizer.param_groups):
         for param in group["params"]:
             if param.grad is None:
                 continue
