@@ -9,6 +9,7 @@ import pytest
 
 from fpsim import backend
 from fpsim.autograd import Tensor
+from fpsim.formats import FP32
 from fpsim.optim import SGD, Adam, AdamW, Arith, Optimizer
 from fpsim.scaling import preset
 
@@ -42,13 +43,21 @@ def trajectory_hash(rule, master, fmts, clip, scaler, steps=6, size=None) -> str
         with np.errstate(over="ignore", invalid="ignore"):
             report = optimizer.step(state)
         state = report.scaler_state if scaler is not None else None
-        digest.update(repr(report._replace(scaler_state=None)).encode())
+        digest.update(_report_text(report).encode())
         digest.update(repr(None if state is None else (state.scale, state.skipped)).encode())
         for _, p in params:
             digest.update(_nan_blind_bytes(p.data))
         for key, value in sorted(optimizer.state_dict().items()):
             digest.update(key.encode() + _nan_blind_bytes(value))
     return digest.hexdigest()[:16]
+
+
+def _report_text(report) -> str:
+    """The report's repr as the pinned hashes saw it: without the per-parameter counts a step
+    gives only when asked (``lost_by_parameter``, () here), and without the scaler state."""
+    fields = report._replace(scaler_state=None)._asdict()
+    assert fields.pop("lost_by_parameter") == ()
+    return "StepReport(" + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
 
 
 def host(x):
@@ -261,7 +270,14 @@ def test_count_lost_updates_counts_moved_and_unchanged_elements():
     assert (step.updates, step.lost_updates) == (4, 1)      # 2**-31 under 1's half ulp
     counted = result._replace(counts=(7, 3))                  # the rule's own count wins
     step = step._replace(results=(counted,))
-    assert count_lost_updates().update(step, EmptyState(), Params((), (stored,)))[0][-2:] == (7, 3)
+    counted_step = count_lost_updates().update(step, EmptyState(), Params((), (stored,)))[0]
+    assert (counted_step.updates, counted_step.lost_updates) == (7, 3)
+    # per parameter, from one flat update of two parameters (2 and 3 elements): each slice
+    # counted on its own, whatever the rule counted for the whole
+    two = (Tensor(np.zeros(2, np.float32)), Tensor(np.zeros(3, np.float32)))
+    step = step._replace(per_parameter=True)
+    each = count_lost_updates().update(step, EmptyState(), Params(two, (stored,), FP32))[0]
+    assert each.lost_by_parameter == ((2, 1), (2, 0))
 
 
 def test_write_back_keeps_masters_and_rounds_the_weights():

@@ -62,6 +62,9 @@ class StepReport(NamedTuple):
     updates: int
     lost_updates: int
     scaler_state: object
+    #: ((updates, lost), ...) per parameter, in ``Optimizer.named`` order, where
+    #: ``step(per_parameter=True)`` asked for them and the step was applied; else ()
+    lost_by_parameter: tuple = ()
 
     @property
     def lost_fraction(self) -> float:
@@ -121,7 +124,9 @@ class Optimizer:
                 zip(self.named, self.chain_state[self._write_back_at].values)}
 
     # --- the step ---------------------------------------------------------------------------
-    def step(self, scaler_state=None) -> StepReport:
+    def step(self, scaler_state=None, *, per_parameter: bool = False) -> StepReport:
+        """One step (the chain in the module doc); ``per_parameter`` also counts updates and
+        lost ones for each parameter (``StepReport.lost_by_parameter``)."""
         tensors = self._tensors
         grads = tuple(_grad_array(p) for p in tensors)
         states = self.chain_state
@@ -129,9 +134,9 @@ class Optimizer:
         stored = self._stored()
         together = self.together_format(stored)
         if together is None:
-            step = StepData(grads, grads, scaler_state)
+            step = StepData(grads, grads, scaler_state, per_parameter=per_parameter)
         else:                           # elementwise from here on: one flat array
-            step = StepData((join(grads),), grads, scaler_state)
+            step = StepData((join(grads),), grads, scaler_state, per_parameter=per_parameter)
             stored = (rejoin(stored, written.joined),)
         step, self.chain_state = self.transform.update(step, states,
                                                        Params(tensors, stored, together))
@@ -139,7 +144,7 @@ class Optimizer:
         return StepReport(self.step_count, step.found_inf, step.skipped,
                           1.0 if scaler_state is None else scaler_state.scale, grad_norm,
                           step.clipped, step.updates, step.lost_updates,
-                          step.next_scaler_state)
+                          step.next_scaler_state, step.lost_by_parameter)
 
     def zero_grad(self) -> None:
         for _, p in self.named:

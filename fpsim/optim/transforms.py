@@ -76,6 +76,8 @@ class StepData(NamedTuple):
     results: tuple = ()
     updates: int = 0
     lost_updates: int = 0
+    per_parameter: bool = False       # also count updates and lost ones parameter by parameter
+    lost_by_parameter: tuple = ()     # ((updates, lost), ...) in parameter order, when asked
 
     @classmethod
     def of(cls, grads, scaler_state=None) -> "StepData":
@@ -306,7 +308,30 @@ class CountLostUpdates(Stateless):
         for result, new, stored in zip(step.results, step.new, params.stored):
             moved, kept = result.tally(new, stored)
             updates, lost = updates + moved, lost + kept
-        return step._replace(updates=updates, lost_updates=lost), state
+        step = step._replace(updates=updates, lost_updates=lost)
+        if step.per_parameter:
+            step = step._replace(lost_by_parameter=_tally_each(step, params))
+        return step, state
+
+
+def _tally_each(step, params: Params) -> tuple:
+    """((updates, lost), ...) per parameter: the rule's own counts where it updated each
+    parameter alone, else each parameter's slice of the flat update (``new`` is a new array,
+    so ``stored`` still holds the values before the step)."""
+    if params.together is None:
+        return tuple(result.tally(new, stored)
+                     for result, new, stored in zip(step.results, step.new, params.stored))
+    result, new, stored = step.results[0], step.new[0], params.stored[0]
+    moved = xp.reshape(result.moved(), (-1,))
+    kept = xp.logical_and(moved, xp.equal(xp.reshape(new, (-1,)),
+                                          xp.reshape(xp.asarray(stored), (-1,))))
+    counts, start = [], 0
+    for tensor in params.tensors:
+        stop = start + size(tensor.data)
+        counts.append((int(xp.count_nonzero(moved[start:stop])),
+                       int(xp.count_nonzero(kept[start:stop]))))
+        start = stop
+    return tuple(counts)
 
 
 class WriteBackState(NamedTuple):
