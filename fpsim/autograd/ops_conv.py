@@ -58,7 +58,7 @@ from __future__ import annotations
 
 from .. import backend
 from ..backend import xp
-
+from ..exact import underflow
 from ..formats import FP32
 from ..options import check_count
 from .accumulate import acc_matmul, acc_sum, accumulation_model
@@ -126,20 +126,21 @@ def _convolve(padded, weight, stride, dilation, groups, out_hw, fmt, model, budg
     (p, q), og, k = out_hw, o // groups, cg * kh * kw
     weights = xp.reshape(weight, (groups, og, k))
     out = xp.empty((n, o, p, q), container_of(fmt))
-    for batch, rows in _bands(n, p, q * c * kh * kw, budget):
-        part = padded[batch]
-        m = part.shape[0]
-        columns = xp.empty((m, len(rows), q, c, kh, kw), padded.dtype)
-        for i in range(kh):
-            for j in range(kw):
-                window = window_values(part, i, j, rows, q, stride, dilation)
-                columns[:, :, :, :, i, j] = xp.transpose(window, (0, 2, 3, 1))
-        columns = xp.reshape(columns, (m * len(rows) * q, groups, k))
-        for g in range(groups):
-            product = xp.reshape(acc_matmul(columns[:, g, :], weights[g].T, fmt, model),
-                                 (m, len(rows), q, og))
-            out[batch, g * og:(g + 1) * og, rows.start:rows.stop, :] = xp.transpose(
-                product, (0, 3, 1, 2))
+    with underflow.assembled(out):      # the bands' roundings: one gradient (when counted)
+        for batch, rows in _bands(n, p, q * c * kh * kw, budget):
+            part = padded[batch]
+            m = part.shape[0]
+            columns = xp.empty((m, len(rows), q, c, kh, kw), padded.dtype)
+            for i in range(kh):
+                for j in range(kw):
+                    window = window_values(part, i, j, rows, q, stride, dilation)
+                    columns[:, :, :, :, i, j] = xp.transpose(window, (0, 2, 3, 1))
+            columns = xp.reshape(columns, (m * len(rows) * q, groups, k))
+            for g in range(groups):
+                product = xp.reshape(acc_matmul(columns[:, g, :], weights[g].T, fmt, model),
+                                     (m, len(rows), q, og))
+                out[batch, g * og:(g + 1) * og, rows.start:rows.stop, :] = xp.transpose(
+                    product, (0, 3, 1, 2))
     return out
 
 
@@ -248,14 +249,15 @@ def _weight_gradient(g, padded, weight, stride, dilation, groups, model):
     grads = [xp.reshape(xp.transpose(g[:, k * og:(k + 1) * og], (1, 0, 2, 3)), (og, n * p * q))
              for k in range(groups)]
     dw = xp.empty(weight.shape, container_of(weight.grad_fmt))
-    for i in range(kh):
-        for j in range(kw):
-            window = window_values(padded, i, j, range(p), q, stride, dilation)
-            for k in range(groups):
-                columns = xp.reshape(xp.transpose(window[:, k * cg:(k + 1) * cg], (0, 2, 3, 1)),
-                                     (n * p * q, cg))
-                dw[k * og:(k + 1) * og, :, i, j] = acc_matmul(grads[k], columns,
-                                                              weight.grad_fmt, model)
+    with underflow.assembled(dw):      # one rounding per kernel position: one gradient
+        for i in range(kh):
+            for j in range(kw):
+                window = window_values(padded, i, j, range(p), q, stride, dilation)
+                for k in range(groups):
+                    columns = xp.reshape(xp.transpose(window[:, k * cg:(k + 1) * cg],
+                                                      (0, 2, 3, 1)), (n * p * q, cg))
+                    dw[k * og:(k + 1) * og, :, i, j] = acc_matmul(grads[k], columns,
+                                                                  weight.grad_fmt, model)
     return dw
 
 

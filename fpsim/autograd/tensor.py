@@ -269,6 +269,7 @@ def _run_backward(root: Tensor, seed, retain_graph: bool) -> None:
 def _backward_pass(root: Tensor, seed, retain_graph: bool) -> None:
     order = _topological_order(root)
     grads = {id(root): seed}
+    in_flight: dict = {}           # per-tensor underflow counts of gradients on their way
     for node in reversed(order):
         g = grads.pop(id(node), None)
         if g is None:
@@ -283,10 +284,27 @@ def _backward_pass(root: Tensor, seed, retain_graph: bool) -> None:
             continue
         if node._retain:
             _accumulate_leaf(node, g, False)
-        _send(grads, node._parents, node._backward(g, node.grad_fmt))
+        if underflow.attributing():
+            parent_grads = _counted_backward(node, g, in_flight)
+        else:
+            parent_grads = node._backward(g, node.grad_fmt)
+        _send(grads, node._parents, parent_grads)
         if not retain_graph:
             node._backward = None
             node._parents = ()
+
+
+def _counted_backward(node: Tensor, g, in_flight: dict):
+    """``node``'s backward, each rounding it makes charged to the input whose gradient it
+    produced (``underflow.send``; ``underflow.count_per_tensor`` collects the leaves')."""
+    with underflow.op_roundings() as roundings:
+        parent_grads = node._backward(g, node.grad_fmt)
+    targets = [(id(parent), gp, parent._op is None and parent._backward is None)
+               for parent, gp in zip(node._parents, parent_grads)
+               if gp is not None and parent.requires_grad]
+    underflow.send(roundings, in_flight.pop(id(node), underflow.UnderflowCount()), targets,
+                   in_flight, len(node._parents) == 1)
+    return parent_grads
 
 
 def _send(grads: dict, parents, parent_grads) -> None:

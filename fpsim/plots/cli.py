@@ -28,6 +28,9 @@ def register(commands) -> None:
     plot.add_argument("runs", nargs="+", metavar="RUN", help="run folder or trace file")
     plot.add_argument("--out", required=True,
                       help="figure to write: a .png or .svg file name")
+    plot.add_argument("--per-layer", action="store_true",
+                      help="draw one run's per-layer statistics (its layers.jsonl, written by "
+                           "fpsim train --per-layer) as heatmaps, parameter x step, instead")
     plot.add_argument("--label", action="append", default=None, metavar="TEXT",
                       help="a run's label in the legend, once per run in order (instead of "
                            "the run.json settings in which the runs differ) (default: "
@@ -49,6 +52,13 @@ def run(args: argparse.Namespace) -> int:
     from ..train.runs import compare_runs
     from .runs import open_run, plot_runs
 
+    if args.command == "plot" and args.per_layer:
+        from .layers import plot_layers
+        if len(args.runs) != 1 or args.label:
+            raise ValueError("--per-layer draws one run (its layers.jsonl), without --label; "
+                             f"got {len(args.runs)} run(s)")
+        print(f"wrote {plot_layers(args.runs[0], args.out)} (per-layer statistics)")
+        return 0
     if args.command == "plot":
         written = plot_runs(args.runs, args.out, labels=args.label)
         print(f"wrote {written} ({len(args.runs)} run(s))")

@@ -27,7 +27,7 @@ from .spec import SweepSpec, train_defaults
 
 __all__ = ["Cell", "expand", "config_key", "run_cell", "CELL_FILES", "cell_count"]
 
-CELL_FILES = ("run.json", "trace.jsonl")
+CELL_FILES = ("run.json", "trace.jsonl", "layers.jsonl")    # layers: with per_layer = true
 # What a cell's configuration can do wrong (Adam given a momentum, a learning rate the rule
 # refuses): recorded as a failed cell. Anything else (a full disk, a lost worker) is not the
 # cell's result: Dask retries it.

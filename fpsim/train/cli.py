@@ -96,6 +96,11 @@ def register(commands) -> None:
                    help=f"let a resumed run change this setting "
                         f"({', '.join(ADJUSTABLE_ON_RESUME)}; repeatable); any other "
                         f"difference from the checkpoint is refused")
+    p.add_argument("--per-layer", action="store_true",
+                   help="also record, per parameter and step, the fraction of its gradient "
+                        "values that underflowed, of its updates lost, and its largest "
+                        "gradient magnitude: OUT/layers.jsonl (fpsim plot --per-layer draws "
+                        "them)")
     p.add_argument("--plot", action="store_true",
                    help="also draw the run (fpsim plot) into OUT/trace.png at the end; needs "
                         "--out")
@@ -191,7 +196,8 @@ def _train_as_told(args: argparse.Namespace) -> int:
                    steps=args.steps, batch_size=args.batch_size, seed=args.seed, out=args.out,
                    trace_layout=args.trace_format, checkpoint_every=args.checkpoint_every,
                    resume=args.resume, progress=False if args.quiet else None, config=config,
-                   overwrite=args.overwrite, allow_changes=args.allow_change, loss=args.loss)
+                   overwrite=args.overwrite, allow_changes=args.allow_change, loss=args.loss,
+                   per_layer=args.per_layer)
     for note in result.notes:
         print(f"fpsim train: note: {note}", file=sys.stderr)
     if not args.quiet:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import platform
 import sys
@@ -31,10 +32,11 @@ from ..backend import xp
 from .._version import __version__ as _fpsim_version
 from ..files import folder_lock, write_text
 from ..autograd import Tensor, get_policy, no_grad, use_policy
-from ..exact.underflow import count_gradient_underflow
+from ..exact.underflow import UnderflowCount, count_gradient_underflow, count_per_tensor
 from ..optim import SGD, Optimizer
 from ..scaling import NoScaler, ScalerState, StaticScaler, preset
 from .data import Dataset
+from .layer_stats import LAYERS_FILE, LayerStats, LayerStatsWriter, read_layer_stats
 from .losses import batch_inputs, resolve_loss
 from .resume import (ADJUSTABLE_ON_RESUME, check_allowed_changes, check_same_config,
                      restore_checkpoint, run_identity, save_training_checkpoint)
@@ -46,7 +48,7 @@ __all__ = ["train", "TrainResult", "resolve_scaler", "loss_hash", "RUN_FILES",
            "ADJUSTABLE_ON_RESUME"]
 
 # What a run folder holds; a folder with any of them holds a run.
-RUN_FILES = ("run.json", "trace.jsonl", "trace.csv", "checkpoint.npz")
+RUN_FILES = ("run.json", "trace.jsonl", "trace.csv", "checkpoint.npz", LAYERS_FILE)
 
 
 def resolve_scaler(spec):
@@ -93,6 +95,8 @@ class TrainResult:
     out: Path | None = None
     nonfinite_steps: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)   # what was done on the user's behalf
+    layer_names: tuple = ()                           # per_layer: the parameters, in order
+    layers: list = field(default_factory=list)        # per_layer: a LayerStats per step
 
     @property
     def losses(self):
@@ -109,7 +113,7 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler="r
           out: "str | os.PathLike | None" = None, trace_layout: str = "jsonl",
           checkpoint_every: int | None = None, resume: "str | os.PathLike | None" = None,
           progress: bool | None = None, config: dict | None = None, overwrite: bool = False,
-          allow_changes=(), loss="auto") -> TrainResult:
+          allow_changes=(), loss="auto", per_layer: bool = False) -> TrainResult:
     """Train ``model`` (any ``Module``) on ``data`` (a ``Dataset`` of any shape) for ``steps``
     steps. Everything is checked before the first step (one forward pass and loss on two
     samples included): bad input raises ``ValueError``/``TypeError`` and nothing is written.
@@ -121,6 +125,10 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler="r
     ``Tensor``, or ``"auto"`` (the default): cross-entropy for labelled data, mse for
     regression targets. Integer inputs (token ids) reach the model as an integer array, float
     inputs as a ``Tensor`` in the policy's input format.
+
+    ``per_layer``: also record, per parameter and step, the fraction of its gradient values
+    that underflowed, of its updates that were lost, and its gradient's largest magnitude
+    (``TrainResult.layers``; ``layers.jsonl`` with ``out``; ``fpsim.train.layer_stats``).
 
     ``optimizer`` (built for ``model``) defaults to SGD(lr=0.1) with the master copy the
     policy's recipe keeps (``fpsim.train.recipe_for``: fp32 for the mixed recipes, none for the
@@ -166,7 +174,7 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler="r
                     master=str(optimizer.master_fmt) if optimizer.master_fmt else None,
                     clip_norm=optimizer.clip_norm, scaler=repr(scaler_cfg), data=data.name,
                     model=type(model).__name__, scaler_name=scaler_name(scaler_cfg),
-                    loss=loss_name,
+                    loss=loss_name, per_layer=bool(per_layer),
                     **recipe_record(recipe, optimizer.master_fmt, scaler_cfg))
     identity = run_identity(settings, optimizer, data, model)
     rng = backend.host_rng(seed)
@@ -181,9 +189,10 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler="r
     with contextlib.ExitStack() as stack:
         out_dir, writer, kept, notes = _open_outputs(stack, out, trace_layout, settings, start,
                                                      resume, overwrite, identity, allow_changes)
+        layers = _open_layer_stats(stack, out_dir, optimizer, start) if per_layer else None
         result = _run(model, data, optimizer, state, policy, rng, range(start, steps),
                       batch_size, writer, out_dir, checkpoint_every, identity, kept, progress,
-                      steps, loss_fn)
+                      steps, loss_fn, layers)
         result.notes[:0] = notes
         if out_dir is not None:
             save_training_checkpoint(out_dir / "checkpoint.npz", model, optimizer,
@@ -193,8 +202,9 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler="r
 
 
 def _run(model, data, optimizer, state, policy, rng, step_range, batch_size, writer, out_dir,
-         checkpoint_every, identity, kept, progress, steps, loss_fn) -> TrainResult:
+         checkpoint_every, identity, kept, progress, steps, loss_fn, layers) -> TrainResult:
     records: list[StepRecord] = list(kept)
+    names, layer_writer, layer_stats = layers or ((), None, [])
     nonfinite: list[int] = [r.step for r in kept if not xp.isfinite(r.loss)]
     bar = progress_bar(steps, step_range.start, "step", progress)
     try:
@@ -204,9 +214,11 @@ def _run(model, data, optimizer, state, policy, rng, step_range, batch_size, wri
             with use_policy(policy):
                 loss = loss_fn(model(batch_inputs(data.x[idx])), data.y[idx])
                 scale = state.scale
-                with count_gradient_underflow() as counts:
+                with count_gradient_underflow() as counts, \
+                        (count_per_tensor() if layers else contextlib.nullcontext()) as charged:
                     loss.backward(xp.full(loss.shape, scale, xp.float32))
-            report = optimizer.step(state)
+            gradients = _gradient_statistics(optimizer, charged) if layers else None
+            report = optimizer.step(state, per_parameter=bool(layers))
             optimizer.zero_grad()
             state = report.scaler_state
             value = float(loss.item())
@@ -214,6 +226,12 @@ def _run(model, data, optimizer, state, policy, rng, step_range, batch_size, wri
                                 report.grad_norm, counts.fraction, report.lost_fraction,
                                 time.perf_counter() - began)
             records.append(record)
+            if layers:
+                stats = LayerStats(step, *gradients[:1], _lost_fractions(report, len(names)),
+                                   *gradients[1:])
+                layer_stats.append(stats)
+                if layer_writer is not None:
+                    layer_writer.write(stats)
             if not xp.isfinite(value):
                 nonfinite.append(step)
             if writer is not None:
@@ -229,7 +247,51 @@ def _run(model, data, optimizer, state, policy, rng, step_range, batch_size, wri
             bar.close()
         if writer is not None:
             writer.close()
-    return TrainResult(records, state, optimizer, out_dir, nonfinite)
+        if layer_writer is not None:
+            layer_writer.close()
+    return TrainResult(records, state, optimizer, out_dir, nonfinite, layer_names=names,
+                       layers=layer_stats)
+
+
+def _gradient_statistics(optimizer, charged: dict) -> tuple:
+    """(underflow fraction, largest gradient magnitude) per parameter after backward: nan
+    where a rounding was not matched to the parameter's gradient; 0 without a gradient."""
+    underflow, largest = [], []
+    for _, p in optimizer.named:
+        counts = charged.get(id(p), UnderflowCount())
+        underflow.append(math.nan if counts is None else counts.fraction)
+        has = p.grad is not None and backend.size(p.grad.data) > 0
+        largest.append(float(xp.max(xp.abs(p.grad.data))) if has else 0.0)
+    return tuple(underflow), tuple(largest)
+
+
+def _lost_fractions(report, count: int) -> tuple:
+    if not report.lost_by_parameter:            # a skipped step moved nothing
+        return (0.0,) * count
+    return tuple(lost / moved if moved else 0.0 for moved, lost in report.lost_by_parameter)
+
+
+def _open_layer_stats(stack, out_dir, optimizer, start: int):
+    """(parameter names, the layers.jsonl writer or None, the statistics kept from before a
+    resumed run's ``start``)."""
+    names = tuple(name for name, _ in optimizer.named)
+    kept: list = []
+    if out_dir is None:
+        return names, None, kept
+    path = out_dir / LAYERS_FILE
+    if start > 0:
+        if not path.exists():
+            raise ValueError(f"cannot resume at step {start} with per-layer statistics: there "
+                             f"is no {path}; resume into the run's own folder")
+        recorded, steps = read_layer_stats(path)
+        if recorded != names or len(steps) < start:
+            raise ValueError(f"cannot resume at step {start}: {path} holds "
+                             f"{len(steps)} step(s) of parameters {list(recorded)[:4]}..., "
+                             f"not the first {start} of this model's")
+        kept = steps[:start]
+    writer = LayerStatsWriter(path, names, kept)
+    stack.callback(writer.close)
+    return names, writer, list(kept)
 
 
 def _check_optimizer_fits(model, optimizer) -> None:
