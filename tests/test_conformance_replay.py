@@ -1,6 +1,7 @@
 """Replay and adapter comparison: every preset agrees with itself through the machinery, and a
 scaler that differs in one rule is caught at the exact step, with both states shown."""
 import dataclasses
+import json
 import math
 
 import numpy as np
@@ -243,3 +244,66 @@ def test_numpy_patterns_reach_the_ends():
         s = preset("deepspeed").init()
         for _ in range(20):
             s = s.update(True)
+
+
+def _deepspeed_to_the_floor(path, error_at_the_floor=True, **params):
+    """DeepSpeed's scaler (hysteresis 1, floor 1) on overflow after overflow: it raises at the
+    floor, which a version-2 trace records as the last step's error."""
+    from fpsim.conformance import TraceStep, TraceWriter
+    from fpsim.scaling import LossScaleMinimumError
+    state = preset("deepspeed", init_scale=8.0, min_scale=1.0, hysteresis=1, **params).init()
+    with TraceWriter(path, source="deepspeed-like", params=dict(
+            init_scale=8.0, min_scale=1.0, hysteresis=1, **params)) as writer:
+        for i in range(10):
+            try:
+                after = state.update(True)
+            except LossScaleMinimumError as err:
+                if error_at_the_floor:
+                    writer.write(TraceStep(i, True, state.scale, state.scale, True,
+                                           error=f"OverflowError: {err}"))
+                return
+            writer.write(TraceStep(i, True, state.scale, after.scale, after.skipped))
+            state = after
+
+
+def test_an_error_recorded_at_the_floor_agrees_with_a_preset_that_raises_there(tmp_path):
+    from fpsim.conformance import read_trace
+    path = tmp_path / "floor.jsonl"
+    _deepspeed_to_the_floor(path)
+    trace = read_trace(path)
+    assert json.loads(path.read_text().splitlines()[0])["version"] == 2
+    assert trace.steps[-1].error.startswith("OverflowError") and len(trace.steps) == 4
+    report = replay(trace, "deepspeed")
+    assert report.agree and "error" in report.compared
+    # a reference that does not raise there, and a trace that does not record the error
+    late = replay(trace, "deepspeed", min_scale=0.5)
+    assert not late.agree and late.divergence.fields == ("error",)
+    _deepspeed_to_the_floor(tmp_path / "quiet.jsonl", error_at_the_floor=False)
+    lines = (tmp_path / "quiet.jsonl").read_text().splitlines()
+    lines.append(json.dumps({"step": 3, "found_inf": True, "scale_before": 1.0,
+                             "scale_after": 1.0, "skipped": True}))
+    (tmp_path / "quiet.jsonl").write_text("\n".join(lines) + "\n")
+    silent = replay(read_trace(tmp_path / "quiet.jsonl"), "deepspeed")
+    assert not silent.agree and silent.divergence.step == 3
+    assert silent.divergence.fields == ("error",) and "raises" in str(silent)
+
+
+def test_an_error_ends_the_trace_and_version_1_has_no_error_field(tmp_path):
+    from fpsim.conformance import TraceFormatError, TraceStep, TraceWriter, read_trace
+    path = tmp_path / "floor.jsonl"
+    _deepspeed_to_the_floor(path)
+    lines = path.read_text().splitlines()
+    after = json.dumps({"step": 4, "found_inf": False, "scale_before": 1.0,
+                        "scale_after": 1.0, "skipped": False})
+    (tmp_path / "more.jsonl").write_text("\n".join(lines + [after]) + "\n")
+    with pytest.raises(TraceFormatError, match="recorded an error, which ends the run"):
+        read_trace(tmp_path / "more.jsonl")
+    header = json.loads(lines[0])
+    (tmp_path / "v1.jsonl").write_text("\n".join([json.dumps(dict(header, version=1))]
+                                                 + lines[1:]) + "\n")
+    with pytest.raises(TraceFormatError, match="unknown step field in version 1"):
+        read_trace(tmp_path / "v1.jsonl")
+    with TraceWriter(tmp_path / "w.jsonl") as writer:
+        writer.write(TraceStep(0, True, 1.0, 1.0, True, error="OverflowError: floor"))
+        with pytest.raises(ValueError, match="ends the run"):
+            writer.write(TraceStep(1, False, 1.0, 1.0, False))

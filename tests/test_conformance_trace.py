@@ -92,8 +92,8 @@ def test_reader_names_line_and_field(rows, line, field, words):
 
 @pytest.mark.parametrize("header,field,words", [
     (json.dumps({"format": "other", "version": 1}), "format", "fpsim-scaler-trace"),
-    (json.dumps({"format": TRACE_FORMAT, "version": 2}), "version", "knows version 1"),
-    (json.dumps({"format": TRACE_FORMAT, "version": True}), "version", "knows version 1"),
+    (json.dumps({"format": TRACE_FORMAT, "version": 3}), "version", "knows versions 1, 2"),
+    (json.dumps({"format": TRACE_FORMAT, "version": True}), "version", "knows versions 1, 2"),
     (json.dumps({"format": TRACE_FORMAT, "version": 1, "sauce": "x"}), "sauce", "unknown"),
     (json.dumps({"format": TRACE_FORMAT, "version": 1, "params": [1]}), "params", "object"),
     (json.dumps({"format": TRACE_FORMAT, "version": 1, "params": {"init_scale": "big"}}),

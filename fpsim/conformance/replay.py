@@ -8,8 +8,9 @@ Python floats; NaN meets NaN)::
     state = reference.init()
     for recorded in trace.steps:
         compare recorded.scale_before with state.scale
-        state = state.update(recorded.found_inf)      # LossScaleMinimumError: a divergence
-        compare scale_after, skipped, and growth_tracker / hysteresis where recorded
+        state = state.update(recorded.found_inf)      # may raise LossScaleMinimumError
+        a step that recorded an error: the reference must raise there (and only there)
+        else compare scale_after, skipped, and growth_tracker / hysteresis where recorded
         first difference -> Divergence (both sides, side by side); stop
 
 A preset name takes the trace header's ``params`` as overrides (the configuration the
@@ -32,7 +33,8 @@ from .trace import Trace, TraceStep, read_trace
 
 __all__ = ["replay", "Report", "Divergence", "reference_state", "COMPARED_FIELDS"]
 
-COMPARED_FIELDS = ("scale_before", "scale_after", "skipped", "growth_tracker", "hysteresis")
+COMPARED_FIELDS = ("scale_before", "scale_after", "skipped", "growth_tracker", "hysteresis",
+                   "error")
 _SHOWN = ("found_inf",) + COMPARED_FIELDS
 _CONTEXT_STEPS = 3
 
@@ -121,15 +123,21 @@ def replay(trace, reference, *, use_header_params: bool = True, **overrides) -> 
             after = state.update(recorded.found_inf)
         except LossScaleMinimumError as err:
             after, reason = None, f"raises LossScaleMinimumError: {err}"
-            expected.update(scale_after="raises", skipped="raises")
+            expected.update(scale_after="raises", skipped="raises", error=reason[7:])
         if after is not None:
             expected.update(scale_after=after.scale, skipped=after.skipped,
                             growth_tracker=after.growth_tracker,
-                            hysteresis=after.hysteresis_left)
+                            hysteresis=after.hysteresis_left, error=None)
             reason = after.decision.reason
         shown = {name: getattr(recorded, name) for name in _SHOWN}
-        differ = tuple(name for name in compared
-                       if shown[name] is not None and not _same(shown[name], expected.get(name)))
+        if recorded.error is not None or after is None:
+            # the update raised on one side at least: whether both raised is what compares
+            differ = ("scale_before",) if not _same(shown["scale_before"], state.scale) else ()
+            if (recorded.error is None) != (after is not None):
+                differ += ("error",)
+        else:
+            differ = tuple(name for name in compared if shown[name] is not None
+                           and not _same(shown[name], expected.get(name)))
         if differ:
             divergence = Divergence(index, trace.line_of(index), differ, shown, expected, reason,
                                     tuple(history[-_CONTEXT_STEPS:]))
@@ -143,7 +151,7 @@ def replay(trace, reference, *, use_header_params: bool = True, **overrides) -> 
 
 def _compared_fields(trace: Trace) -> tuple:
     present = set(("scale_before", "scale_after", "skipped"))
-    for optional in ("growth_tracker", "hysteresis"):
+    for optional in ("growth_tracker", "hysteresis", "error"):
         if any(getattr(s, optional) is not None for s in trace.steps):
             present.add(optional)
     return tuple(name for name in COMPARED_FIELDS if name in present)

@@ -1,9 +1,10 @@
 """The scaler trace: what a framework's loss scaler did, step by step, as JSON Lines.
 
-Format ``fpsim-scaler-trace``, version 1. UTF-8 text, one JSON object per line. The first
-line is the header; every further non-blank line is one step, in order, numbered from 0::
+Format ``fpsim-scaler-trace``, version 2 (version 1, the same without ``error``, is read as
+well). UTF-8 text, one JSON object per line. The first line is the header; every further
+non-blank line is one step, in order, numbered from 0::
 
-    {"format": "fpsim-scaler-trace", "version": 1, "source": "torch 2.13.0 GradScaler('cpu')",
+    {"format": "fpsim-scaler-trace", "version": 2, "source": "torch 2.13.0 GradScaler('cpu')",
      "params": {"init_scale": 65536.0, "growth_interval": 2000}}
     {"step": 0, "found_inf": false, "scale_before": 65536.0, "scale_after": 65536.0,
      "skipped": false, "growth_tracker": 1}
@@ -32,6 +33,10 @@ hysteresis         no        overflows still absorbed before a backoff, after th
 grad_stats         no        object of numbers: ``count`` (gradient elements), ``nonfinite``
                              (how many were inf/NaN), ``max_abs`` (largest finite magnitude),
                              ``l2_norm`` (norm of the finite values); others are allowed
+error              no (v2)   ``"ExceptionType: message"``: the framework's update raised
+                             (DeepSpeed at its minimum scale); the run stopped there, so it is
+                             the last step, and its other fields are what the trace saw before
+                             the update (a replay compares only whether the reference raises)
 =================  ========  ==============================================================
 
 Numbers are JSON numbers written with Python's ``repr`` (which round-trips every float64, so
@@ -61,13 +66,14 @@ from typing import IO, Iterable, NamedTuple
 from ..train.trace import strict_json
 
 __all__ = ["TraceStep", "TraceHeader", "Trace", "TraceWriter", "TraceFormatError",
-           "read_trace", "write_trace", "TRACE_FORMAT", "TRACE_VERSION"]
+           "read_trace", "write_trace", "TRACE_FORMAT", "TRACE_VERSION", "READ_VERSIONS"]
 
 TRACE_FORMAT = "fpsim-scaler-trace"
-TRACE_VERSION = 1
+TRACE_VERSION = 2
+READ_VERSIONS = (1, 2)     # version 1: no "error" field
 
 REQUIRED = ("step", "found_inf", "scale_before", "scale_after", "skipped")
-OPTIONAL = ("growth_tracker", "hysteresis", "grad_stats")
+OPTIONAL = ("growth_tracker", "hysteresis", "grad_stats", "error")
 HEADER_FIELDS = ("format", "version", "source", "params")
 
 
@@ -99,6 +105,7 @@ class TraceStep(NamedTuple):
     growth_tracker: int | None = None
     hysteresis: int | None = None
     grad_stats: dict | None = None
+    error: str | None = None
 
     def as_json(self) -> dict:
         row = {"step": self.step, "found_inf": self.found_inf,
@@ -109,6 +116,8 @@ class TraceStep(NamedTuple):
                 row[name] = getattr(self, name)
         if self.grad_stats is not None:
             row["grad_stats"] = {k: _number_out(v) for k, v in self.grad_stats.items()}
+        if self.error is not None:
+            row["error"] = self.error
         return row
 
 
@@ -153,7 +162,7 @@ class TraceWriter:
             self._owned = True
         else:
             self._stream, self._owned = target, False
-        self._next = 0
+        self._next, self._ended = 0, False
         header = {"format": TRACE_FORMAT, "version": TRACE_VERSION, "source": source,
                   "params": {k: _number_out(v) if isinstance(v, float) else v
                              for k, v in params.items()}}
@@ -169,8 +178,15 @@ class TraceWriter:
         if step.step != self._next:
             raise ValueError(f"steps are written in order from 0: expected step {self._next}, "
                              f"got {step.step}")
+        if self._ended:
+            raise ValueError(f"step {step.step - 1} recorded an error, which ends the run: no "
+                             f"step follows it")
+        if step.error is not None and (not isinstance(step.error, str) or not step.error):
+            raise TypeError(f"error must be a non-empty str ('Type: message'), got "
+                            f"{step.error!r}")
         self._emit(step.as_json())
         self._next += 1
+        self._ended = step.error is not None
 
     def close(self) -> None:
         if self._owned and not self._stream.closed:
@@ -222,7 +238,11 @@ def read_trace(source: "str | os.PathLike | IO[str]") -> Trace:
         if header is None:
             header = _parse_header(row, where, number)
             continue
-        step = _parse_step(row, where, number, len(steps))
+        if steps and steps[-1].error is not None:
+            raise TraceFormatError(where, number, None,
+                                   f"step {steps[-1].step} (line {lines[-1]}) recorded an error, "
+                                   f"which ends the run: no step may follow it")
+        step = _parse_step(row, where, number, len(steps), header.version)
         if steps and step.scale_before != steps[-1].scale_after and not (
                 math.isnan(step.scale_before) and math.isnan(steps[-1].scale_after)):
             raise TraceFormatError(
@@ -245,9 +265,10 @@ def _parse_header(row: dict, where: str, number: int) -> TraceHeader:
             problem = f"must be {TRACE_FORMAT!r}, got {row.get('format')!r}"
         raise TraceFormatError(where, number, "format", problem)
     version = row.get("version")
-    if version != TRACE_VERSION or isinstance(version, bool):
+    if version not in READ_VERSIONS or isinstance(version, bool):
         raise TraceFormatError(where, number, "version",
-                               f"this reader knows version {TRACE_VERSION}, got {version!r}")
+                               f"this reader knows versions {', '.join(map(str, READ_VERSIONS))}, "
+                               f"got {version!r}")
     for key in row:
         if key not in HEADER_FIELDS:
             raise TraceFormatError(where, number, key, f"unknown header field; known: "
@@ -279,11 +300,12 @@ def _check_param(key, value, error) -> None:
         raise error(f"must be a number, bool, string or null, got {value!r}")
 
 
-def _parse_step(row: dict, where: str, number: int, index: int) -> TraceStep:
+def _parse_step(row: dict, where: str, number: int, index: int, version: int) -> TraceStep:
+    known = REQUIRED + (OPTIONAL if version >= 2 else OPTIONAL[:-1])
     for key in row:
-        if key not in REQUIRED + OPTIONAL:
-            raise TraceFormatError(where, number, key, f"unknown step field; known: "
-                                   f"{', '.join(REQUIRED + OPTIONAL)}")
+        if key not in known:
+            raise TraceFormatError(where, number, key, f"unknown step field in version "
+                                   f"{version}; known: {', '.join(known)}")
     for key in REQUIRED:
         if key not in row:
             raise TraceFormatError(where, number, key, "required field is missing")
@@ -309,8 +331,12 @@ def _parse_step(row: dict, where: str, number: int, index: int) -> TraceStep:
             raise TraceFormatError(where, number, "grad_stats",
                                    f"must be an object of numbers, got {stats!r}")
         stats = {k: _number_in(v, where, number, f"grad_stats.{k}") for k, v in stats.items()}
+    error = row.get("error")
+    if error is not None and (not isinstance(error, str) or not error.strip()):
+        raise TraceFormatError(where, number, "error", f"must be a non-empty string "
+                               f"('ExceptionType: message'), got {error!r}")
     return TraceStep(step, flags["found_inf"], scales["scale_before"], scales["scale_after"],
-                     flags["skipped"], grad_stats=stats, **extra)
+                     flags["skipped"], grad_stats=stats, error=error, **extra)
 
 
 def _integer(raw, where, number, field) -> int:
