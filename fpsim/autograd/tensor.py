@@ -284,11 +284,10 @@ def _backward_pass(root: Tensor, seed, retain_graph: bool) -> None:
             continue
         if node._retain:
             _accumulate_leaf(node, g, False)
-        if underflow.attributing():
-            parent_grads = _counted_backward(node, g, in_flight)
-        else:
-            parent_grads = node._backward(g, node.grad_fmt)
-        _send(grads, node._parents, parent_grads)
+        # no local name for the gradients: a reference held here would make every one look
+        # shared to backend.is_unshared and be copied
+        _send(grads, node._parents, _counted_backward(node, g, in_flight)
+              if underflow.attributing() else node._backward(g, node.grad_fmt))
         if not retain_graph:
             node._backward = None
             node._parents = ()
