@@ -113,15 +113,11 @@ class OpRoundings:
         self.records: list = []
 
 
+@contextlib.contextmanager
 def count_per_tensor():
     """``with count_per_tensor() as counts:``: backward passes inside also fill ``counts``,
     ``{id(tensor): UnderflowCount}`` for each leaf tensor the gradients reach (``None`` where
     a rounding could not be matched to the gradient it produced: not measured)."""
-    return _tensor_counting()
-
-
-@contextlib.contextmanager
-def _tensor_counting():
     counts: dict = {}
     token = _per_tensor.set(counts)
     try:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..train.layer_stats import LAYERS_FILE, read_layer_stats
-from .style import figure_style, new_figure, write_figure
+from .style import figure_style, new_figure, write_user_figure
 
 import matplotlib.pyplot as plt  # noqa: E402  (style chose the backend)
 
@@ -60,20 +60,14 @@ def plot_layers(run: "str | os.PathLike", out: "str | os.PathLike") -> Path:
     with figure_style():
         fig, axes = new_figure(12.0, 2.0 + 1.1 * len(LAYER_PANELS) + 0.25 * len(names) * 3,
                                nrows=len(LAYER_PANELS), ncols=1)
-        try:
-            for ax, (statistic, title, label, transform) in zip(axes, LAYER_PANELS):
-                cmap = plt.get_cmap("viridis").with_extremes(bad="0.8")
-                image = ax.imshow(_matrix(steps, statistic, transform), aspect="auto",
-                                  interpolation="nearest", cmap=cmap,
-                                  extent=(-0.5, len(steps) - 0.5, len(names) - 0.5, -0.5))
-                ax.set_yticks(range(len(names)), names, fontsize=7)
-                ax.set_title(title)
-                ax.set_xlabel("step")
-                fig.colorbar(image, ax=ax, label=label)
-            fig.tight_layout()
-            out.parent.mkdir(parents=True, exist_ok=True)
-            return write_figure(fig, out)
-        except OSError as err:
-            raise ValueError(f"cannot write the figure {out}: {err.strerror or err}") from None
-        finally:
-            plt.close(fig)
+        for ax, (statistic, title, label, transform) in zip(axes, LAYER_PANELS):
+            cmap = plt.get_cmap("viridis").with_extremes(bad="0.8")
+            image = ax.imshow(_matrix(steps, statistic, transform), aspect="auto",
+                              interpolation="nearest", cmap=cmap,
+                              extent=(-0.5, len(steps) - 0.5, len(names) - 0.5, -0.5))
+            ax.set_yticks(range(len(names)), names, fontsize=7)
+            ax.set_title(title)
+            ax.set_xlabel("step")
+            fig.colorbar(image, ax=ax, label=label)
+        fig.tight_layout()
+        return write_user_figure(fig, out)

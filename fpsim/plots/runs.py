@@ -19,9 +19,7 @@ from pathlib import Path
 
 from ..conformance.trace import TRACE_FORMAT, read_trace
 from ..train.runs import Run, first_json_row, load_run
-from .style import figure_style, new_figure, write_figure
-
-import matplotlib.pyplot as plt  # noqa: E402  (style chose the backend)
+from .style import figure_style, new_figure, write_user_figure
 
 __all__ = ["open_run", "plot_runs", "runs_figure", "PANELS", "distinguishing_labels",
            "label_fields"]
@@ -85,14 +83,7 @@ def plot_runs(runs, out: "str | os.PathLike", *, labels=None) -> Path:
     if out.suffix.lower() not in (".png", ".svg"):
         raise ValueError(f"cannot write a figure to {out}: the name must end in .png or .svg")
     with figure_style():
-        fig = runs_figure(runs, labels=labels)
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            return write_figure(fig, out)
-        except OSError as err:
-            raise ValueError(f"cannot write the figure {out}: {err.strerror or err}") from None
-        finally:
-            plt.close(fig)
+        return write_user_figure(runs_figure(runs, labels=labels), out)
 
 
 def runs_figure(runs, *, labels=None):

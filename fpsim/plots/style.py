@@ -18,7 +18,8 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
 from ..files import atomic_file  # noqa: E402
 
-__all__ = ["figure_style", "save_figure", "new_figure", "write_figure", "FIGURE_TYPES"]
+__all__ = ["figure_style", "save_figure", "new_figure", "write_figure", "write_user_figure",
+           "FIGURE_TYPES"]
 
 _STYLE = {
     "svg.hashsalt": "fpsim",
@@ -73,6 +74,19 @@ def write_figure(fig, path: "str | Path") -> Path:
     finally:
         plt.close(fig)
     return path
+
+
+def write_user_figure(fig, path: "str | Path") -> Path:
+    """``write_figure`` for a file a user named: its folder made, a failure to write it a
+    ``ValueError`` saying so (the command's one line), the figure closed either way."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return write_figure(fig, path)
+    except OSError as err:
+        raise ValueError(f"cannot write the figure {path}: {err.strerror or err}") from None
+    finally:
+        plt.close(fig)
 
 
 def save_figure(fig, stem: "str | Path", formats=("png", "svg")) -> list[Path]:
