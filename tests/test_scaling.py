@@ -198,7 +198,8 @@ def test_divide_backoff_needs_a_divisor_and_bad_types():
 
 
 def test_preset_errors_list_what_is_valid():
-    with pytest.raises(ValueError, match="torch, apex, deepspeed, megatron, tf-keras, keras3"):
+    with pytest.raises(ValueError, match="torch, apex, deepspeed, deepspeed-fp16, megatron, "
+                                         "tf-keras, keras3"):
         preset("pytorch-lightning")
     with pytest.raises(ValueError, match="valid keys: init_scale, growth_factor"):
         preset("torch", growth_intervall=3)

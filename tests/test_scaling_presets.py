@@ -69,6 +69,30 @@ class DeepSpeedRef:                # deepspeed/runtime/fp16/loss_scaler.py Dynam
         return overflow
 
 
+class DeepSpeedFP16Ref:            # deepspeed/runtime/fp16/fused_optimizer.py (0.19.6)
+    """FP16_Optimizer._update_scale (FP16_UnfusedOptimizer's is the same): no hysteresis,
+    the floor clamps instead of raising."""
+
+    def __init__(self, window, min_loss_scale=1):
+        self.cur_scale, self.scale_window, self.min_loss_scale = 2 ** 16, window, min_loss_scale
+        self.cur_iter, self.last_overflow_iter, self.scale_factor = 0, -1, 2.0
+
+    @property
+    def scale(self):
+        return self.cur_scale
+
+    def update(self, skip):
+        if skip:
+            self.cur_scale = max(self.cur_scale / self.scale_factor, self.min_loss_scale)
+            self.last_overflow_iter = self.cur_iter
+        else:
+            stable_interval = (self.cur_iter - self.last_overflow_iter) - 1
+            if (stable_interval > 0) and (stable_interval % self.scale_window == 0):
+                self.cur_scale *= self.scale_factor
+        self.cur_iter += 1
+        return skip
+
+
 class MegatronRef:                 # megatron/core/optimizer/grad_scaler.py DynamicGradScaler
     def __init__(self, interval, hysteresis=2, init=2.0 ** 32):
         self.scale, self.min = F32(init), F32(1.0)
@@ -143,6 +167,7 @@ class JmpRef:                      # jmp/_src/loss_scale.py DynamicLossScale.adj
 
 def reference(name, interval):
     return {"apex": lambda: ApexRef(interval), "deepspeed": lambda: DeepSpeedRef(interval),
+            "deepspeed-fp16": lambda: DeepSpeedFP16Ref(interval),
             "megatron": lambda: MegatronRef(interval), "tf-keras": lambda: TfKerasRef(interval),
             "keras3": lambda: Keras3Ref(interval), "jmp": lambda: JmpRef(interval)}[name]()
 

@@ -99,7 +99,10 @@ def _apex(**kw) -> DynamicScaler:
 
 
 def _deepspeed(**kw) -> DynamicScaler:
-    """DeepSpeed ``DynamicLossScaler`` with the fp16 config defaults.
+    """DeepSpeed's ``DynamicLossScaler`` with the fp16 config defaults: the scaler of the
+    ZeRO stage 1-3 optimizers (checked against DeepSpeed 0.19.6's source). The non-ZeRO fp16
+    optimizers (``FP16_Optimizer``, ``FP16_UnfusedOptimizer``) update their scale without
+    hysteresis and never raise: preset ``deepspeed-fp16``.
 
     Sources: ``deepspeed/runtime/fp16/loss_scaler.py`` (``DynamicLossScaler.__init__``,
     ``DynamicLossScaler.update_scale``, ``DynamicLossScaler._has_inf_or_nan``) and
@@ -135,6 +138,30 @@ def _deepspeed(**kw) -> DynamicScaler:
         hysteresis_decrement_on_backoff=False, raise_at_min=True, overflow_check="sum",
         name="deepspeed",
         source="deepspeed/runtime/fp16/loss_scaler.py DynamicLossScaler.update_scale"), **kw})
+
+
+def _deepspeed_fp16(**kw) -> DynamicScaler:
+    """DeepSpeed's non-ZeRO fp16 optimizers, ``FP16_Optimizer`` (fused) and
+    ``FP16_UnfusedOptimizer``, which scale with their own ``_update_scale``, not
+    ``DynamicLossScaler``.
+
+    Sources (DeepSpeed 0.19.6): ``deepspeed/runtime/fp16/fused_optimizer.py`` and
+    ``unfused_optimizer.py`` (``_update_scale``, ``step``), ``LossScaleConfig`` in
+    ``deepspeed/runtime/fp16/loss_scaler.py``.
+
+    - overflow: ``cur_scale = max(cur_scale / scale_factor, min_loss_scale)`` and
+      ``last_overflow_iter = cur_iter``: no hysteresis (the config's ``hysteresis`` is not
+      read), and at the floor the scale stays there, no error;
+    - clean step: DeepSpeed's ``stable_interval`` rule, as in preset ``deepspeed``;
+    - overflow test: ``CheckOverflow.has_overflow``, a sum of each gradient (``"sum"``);
+      the legacy fused-Adam path tests its gradient norms instead;
+    - defaults: the engine's fp16 config (``2**16``, window 1000, floor 1); built without
+      loss-scale arguments, ``FP16_Optimizer`` starts at ``2**32`` (floor 1) and
+      ``FP16_UnfusedOptimizer`` at ``2**16`` (floor 0.25): give them as overrides.
+    """
+    return _deepspeed(**{**dict(hysteresis=1, raise_at_min=False, name="deepspeed-fp16",
+                                source="deepspeed/runtime/fp16/fused_optimizer.py "
+                                       "FP16_Optimizer._update_scale"), **kw})
 
 
 def _megatron(**kw) -> DynamicScaler:
@@ -243,8 +270,9 @@ def _jmp(**kw) -> DynamicScaler:
         name="jmp", source="jmp/_src/loss_scale.py DynamicLossScale.adjust"), **kw})
 
 
-PRESETS = {"torch": _torch, "apex": _apex, "deepspeed": _deepspeed, "megatron": _megatron,
-           "tf-keras": _tf_keras, "keras3": _keras3, "jmp": _jmp}
+PRESETS = {"torch": _torch, "apex": _apex, "deepspeed": _deepspeed,
+           "deepspeed-fp16": _deepspeed_fp16, "megatron": _megatron, "tf-keras": _tf_keras,
+           "keras3": _keras3, "jmp": _jmp}
 
 
 # what people call the frameworks, where it is not a preset's own name
@@ -268,8 +296,8 @@ def preset_names() -> tuple[str, ...]:
 def preset(name: str, **overrides) -> DynamicScaler:
     """The ``DynamicScaler`` that reproduces framework ``name``'s scale and skip decisions
     step by step; ``overrides`` replace any of its parameters (``growth_interval=100``,
-    ``min_scale=None``, ...). Names: torch, apex, deepspeed, megatron, tf-keras, keras3, jmp
-    (``_`` may stand for ``-``).
+    ``min_scale=None``, ...). Names: torch, apex, deepspeed (ZeRO), deepspeed-fp16 (the
+    non-ZeRO fp16 optimizers), megatron, tf-keras, keras3, jmp (``_`` may stand for ``-``).
     """
     if not isinstance(name, str):
         raise TypeError(f"preset name must be a str, got {type(name).__name__}")

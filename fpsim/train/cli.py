@@ -75,8 +75,8 @@ def register(commands) -> None:
                    help="clip the global gradient norm to this value (default: no clipping)")
     p.add_argument("--scaler", default=None,
                    help="none, dynamic (torch's GradScaler), static:N, or a preset: torch, "
-                        "apex, deepspeed, megatron, tf-keras, keras3, jmp (default: the "
-                        "recipe's: dynamic for 16-mixed, none otherwise)")
+                        "apex, deepspeed, deepspeed-fp16, megatron, tf-keras, keras3, jmp "
+                        "(default: the recipe's: dynamic for 16-mixed, none otherwise)")
     p.add_argument("--steps", type=int, default=200, help="training steps")
     p.add_argument("--batch-size", type=int, default=64, help="batch size")
     p.add_argument("--seed", type=int, default=0, help="seed for data, weights and batches")
