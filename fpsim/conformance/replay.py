@@ -193,6 +193,8 @@ def render(report: Report) -> str:
              f"  recorded:  {source}", f"  reference: {report.reference}", ""]
     rows = [("field", "recorded", "reference", "")]
     for name in _SHOWN:
+        if name == "error" and d.recorded.get(name) is None and d.expected.get(name) is None:
+            continue               # neither side raised: the row would say nothing
         mark = "<- differs" if name in d.fields else ""
         rows.append((name, show_value(d.recorded.get(name)), show_value(d.expected.get(name)),
                      mark))
