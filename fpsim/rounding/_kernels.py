@@ -223,7 +223,10 @@ def round_nearest_even_magic(x: np.ndarray, out: np.ndarray, rules: Rules,
 
     # below 2**emax every result is at most 2**emax <= max_finite: no overflow
     overflow = not rules.saturate and highest >= emax_field
-    if overflow:
+    # formats without inf or NaN payloads (fn, fnuz): a result beyond max_finite becomes NaN,
+    # as every NaN becomes the format's one, in the masked write at the end (_settle_fn_nans)
+    fn_nans = not rules.has_inf and not rules.nan_payload
+    if overflow and not fn_nans:
         if k.up is not None:
             np.multiply(result, k.up, out=result)  # [2**(emax+1), inf] -> inf, nothing else
             np.multiply(result, k.down, out=result)
@@ -240,7 +243,7 @@ def round_nearest_even_magic(x: np.ndarray, out: np.ndarray, rules: Rules,
     # format without inf).
     nan = highest == all_ones or (overflow and k.up is None)
     zeros = lowest <= zero_field or (not rules.subnormals and below_normal)
-    if zeros or nan:
+    if zeros or (nan and not fn_nans):      # fn formats: NaNs take x's sign as they settle
         sign = magic  # C is spent: its buffer takes x's sign bit
         np.bitwise_and(x.view(uint), k.sign_mask, out=sign)
         result_bits = result.view(uint)
@@ -251,8 +254,32 @@ def round_nearest_even_magic(x: np.ndarray, out: np.ndarray, rules: Rules,
         if rules.nan_payload:   # settle_nans' rule: every non-NaN result has these bits zero
             result_bits = result.view(uint)
             np.bitwise_and(result_bits, k.nan_bits, out=result_bits)
+        elif fn_nans:
+            _settle_fn_nans(result, x, rules, k, scratch)
         else:
             settle_nans(result, rules)
+
+
+def _settle_fn_nans(result: np.ndarray, x: np.ndarray, rules: Rules, k,
+                    scratch: Scratch) -> None:
+    """Formats without inf (fn, fnuz): every result beyond max_finite in magnitude (an
+    overflow, an infinite input) and every NaN becomes the format's NaN, as
+    ``settle_nans`` gives it (the quiet NaN with x's sign; fnuz: its one NaN, sign bit set).
+    One comparison of the magnitude bits finds both (a NaN's bits exceed every finite
+    value's), and one masked write sets them: no float abs, no NaN test, no fancy indexing."""
+    uint, bits = k.uint, result.view(k.uint)
+    box = _CONTAINERS[result.dtype]
+    work = scratch.get(2, uint, result.size)
+    np.bitwise_and(bits, uint(box.sign_mask - 1), out=work)        # the magnitude's bits
+    beyond = scratch.get(3, np.bool_, result.size)
+    np.greater(work, np.asarray(k.max_finite).view(uint), out=beyond)
+    quiet = box.exp_mask | (1 << (box.mant_bits - 1))
+    if rules.unsigned_zero:
+        np.copyto(bits, uint(box.sign_mask | quiet), where=beyond)
+        return
+    np.bitwise_and(x.view(uint), k.sign_mask, out=work)
+    np.bitwise_or(work, uint(quiet), out=work)
+    np.copyto(bits, work, where=beyond)
 
 
 def settle_nans(result: np.ndarray, rules: Rules) -> None:
