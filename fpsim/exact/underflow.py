@@ -51,23 +51,22 @@ _pending: ContextVar["OpRoundings | None"] = ContextVar("fpsim_op_roundings", de
 
 
 @contextlib.contextmanager
+def _holding(var: ContextVar, value):
+    """``var`` set to ``value`` for the block (yielded), then put back."""
+    token = var.set(value)
+    try:
+        yield value
+    finally:
+        var.reset(token)
+
+
 def count_gradient_underflow():
     """Count underflowing gradient values in every backward pass run inside the block."""
-    counts = UnderflowCount()
-    token = _counter.set(counts)
-    try:
-        yield counts
-    finally:
-        _counter.reset(token)
+    return _holding(_counter, UnderflowCount())
 
 
-@contextlib.contextmanager
 def in_backward():
-    token = _backward.set(True)
-    try:
-        yield
-    finally:
-        _backward.reset(token)
+    return _holding(_backward, True)
 
 
 def active() -> bool:
@@ -113,17 +112,11 @@ class OpRoundings:
         self.records: list = []
 
 
-@contextlib.contextmanager
 def count_per_tensor():
     """``with count_per_tensor() as counts:``: backward passes inside also fill ``counts``,
     ``{id(tensor): UnderflowCount}`` for each leaf tensor the gradients reach (``None`` where
     a rounding could not be matched to the gradient it produced: not measured)."""
-    counts: dict = {}
-    token = _per_tensor.set(counts)
-    try:
-        yield counts
-    finally:
-        _per_tensor.reset(token)
+    return _holding(_per_tensor, {})
 
 
 def attributing() -> bool:
@@ -131,15 +124,9 @@ def attributing() -> bool:
     return _per_tensor.get() is not None and _backward.get()
 
 
-@contextlib.contextmanager
 def op_roundings():
     """Collect the roundings of one op's backward (``note`` appends them)."""
-    roundings = OpRoundings()
-    token = _pending.set(roundings)
-    try:
-        yield roundings
-    finally:
-        _pending.reset(token)
+    return _holding(_pending, OpRoundings())
 
 
 @contextlib.contextmanager
