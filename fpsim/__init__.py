@@ -4,7 +4,8 @@ Layers, lowest first: ``formats`` (what a number type is; beside it ``files``, a
 output files, and ``options``, the checks every option goes through), ``rounding`` (values to a format),
 ``encoding`` (values to bit patterns and back), ``describe`` (a value taken apart, for
 teaching), ``backend`` (the kernel interface: where array libraries differ), ``exact`` (exact dot products and sums rounded
-once, accumulation models, the gradient-underflow counter), ``autograd`` (tensors, ops,
+once, accumulation models, the gradient-underflow counter), ``quant`` (scaled FP8
+quantization: per-tensor and block scales, their state), ``autograd`` (tensors, ops,
 precision policies), ``nn`` (layers), ``optim`` (master-weight optimizers), ``scaling`` (loss
 scalers and framework presets), ``train`` (traces, checkpoints); above them ``experiments``,
 ``plots``, ``conformance``, ``sweep`` (many training runs on Dask) and ``cli``. A module imports only from its own layer or lower

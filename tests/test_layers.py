@@ -19,6 +19,7 @@ LAYERS = [
     ["encoding", "describe"],
     ["backend"],
     ["exact"],
+    ["quant"],
     ["autograd"],
     ["nn", "optim", "scaling"],
     ["train"],
@@ -198,7 +199,7 @@ def test_the_checks_catch_a_planted_package(tmp_path):
         path.write_text(text)
     planted = read_modules(tmp_path / "fpsim")
     assert [v.split(": ", 1)[1] for v in layer_violations(planted)] == [
-        "fpsim.exact.sums (exact, layer 4) imports fpsim.autograd.tensor (autograd, layer 5), "
+        "fpsim.exact.sums (exact, layer 4) imports fpsim.autograd.tensor (autograd, layer 6), "
         "a higher layer"]
     assert sorted(v.split(": ", 1)[1] for v in private_violations(planted)) == [
         "fpsim.autograd.tensor imports the private name _limbs from fpsim.exact.sums",

@@ -1,0 +1,16 @@
+"""Scaled quantization for FP8 training recipes: the scales, casts and their state.
+
+A quantized GEMM operand is ``q = round_sat(fl32(x * scale), fmt)``: the value times a scale,
+rounded once to float32 (the multiply of the cast kernel), then once to the FP8 format with
+saturation; the GEMM divides the scales back out. What differs between recipes is where the
+scale comes from:
+
+- ``tensor_scaling``: one scale per tensor, from this tensor's amax (current scaling) or from
+  an amax history kept across steps (delayed scaling), as NVIDIA Transformer Engine's
+  ``Float8CurrentScaling`` and ``DelayedScaling`` recipes compute them;
+- ``blocks``: one scale per block of elements: OCP Microscaling (MX, power-of-two e8m0 scales
+  per 32 elements) and 1x128 / 128x128 tiles with float32 scales (``Float8BlockScaling``).
+
+This layer sits between ``exact`` and ``autograd``: plain arrays in, arrays and frozen state
+out; the engine's quantized ops (``autograd``) and the recipe strings build on it.
+"""
