@@ -24,6 +24,8 @@ its thread count.
 - ``sums.py``: exact sums of float64 terms with integer limbs, rounded to odd
   (``round_to_odd_sum``).
 - ``block_fma.py``: the ``blocked`` model's multi-term fused additions (NVIDIA tensor cores).
+- ``promoted.py``: Hopper's FP8 GEMMs (``PromotedAccumulation``, ``"h100-fp8"``): the
+  tensor core's limited-precision blocks, partial sums promoted into fp32 every N products.
 - ``elementary.py``: libm-free float64 exp, log, log1p, tanh, sigmoid, normal CDF and gelu
   (only + - * / and exact splits), each with a stated error bound.
 - ``correctly_rounded.py``: those values certified into the output format (``cr_exp``,
@@ -48,6 +50,7 @@ from . import accumulation, underflow
 from .accumulation import (Accumulation, BlockedAccumulation, ExactAccumulation,
                            SequentialAccumulation, get_accumulation, matmul, reduce_sum,
                            tensor_core)
+from .promoted import PromotedAccumulation, hopper_fp8_tensor_core
 from .certificate import certify, error_factor, sums_exactly, width_factor
 from .exact_dots import exact_matmul, exact_rows_sum
 from .fast_matmul import matmul_2d, round_out
@@ -63,7 +66,8 @@ from .softmax import (cr_cross_entropy, cr_log_softmax, cr_softmax, log_softmax6
                       settle_rows, softmax64)
 
 __all__ = ["accumulation", "underflow", "Accumulation", "ExactAccumulation",
-           "SequentialAccumulation", "BlockedAccumulation",
+           "SequentialAccumulation", "BlockedAccumulation", "PromotedAccumulation",
+           "hopper_fp8_tensor_core",
            "tensor_core", "get_accumulation", "matmul", "reduce_sum", "exact_matmul",
            "exact_rows_sum", "error_factor", "width_factor", "certify", "sums_exactly",
            "matmul_2d", "round_out", "round_to_odd", "add_round_to_odd", "round_to_odd_sum",

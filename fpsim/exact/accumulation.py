@@ -23,6 +23,10 @@ exact products; the models differ only in where the sum is rounded.
     of NVIDIA's adders (see ``block_fma``; presets ``BlockedAccumulation.v100()``, ``a100()``,
     ``h100()`` or ``tensor_core("v100")``, after Fasi, Higham, Mikaitis & Pranesh, PeerJ CS
     7:e330, 2021; one block alone: ``model.block_fma(c, a, b)``).
+``PromotedAccumulation(inner, interval)`` (``promoted.py``; ``"h100-fp8:promote=128"``)
+    Hopper's FP8 GEMM: the ``inner`` blocked model over chunks of ``interval`` products, each
+    chunk's result added into an fp32 accumulator (DeepSeek-V3's promotion); ``"h100-fp8"``
+    alone reduces all of K in the tensor core's limited-precision accumulator.
 
 Non-finite inputs follow IEEE arithmetic on the exact products: inf * 0 is NaN, a NaN
 product or +inf and -inf together give NaN, otherwise an infinite product gives that infinity.
@@ -48,14 +52,27 @@ from .fast_matmul import matmul_2d, round_out
 from .odd_rounding import add_round_to_odd
 
 __all__ = ["Accumulation", "ExactAccumulation", "SequentialAccumulation", "BlockedAccumulation",
-           "tensor_core", "get_accumulation",
+           "tensor_core", "get_accumulation", "register_spec",
            "matmul", "reduce_sum"]
 
 
 class Accumulation:
-    """Base class of the accumulation models (frozen dataclasses)."""
+    """Base class of the accumulation models (frozen dataclasses).
+
+    ``matmul`` and ``reduce_sum`` compute this module's models themselves; a model defined in
+    another module (``promoted``) computes its own sums by overriding the two methods below.
+    """
 
     __slots__ = ()
+
+    def accumulate_matmul(self, a64, b64) -> xp.ndarray:
+        """(nb, M, K) @ (nb, K, N) float64 arrays (float32 values) -> float64 (nb, M, N)
+        holding the accumulator's values."""
+        raise TypeError(f"unknown accumulation model {self!r}")
+
+    def accumulate_rows(self, x64) -> xp.ndarray:
+        """Row sums of an (n, K) float64 array (float32 values) -> float64 (n,)."""
+        raise TypeError(f"unknown accumulation model {self!r}")
 
 
 def _format_field(obj, name: str) -> None:
@@ -200,8 +217,17 @@ def tensor_core(gpu: str, input_format="fp16", fmt="fp32") -> BlockedAccumulatio
 _SPEC_HELP = ("accepted: 'exact', 'exact:FMT', 'sequential', 'sequential:FMT', "
               "'sequential:FMT:unfused', 'blocked:K', 'blocked:K:FMT' (options after it: "
               "':align=F', ':round=MODE', ':input=FMT'), 'v100', 'a100', 'h100', "
+              "'h100-fp8' (options ':promote=N', ':input=e5m2'), 'promoted:N:BLOCKED', "
               "or an Accumulation")
 _BLOCKED_OPTIONS = {"align": "alignment_bits", "round": "rounding", "input": "input_format"}
+_REGISTERED_SPECS = {}      # first field of a spec -> parser, for models of other modules
+
+
+def register_spec(kind: str, parse) -> None:
+    """Let ``get_accumulation`` read specs whose first field is ``kind``:
+    ``parse(fields)`` gets the lower-cased fields after it and returns the model (or raises
+    ValueError). For models defined in modules that import this one (``promoted``)."""
+    _REGISTERED_SPECS[kind] = parse
 
 
 def get_accumulation(spec) -> Accumulation:
@@ -239,6 +265,8 @@ def get_accumulation(spec) -> Accumulation:
             return BlockedAccumulation(int(args[0]), *positional, **options)
         if kind in ("v100", "a100", "h100") and not args:
             return tensor_core(kind)
+        if kind in _REGISTERED_SPECS:
+            return _REGISTERED_SPECS[kind](args)
     except (ValueError, TypeError) as err:
         raise ValueError(f"bad accumulation spec {spec!r}: {err}") from None
     raise ValueError(f"unknown accumulation spec {spec!r}; {_SPEC_HELP}")
@@ -323,7 +351,7 @@ def _accumulate_matmul(a3: xp.ndarray, b3: xp.ndarray, model: Accumulation) -> x
                            shape, model)
     if isinstance(model, BlockedAccumulation):
         return blocks.blocked_matmul(a64, b64, model)
-    raise TypeError(f"unknown accumulation model {model!r}")
+    return model.accumulate_matmul(a64, b64)
 
 
 def _to_output(acc: xp.ndarray, out_fmt: Format) -> xp.ndarray:
@@ -391,7 +419,7 @@ def _accumulate_rows(rows: xp.ndarray, model: Accumulation) -> xp.ndarray:
         return _sequential(lambda k: x64[:, k], rows.shape[1], (rows.shape[0],), model)
     if isinstance(model, BlockedAccumulation):
         return blocks.blocked_rows(x64, model)
-    raise TypeError(f"unknown accumulation model {model!r}")
+    return model.accumulate_rows(x64)
 
 
 # --- the sequential model ----------------------------------------------------------------
