@@ -31,7 +31,9 @@ from ..exact.fast_matmul import matmul_2d
 from ..formats import FP32
 from .accumulate import acc_matmul, acc_sum, accumulation_model, sum_to_shape
 from .numerics import FP64, round_array
-from .ops_shape import operands
+from .context import current_policy
+from .ops_fp8 import quantized_linear
+from .ops_shape import check_linear_shapes, operands
 from .tensor import Tensor, record, register
 
 __all__ = ["matmul", "linear"]
@@ -96,23 +98,20 @@ def matmul(a, b, *, accumulation=None) -> Tensor:
     return record(out, fmt, (a, b), backward, "matmul")
 
 
-def linear(x, weight, bias=None, *, accumulation=None) -> Tensor:
+def linear(x, weight, bias=None, *, accumulation=None, scaling_slots=None) -> Tensor:
     """``x @ weight.T + bias`` with ``weight`` of shape (out, in) as in PyTorch; ``x`` is
     (..., in). The bias joins the fp32 accumulator before the one rounding to the output
-    format (module doc)."""
+    format (module doc). Under a policy with an FP8 recipe the operands are quantized
+    (``ops_fp8``; ``scaling_slots``: the GEMM's ``ScalingSlots``, kept by ``nn.Linear``)."""
+    recipe = current_policy().fp8
+    if recipe is not None:
+        return quantized_linear(x, weight, bias, recipe=recipe, slots=scaling_slots,
+                                accumulation=accumulation)
     parts = (x, weight) if bias is None else (x, weight, bias)
     fmt, tensors = operands("matmul", *parts)
     x, weight = tensors[:2]
     bias = tensors[2] if bias is not None else None
-    if weight.ndim != 2:
-        raise ValueError(f"linear: weight must be 2-D (out, in), got shape {weight.shape}")
-    if x.ndim < 1 or x.shape[-1] != weight.shape[1]:
-        raise ValueError(f"linear: input shape {x.shape} and weight shape {weight.shape}: "
-                         f"input features {x.shape[-1] if x.ndim else None} != "
-                         f"weight in-features {weight.shape[1]}")
-    if bias is not None and bias.shape != (weight.shape[0],):
-        raise ValueError(f"linear: bias shape {bias.shape} != ({weight.shape[0]},) for weight "
-                         f"shape {weight.shape}")
+    check_linear_shapes(x, weight, bias)
     model = accumulation_model(accumulation)
     if bias is None:
         out = acc_matmul(x.data, weight.data.T, fmt, model)

@@ -69,6 +69,19 @@ def operands(category: str, *values):
     return fmt, tuple(cast(t, fmt) for t in tensors)
 
 
+def check_linear_shapes(x: Tensor, weight: Tensor, bias) -> None:
+    """``linear``'s operands fit: weight (out, in), x (..., in), bias (out,) or None."""
+    if weight.ndim != 2:
+        raise ValueError(f"linear: weight must be 2-D (out, in), got shape {weight.shape}")
+    if x.ndim < 1 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"linear: input shape {x.shape} and weight shape {weight.shape}: "
+                         f"input features {x.shape[-1] if x.ndim else None} != "
+                         f"weight in-features {weight.shape[1]}")
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"linear: bias shape {bias.shape} != ({weight.shape[0]},) for weight "
+                         f"shape {weight.shape}")
+
+
 def reshape(x: Tensor, *shape) -> Tensor:
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])

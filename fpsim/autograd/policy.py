@@ -26,7 +26,8 @@ torch.amp", section "Autocast Op Reference", lists "CUDA Ops that can autocast t
 Shape ops (reshape, transpose, indexing) never round and keep their input's format.
 
 Besides the categories: ``param`` (the format ``nn`` creates parameters in), ``input`` (tensors
-made from user data), ``grad`` (``None``: a tensor's gradient is stored in the tensor's own
+made from user data), ``fp8`` (``None``, or an FP8 recipe, ``fpsim.quant.recipe``: every ``linear`` then
+quantizes its operands, ``ops_fp8``), ``grad`` (``None``: a tensor's gradient is stored in the tensor's own
 format, as in every framework; a format: every gradient is stored in it, as FP8 recipes store
 gradients in E5M2), and ``accumulation`` (the default dot-product/sum model of ``matmul``,
 ``linear`` and sums; ``fpsim.exact.accumulation``).
@@ -36,6 +37,9 @@ Policies from the strings users already type:
 - Lightning ``precision=``: ``"32-true"`` (also ``"32"``, ``32``), ``"16-mixed"`` (``"16"``),
   ``"bf16-mixed"`` (``"bf16"``), ``"16-true"``, ``"bf16-true"``, ``"64-true"`` (``"64"``: the
   float64 reference mode, no rounding).
+- FP8 recipes (``fpsim.quant.recipe``): ``"fp8-current"``, ``"fp8-delayed:history=16"``,
+  ``"mxfp8"``, ``"fp8-block"``: ``bf16-mixed`` with every ``linear`` in FP8, as Transformer
+  Engine runs under ``autocast(bf16)`` and an FP8 recipe.
 - jmp (deepmind/jmp ``get_policy``): ``"params=fp32,compute=fp16,output=fp32"``, short keys
   ``p=,c=,o=``, any name ``fpsim.formats.get`` knows; optional extra keys ``grad=`` and
   ``accumulation=``. jmp casts parameters and inputs to the compute format and runs everything
@@ -54,6 +58,7 @@ from dataclasses import dataclass, field
 
 from ..formats import BF16, FP16, FP32, Format
 from ..exact.accumulation import ExactAccumulation, get_accumulation
+from ..quant.recipe import get_recipe, is_recipe_string
 from .numerics import FP64, Float64Reference, resolve
 
 __all__ = ["Policy", "get_policy", "PRESETS", "CATEGORIES"]
@@ -78,6 +83,7 @@ class Policy:
     elementwise: object = None
     grad: object = None
     accumulation: object = field(default_factory=ExactAccumulation)
+    fp8: object = None
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self) -> None:
@@ -86,6 +92,8 @@ class Policy:
         for key in CATEGORIES + ("grad",):
             object.__setattr__(self, key, _format(key, getattr(self, key), optional=True))
         object.__setattr__(self, "accumulation", get_accumulation(self.accumulation))
+        if self.fp8 is not None:
+            object.__setattr__(self, "fp8", get_recipe(self.fp8))
 
     def replace(self, **changes) -> "Policy":
         """A copy with some fields changed, e.g. ``get_policy("16-mixed").replace(grad="e5m2")``."""
@@ -140,7 +148,8 @@ _JMP_KEYS = {"params": "params", "param": "params", "p": "params", "compute": "c
              "grads": "grad", "g": "grad", "accumulation": "accumulation", "acc": "accumulation"}
 
 ACCEPTED = ('Lightning strings "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", '
-            '"64-true" (or 32, 16, "bf16", 64), or jmp style '
+            '"64-true" (or 32, 16, "bf16", 64), FP8 recipes "fp8-current", "fp8-delayed", '
+            '"mxfp8", "fp8-block" (with optional ":key=value,..."), or jmp style '
             '"params=fp32,compute=fp16,output=fp32" (keys params|p, compute|c, output|o, '
             'optional grad=, accumulation=; values: fpsim format names)')
 
@@ -161,6 +170,9 @@ def get_policy(spec) -> Policy:
     key = _SHORT.get(key, key)
     if key in PRESETS:
         return PRESETS[key]
+    if is_recipe_string(key):
+        return dataclasses.replace(PRESETS["bf16-mixed"], fp8=get_recipe(spec),
+                                   name=spec.strip())
     if "=" in key:
         return _parse_jmp(spec)
     raise ValueError(f"unknown precision policy {spec!r}; accepted: {ACCEPTED}")

@@ -62,6 +62,8 @@ def recipe_for(policy) -> Recipe:
     resolved = get_policy(policy)
     base = resolved.name.split("+")[0]  # Policy.replace names a variant "16-mixed+grad"
     master, scaler = RECIPE_DEFAULTS.get(base, (None, "none"))
+    if resolved.fp8 is not None:        # FP8 recipes run bf16-mixed around their GEMMs
+        master, scaler = RECIPE_DEFAULTS["bf16-mixed"]
     compute = resolved.matmul if resolved.matmul is not None else resolved.param
     return Recipe(resolved.name, resolved.param.name, compute.name, master, scaler)
 

@@ -1,0 +1,179 @@
+"""FP8 training recipes as strings: which scaling, which formats, which parameters.
+
+A recipe says how the operands of every ``linear`` (the GEMMs Transformer Engine's ``Linear``
+runs in FP8) are quantized; the rest of the model runs as ``bf16-mixed`` (fp32 weights and
+master copy, bf16 GEMM outputs, fp32 reductions), as TE runs under ``autocast(bf16)``.
+
+=================  ==========================================  ==============================
+string             Transformer Engine recipe                   parameters (``key=value``)
+=================  ==========================================  ==============================
+``fp8-current``    ``Float8CurrentScaling``                    ``format``, ``power2``,
+                                                               ``epsilon``
+``fp8-delayed``    ``DelayedScaling``                          ``format``, ``history``
+                                                               (``amax_history_len``, TE's
+                                                               default 1024), ``margin``,
+                                                               ``algo`` (``max`` or
+                                                               ``most_recent``)
+``mxfp8``          ``MXFP8BlockScaling`` (32-element blocks,   ``format`` (default ``e4m3``)
+                   e8m0 scales)
+``fp8-block``      ``Float8BlockScaling`` (1x128 activations   ``format`` (default ``e4m3``)
+                   and gradients, 128x128 weights)
+=================  ==========================================  ==============================
+
+``format``: ``hybrid`` (e4m3fn forward, e5m2 for gradients; TE's default for the per-tensor
+recipes) or ``e4m3`` (e4m3fn everywhere). Every recipe also takes ``acc=`` (the GEMMs'
+accumulation model, any string ``fpsim.exact.accumulation.get_accumulation`` accepts; default
+``exact``: each dot product exact, rounded once to fp32).
+
+>>> recipe = get_recipe("fp8-delayed:history=16,margin=1")
+>>> recipe.scaling.value, recipe.history, recipe.margin, recipe.forward.name, recipe.backward.name
+('delayed', 16, 1, 'e4m3fn', 'e5m2')
+>>> get_recipe("fp8-delayed:histroy=16")
+Traceback (most recent call last):
+ValueError: FP8 recipe 'fp8-delayed:histroy=16': unknown key 'histroy' (did you mean 'history'?); fp8-delayed takes format, history, margin, algo, acc
+"""
+from __future__ import annotations
+
+import difflib
+import enum
+import math
+from dataclasses import dataclass, field
+
+from ..exact.accumulation import Accumulation, ExactAccumulation, get_accumulation
+from ..formats import E4M3FN, E5M2, Format
+from .tensor_scaling import AmaxAlgorithm
+
+__all__ = ["ScalingKind", "Fp8Recipe", "get_recipe", "is_recipe_string", "RECIPE_KINDS"]
+
+
+class ScalingKind(str, enum.Enum):
+    """Where a quantized tensor's scale comes from."""
+
+    CURRENT = "current"
+    DELAYED = "delayed"
+    MX = "mx"
+    BLOCK = "block"
+
+
+@dataclass(frozen=True)
+class Fp8Recipe:
+    """A parsed recipe (module doc). ``forward``: the format of inputs and weights;
+    ``backward``: of output gradients."""
+
+    scaling: ScalingKind
+    forward: Format = E4M3FN
+    backward: Format = E5M2
+    history: int = 1024
+    margin: int = 0
+    algorithm: AmaxAlgorithm = AmaxAlgorithm.MAX
+    power_2: bool = False
+    epsilon: float = 0.0
+    accumulation: Accumulation = field(default_factory=ExactAccumulation)
+    name: str = field(default="", compare=False)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+# string prefix -> (kind, keys it takes, default format)
+RECIPE_KINDS = {
+    "fp8-current": (ScalingKind.CURRENT, ("format", "power2", "epsilon", "acc"), "hybrid"),
+    "fp8-delayed": (ScalingKind.DELAYED, ("format", "history", "margin", "algo", "acc"),
+                    "hybrid"),
+    "mxfp8": (ScalingKind.MX, ("format", "acc"), "e4m3"),
+    "fp8-block": (ScalingKind.BLOCK, ("format", "acc"), "e4m3"),
+}
+_FORMATS = {"hybrid": (E4M3FN, E5M2), "e4m3": (E4M3FN, E4M3FN)}
+_BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+
+
+def is_recipe_string(spec) -> bool:
+    """True for a string that names an FP8 recipe (``fp8-...``, ``mxfp8...``)."""
+    return isinstance(spec, str) and spec.strip().lower().partition(":")[0] in RECIPE_KINDS
+
+
+def get_recipe(spec) -> Fp8Recipe:
+    """An ``Fp8Recipe`` from its string (module doc), or a recipe returned as is. Bad input
+    raises ``ValueError`` naming what is accepted."""
+    if isinstance(spec, Fp8Recipe):
+        return spec
+    if not isinstance(spec, str):
+        raise TypeError(f"an FP8 recipe is a string such as 'fp8-delayed:history=16', got "
+                        f"{type(spec).__name__}")
+    head, _, tail = spec.strip().partition(":")
+    key = head.strip().lower()
+    if key not in RECIPE_KINDS:
+        raise ValueError(f"unknown FP8 recipe {spec!r}; accepted: "
+                         f"{', '.join(RECIPE_KINDS)} (each with optional ':key=value,...')")
+    kind, keys, default_format = RECIPE_KINDS[key]
+    values = _parse_pairs(spec, key, keys, tail)
+    try:
+        fields = _fields(kind, values, default_format)
+    except ValueError as err:
+        raise ValueError(f"FP8 recipe {spec!r}: {err}") from None
+    return Fp8Recipe(kind, name=spec.strip(), **fields)
+
+
+def _parse_pairs(spec: str, key: str, keys, tail: str) -> dict:
+    values: dict = {}
+    if not tail.strip():
+        return values
+    for part in tail.split(","):
+        name, sep, value = (s.strip() for s in part.partition("="))
+        name = name.lower()
+        if name not in keys:
+            close = difflib.get_close_matches(name, keys, 1, 0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"FP8 recipe {spec!r}: unknown key {name!r}{hint}; "
+                             f"{key} takes {', '.join(keys)}")
+        if not sep or not value:
+            raise ValueError(f"FP8 recipe {spec!r}: {name!r} needs a value ({name}=...)")
+        if name in values:
+            raise ValueError(f"FP8 recipe {spec!r} sets {name!r} twice")
+        values[name] = value
+    return values
+
+
+def _fields(kind: ScalingKind, values: dict, default_format: str) -> dict:
+    fmt = values.get("format", default_format).lower()
+    if fmt not in _FORMATS:
+        raise ValueError(f"format must be one of {', '.join(_FORMATS)}, got {fmt!r}")
+    forward, backward = _FORMATS[fmt]
+    fields = {"forward": forward, "backward": backward}
+    if kind is ScalingKind.BLOCK:
+        fields["power_2"] = True        # TE's default (use_f32_scales=False); the engine's
+                                        # block GEMMs rely on exact power-of-two dequantization
+    if "history" in values:
+        fields["history"] = _integer("history", values["history"], minimum=1)
+    if "margin" in values:
+        fields["margin"] = _integer("margin", values["margin"], minimum=0)
+    if "algo" in values:
+        try:
+            fields["algorithm"] = AmaxAlgorithm(values["algo"].lower())
+        except ValueError:
+            raise ValueError(f"algo must be max or most_recent, got {values['algo']!r}") from None
+    if "power2" in values:
+        if values["power2"].lower() not in _BOOLEANS:
+            raise ValueError(f"power2 must be 1 or 0 (true/false), got {values['power2']!r}")
+        fields["power_2"] = _BOOLEANS[values["power2"].lower()]
+    if "epsilon" in values:
+        fields["epsilon"] = _nonnegative("epsilon", values["epsilon"])
+    if "acc" in values:
+        fields["accumulation"] = get_accumulation(values["acc"])
+    return fields
+
+
+def _integer(name: str, text: str, *, minimum: int) -> int:
+    if not text.lstrip("-").isdigit() or int(text) < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {text!r}")
+    return int(text)
+
+
+def _nonnegative(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {text!r}")
+    return value
