@@ -252,7 +252,8 @@ def _tile_scales(amax, max_finite: float, power_2: bool, epsilon: float):
     amax = xp.maximum(amax, backend.scalar(epsilon, xp.float32))
     unit = xp.isinf(amax) | (amax == 0)
     safe = xp.where(unit, backend.scalar(1.0, xp.float32), amax)
-    scale = xp.divide(backend.scalar(max_finite, xp.float32), safe)
+    with xp.errstate(over="ignore"):              # a tiny amax: inf, then FLT_MAX
+        scale = xp.divide(backend.scalar(max_finite, xp.float32), safe)
     scale = xp.where(xp.isinf(scale), backend.scalar(_FLT_MAX, xp.float32), scale)
     if power_2:
         scale = bitcast(bitcast(scale, xp.int32) & _EXPONENT_FIELD, xp.float32)
@@ -325,12 +326,14 @@ def dequantize(quantized):
         elements = xp.moveaxis(quantized.elements, quantized.axis, -1)
         scales = xp.moveaxis(e8m0_to_float32(quantized.scale_codes), quantized.axis, -1)
         blocks = xp.reshape(elements, (*scales.shape, quantized.block))
-        values = xp.reshape(blocks * xp.expand_dims(scales, -1), elements.shape)
+        with xp.errstate(over="ignore"):      # a saturated element times 2**127: inf
+            values = xp.reshape(blocks * xp.expand_dims(scales, -1), elements.shape)
         return xp.moveaxis(values, -1, quantized.axis)
     if isinstance(quantized, TileTensor):
         shape = tuple(quantized.elements.shape)
         tiles = _as_tiles(xp.reshape(quantized.elements, _rows_cols(shape)), quantized.tile)
         inverse = xp.expand_dims(xp.expand_dims(quantized.scale_inv, 1), 3)
-        return _from_tiles(tiles * inverse, shape)
+        with xp.errstate(over="ignore"):
+            return _from_tiles(tiles * inverse, shape)
     raise TypeError(f"dequantize takes an MXTensor or a TileTensor, got "
                     f"{type(quantized).__name__}")
