@@ -104,7 +104,8 @@ def test_engine_tests_pass_on_numpy_strict():
 ENGINE_TESTS = [f"tests/{name}" for name in (
     "test_autograd_engine.py", "test_autograd_gradcheck.py", "test_nn.py", "test_policy.py",
     "test_scaling.py", "test_scaling_presets.py", "test_optim.py", "test_optim_fast.py",
-    "test_train.py", "test_accumulation.py", "test_scatter.py", "test_softmax_exact.py",
+    "test_train.py", "test_accumulation.py", "test_accumulation_fp8.py", "test_scatter.py",
+    "test_softmax_exact.py",
     "test_exact_norm.py", "test_split_certificate.py", "test_fast_matmul_paths.py",
     "test_underflow_count.py", "test_optim_transforms.py", "test_resume_checked.py",
     "test_checkpoint.py", "test_graph_fastpaths.py", "test_autograd_properties.py",
