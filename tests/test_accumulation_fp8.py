@@ -204,6 +204,21 @@ def test_promotion_after_every_product_is_sequential_fp32():
                           bits(matmul(a, b, SequentialAccumulation("fp32"))))
 
 
+def test_power_of_two_scales_commute_with_normal_inputs():
+    """The module's claim: per-operand scales 2**4 and 2**3 on normal FP8 inputs scale the
+    result by 2**7, bit for bit."""
+    rng = np.random.default_rng(11)
+    grid = fp8_grid("e4m3")
+    normal = grid[grid >= 2.0 ** -6]
+    a = normal[rng.integers(0, len(normal), (4, 300))] * rng.choice([-1, 1], (4, 300))
+    b = normal[rng.integers(0, len(normal), (300, 3))] * rng.choice([-1, 1], (300, 3))
+    for interval in (None, 128):
+        model = PromotedAccumulation.h100_fp8(interval)
+        plain = matmul(np.float32(a), np.float32(b), model)
+        scaled = matmul(np.float32(a * 2.0 ** 4), np.float32(b * 2.0 ** 3), model)
+        assert np.array_equal(bits(scaled), bits(plain * np.float32(2.0 ** 7)))
+
+
 # --- H100 outputs measured by Khattak & Mikaitis ---------------------------------------------
 
 @pytest.mark.parametrize("fp8", ["e4m3", "e5m2"])

@@ -23,7 +23,8 @@ The preset ``hopper_fp8_tensor_core(input_format)`` sets it to what was measured
   DeepSeek-V3's report (arXiv:2412.19437, 3.5.2: 32 products aligned to the maximum
   exponent, the highest 14 bits kept, truncated, 14-bit accumulation in the registers) and
   SageAttention2's (the accumulator of mma f32.f8.f8.f32: 1 sign, 8 exponent, 13 mantissa
-  bits, the rest of an fp32 C truncated).
+  bits, the rest of an fp32 C truncated). tests/test_accumulation_fp8.py reproduces 1000 of
+  Khattak & Mikaitis's measured H100 outputs (one block each, C = 0) bit for bit.
 - interval 128 (``"h100-fp8:promote=128"``): DeepSeek-V3's N_C = 128 (3.3.2, four WGMMAs),
   a choice of their kernels (DeepGEMM), not of the hardware.
 
@@ -34,8 +35,9 @@ cut into blocks of k from its own start; the products' order inside a block and 
 order of the hardware are not modelled, nor the MATLAB model's exponent floor
 (min_exp_limit, for sums near 2**-133), fp32 overflow as the hardware gives it (``round_to``'s
 IEEE rule here) or a mixed e4m3 x e5m2 product's subnormals (``input_format`` reads both
-operands). Scaled inputs (FP8 values times a power of two, as ``fpsim.quant`` makes) give the
-bits of the unscaled product times the scale while no input is subnormal in its format.
+operands). Inputs scaled by a power of two per operand (FP8 values times a scale) give the
+unscaled inputs' result times the scales, bit for bit, while no input, scaled or not, is
+below its format's smallest normal and nothing over- or underflows.
 
 A product 448 * 448 then 4095 products 1: beside a partial sum near 2**17, the quantum of
 the tensor core's addition is 2**(17 - 13) = 16 and every 1 is truncated away; promotion
