@@ -131,10 +131,12 @@ def _element_format(fmt, accepted: tuple, what: str) -> Format:
 
 
 def _float32_array(x, what: str):
-    if not backend.is_array_like(x) or x.dtype != xp.float32:
+    if backend.is_array_like(x) and not backend.is_array(x):
+        x = backend.asarray(x, x.dtype)          # a host array, its dtype kept (no rounding)
+    if not backend.is_array(x) or x.dtype != xp.float32:
         raise TypeError(f"{what} takes a float32 array (fpsim's container), got "
                         f"{getattr(x, 'dtype', type(x).__name__)}")
-    return backend.asarray(x, xp.float32)
+    return x
 
 
 def _magnitude_bits(x, skip_nan: bool):
