@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from ..backend import scalar, size, xp
 from ..formats import FP32
+from ..quant.blocks import ScaleRule, dequantize, mx_quantize, tile_quantize
 from ..quant.recipe import ScalingKind
 from ..quant.tensor_scaling import (DelayedScalingState, amax, fl32, init_delayed, quantize,
                                     record_amax, scale_from_amax, update_delayed)
@@ -48,7 +49,8 @@ BACKWARD_ROLES = ("grad_output",)
 
 
 class TensorStats:
-    """What the casts of one role did since the last ``take_stats``: elements cast, how many
+    """What the training casts of one role did since the last ``take_stats`` (casts under
+    ``no_grad`` are not counted): elements cast, how many
     saturated and how many nonzero values became zero, and the last scale used."""
 
     __slots__ = ("elements", "saturated", "flushed", "scale")
@@ -153,20 +155,56 @@ def _is_real(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _cast(slots, role, data, fmt, recipe, recording):
-    q = quantize(data, slots.scale_for(role, data, fmt, recipe, recording), fmt)
-    stats = slots.stats[role]
-    stats.elements += size(data)
-    stats.saturated += q.saturated
-    stats.flushed += q.flushed
-    stats.scale = q.scale
-    return q
+def _operand(slots, role, data, recipe, recording, axis):
+    """``data`` quantized as the GEMM operand ``role`` reduced along ``axis``: ``(array,
+    factor)`` with ``array @ ...`` times ``factor`` the dequantized product. Per-tensor
+    recipes give the FP8 values and ``scale_inv``; block recipes give the dequantized values
+    (exact: their scales are powers of two) and 1. A training cast (``recording``) counts in
+    the stats."""
+    fmt = recipe.backward if role in BACKWARD_ROLES else recipe.forward
+    if recipe.scaling in (ScalingKind.CURRENT, ScalingKind.DELAYED):
+        q = quantize(data, slots.scale_for(role, data, fmt, recipe, recording), fmt)
+        array, factor, scale = q.values, q.scale_inv, q.scale
+    elif recipe.scaling is ScalingKind.MX:
+        q = mx_quantize(data, fmt, axis=axis, scale_rule=ScaleRule.RCEIL)
+        array, factor, scale = dequantize(q), 1.0, float("nan")
+    else:
+        tile = (128, 128) if role == "weight" else (1, 128)
+        rows_first = axis in (0, -2) and tile[0] == 1     # 1x128 along the reduction axis
+        q = tile_quantize(data.T if rows_first else data, fmt, tile, power_2=recipe.power_2,
+                          epsilon=recipe.epsilon)
+        array, factor, scale = dequantize(q), 1.0, float("nan")
+        array = array.T if rows_first else array
+    if recording:
+        stats = slots.stats[role]
+        stats.elements += size(data)
+        stats.saturated += q.saturated
+        stats.flushed += q.flushed
+        stats.scale = scale
+    return array, factor
 
 
-def _dequantized(acc, factor: float):
-    """fp32 ``acc * factor`` (one rounding; inf - inf and 0 * inf are NaN as in IEEE)."""
-    with xp.errstate(over="ignore", invalid="ignore", under="ignore"):
-        return acc * scalar(factor, xp.float32)
+def _product(a, b, model, out_fmt):
+    """``round_out( fl32(acc(a[0] @ b[0]) * fl32(a[1] * b[1])) )`` for two ``_operand``s
+    (the dequantization factor one fp32 multiply; inf - inf and 0 * inf are NaN, IEEE)."""
+    acc = acc_matmul(a[0], b[0], FP32, model)
+    factor = fl32(a[1] * b[1])
+    if factor != 1.0:
+        with xp.errstate(over="ignore", invalid="ignore", under="ignore"):
+            acc = acc * scalar(factor, xp.float32)
+    return acc if out_fmt is FP32 else round_array(acc, out_fmt)
+
+
+def _check_blocks(recipe, **lengths) -> None:
+    """MX needs every reduction length to be a multiple of its 32-element blocks."""
+    if recipe.scaling is ScalingKind.MX:
+        bad = {name: n for name, n in lengths.items() if n % 32}
+        if bad:
+            raise ValueError(f"{recipe.name}: MX blocks are 32 elements along each GEMM's "
+                             f"reduction dimension; {', '.join(f'{k} = {v}' for k, v in bad.items())}"
+                             f" is not a multiple of 32 (use sizes divisible by 32, keep the "
+                             f"layer out of FP8 with nn.Linear(..., fp8=False), or use a "
+                             f"per-tensor recipe: fp8-current, fp8-delayed)")
 
 
 def quantized_linear(x, weight, bias=None, *, recipe, slots=None, accumulation=None) -> Tensor:
@@ -176,9 +214,6 @@ def quantized_linear(x, weight, bias=None, *, recipe, slots=None, accumulation=N
         raise ValueError("delayed scaling keeps an amax history per GEMM: call linear from an "
                          "nn.Linear, or pass scaling_slots=ScalingSlots() (one per GEMM, kept "
                          "across steps)")
-    if recipe.scaling not in (ScalingKind.CURRENT, ScalingKind.DELAYED):
-        raise ValueError(f"recipe {recipe.name!r}: the engine's quantized linear runs the "
-                         f"per-tensor recipes (fp8-current, fp8-delayed)")
     slots = slots if slots is not None else ScalingSlots()
     model = get_accumulation(accumulation if accumulation is not None else recipe.accumulation)
     policy = current_policy()
@@ -187,36 +222,37 @@ def quantized_linear(x, weight, bias=None, *, recipe, slots=None, accumulation=N
     weight = as_tensor(weight)
     bias = cast(as_tensor(bias), fmt) if bias is not None else None
     check_linear_shapes(x, weight, bias)
+    _check_blocks(recipe, in_features=weight.shape[1])
     recording = is_grad_enabled() and (x.requires_grad or weight.requires_grad)
     if recording:
         slots.begin("forward", recipe)
     x2 = xp.reshape(x.data, (-1, x.shape[-1]))
-    qx = _cast(slots, "input", x2, recipe.forward, recipe, recording)
-    qw = _cast(slots, "weight", weight.data, recipe.forward, recipe, recording)
-    acc = acc_matmul(qx.values, qw.values.T, FP32, model)
-    out = _dequantized(acc, fl32(qx.scale_inv * qw.scale_inv))
+    qx = _operand(slots, "input", x2, recipe, recording, -1)
+    qw = _operand(slots, "weight", weight.data, recipe, recording, -1)
+    out = _product(qx, (qw[0].T, qw[1]), model, FP32)
     if bias is not None:
         with xp.errstate(over="ignore", invalid="ignore"):
             out = out + bias.data
     out = xp.reshape(round_array(out, fmt), x.shape[:-1] + (weight.shape[0],))
+    per_tensor = recipe.scaling in (ScalingKind.CURRENT, ScalingKind.DELAYED)
 
     def backward(g, g_fmt):
-        slots.begin("backward", recipe)
         g2 = xp.reshape(g, (-1, g.shape[-1]))
-        qg = _cast(slots, "grad_output", g2, recipe.backward, recipe, True)
+        _check_blocks(recipe, out_features=g2.shape[1], batch_rows=g2.shape[0])
+        slots.begin("backward", recipe)
+        qg = _operand(slots, "grad_output", g2, recipe, True, -1)
         dx = dw = db = None
-        if x.requires_grad:
-            dx = _dequantized(acc_matmul(qg.values, qw.values, FP32, model),
-                              fl32(qg.scale_inv * qw.scale_inv))
-            dx = xp.reshape(round_array(dx, x.grad_fmt), x.shape)
+        if x.requires_grad:     # per-tensor operands serve both orientations, blocks do not
+            w_cols = qw if per_tensor else _operand(slots, "weight", weight.data, recipe,
+                                                   False, 0)
+            dx = xp.reshape(_product(qg, w_cols, model, x.grad_fmt), x.shape)
         if weight.requires_grad:
-            dw = _dequantized(acc_matmul(qg.values.T, qx.values, FP32, model),
-                              fl32(qg.scale_inv * qx.scale_inv))
-            dw = round_array(dw, weight.grad_fmt)
+            g_cols = qg if per_tensor else _operand(slots, "grad_output", g2, recipe, False, 0)
+            x_cols = qx if per_tensor else _operand(slots, "input", x2, recipe, False, 0)
+            dw = _product((g_cols[0].T, g_cols[1]), x_cols, model, weight.grad_fmt)
         if bias is not None and bias.requires_grad:
             db = acc_sum(g2, 0, False, bias.grad_fmt, policy.accumulation)
         return (dx, dw) if bias is None else (dx, dw, db)
 
     parents = (x, weight) if bias is None else (x, weight, bias)
     return record(out, fmt, parents, backward, "linear")
-

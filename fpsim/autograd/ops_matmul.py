@@ -98,12 +98,14 @@ def matmul(a, b, *, accumulation=None) -> Tensor:
     return record(out, fmt, (a, b), backward, "matmul")
 
 
-def linear(x, weight, bias=None, *, accumulation=None, scaling_slots=None) -> Tensor:
+def linear(x, weight, bias=None, *, accumulation=None, scaling_slots=None,
+           fp8: bool = True) -> Tensor:
     """``x @ weight.T + bias`` with ``weight`` of shape (out, in) as in PyTorch; ``x`` is
     (..., in). The bias joins the fp32 accumulator before the one rounding to the output
     format (module doc). Under a policy with an FP8 recipe the operands are quantized
-    (``ops_fp8``; ``scaling_slots``: the GEMM's ``ScalingSlots``, kept by ``nn.Linear``)."""
-    recipe = current_policy().fp8
+    (``ops_fp8``; ``scaling_slots``: the GEMM's ``ScalingSlots``, kept by ``nn.Linear``)
+    unless ``fp8=False``, which keeps this product in the policy's matmul format."""
+    recipe = current_policy().fp8 if fp8 else None
     if recipe is not None:
         return quantized_linear(x, weight, bias, recipe=recipe, slots=scaling_slots,
                                 accumulation=accumulation)

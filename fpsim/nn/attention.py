@@ -113,13 +113,14 @@ class MultiheadAttention(Module):
         e, w, b = self.embed_dim, self.in_proj_weight, self.in_proj_bias
         acc = self.accumulation
         if key is query and value is query:      # one product, then split (as PyTorch)
-            proj = ag.linear(query, w, b, accumulation=acc)
+            proj = ag.linear(query, w, b, accumulation=acc,
+                             scaling_slots=self.gemm_slots("in_proj"))
             return proj[..., :e], proj[..., e:2 * e], proj[..., 2 * e:]
         parts = []
         for i, x in enumerate((query, key, value)):
             rows = slice(i * e, (i + 1) * e)
             parts.append(ag.linear(x, w[rows], None if b is None else b[rows],
-                                   accumulation=acc))
+                                   accumulation=acc, scaling_slots=self.gemm_slots("qkv"[i])))
         return tuple(parts)
 
     def forward(self, query, key=None, value=None, key_padding_mask=None,

@@ -32,12 +32,14 @@ __all__ = ["Linear", "Embedding", "ModuleList", "Sequential", "Dropout", "ReLU",
 class Linear(Module):
     """y = x @ weight.T + bias, weight (out, in) initialised U(+-1/sqrt(in)) like PyTorch;
     one fused op (``autograd.linear``: bias added in the fp32 accumulator). Under an FP8
-    recipe the layer keeps its GEMM's scaling state (``scaling_slots``, TE's ``fp8_meta``),
-    which training checkpoints save as ``extra_state``."""
+    recipe the layer keeps its GEMM's scaling state (``gemm_slots()``, TE's ``fp8_meta``),
+    which training checkpoints save as ``extra_state``; ``fp8=False`` keeps it out of the
+    recipe (in the policy's matmul format), as a model keeps its head in bf16."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, rng=None,
-                 accumulation=None):
+                 accumulation=None, fp8: bool = True):
         super().__init__()
+        self.fp8 = bool(fp8)
         check_count("in_features", in_features, 1)
         check_count("out_features", out_features, 1)
         rng = init.as_rng(rng)
@@ -47,22 +49,13 @@ class Linear(Module):
                                                     in_features))
         self.bias = (parameter(init.fan_in_uniform(rng, (out_features,), in_features))
                      if bias else None)
-        self.scaling_slots = ag.ScalingSlots()
 
     def forward(self, x):
+        if not self.fp8:
+            return ag.linear(x, self.weight, self.bias, accumulation=self.accumulation,
+                             fp8=False)
         return ag.linear(x, self.weight, self.bias, accumulation=self.accumulation,
-                         scaling_slots=self.scaling_slots)
-
-    def extra_state(self) -> dict:
-        return {"fp8": self.scaling_slots.extra_state()} if self.scaling_slots.states else {}
-
-    def set_extra_state(self, state: dict) -> None:
-        if not isinstance(state, dict) or set(state) - {"fp8"}:
-            raise ValueError(f"Linear's extra state is {{}} or {{'fp8': its FP8 scaling "
-                             f"state}}, got {state!r}")
-        self.scaling_slots = ag.ScalingSlots()
-        if state:
-            self.scaling_slots.set_extra_state(state["fp8"])
+                         scaling_slots=self.gemm_slots())
 
     def __repr__(self) -> str:
         return (f"Linear({self.in_features}, {self.out_features}, "

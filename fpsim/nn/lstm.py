@@ -69,11 +69,13 @@ class LSTM(Module):
             for name, s in (("h0", h), ("c0", c)):
                 if s.shape != (batch, hid):
                     raise ValueError(f"LSTM {name} must be ({batch}, {hid}), got {s.shape}")
-        projected = ag.linear(x, self.weight_ih, self.bias_ih, accumulation=self.accumulation)
+        projected = ag.linear(x, self.weight_ih, self.bias_ih, accumulation=self.accumulation,
+                              scaling_slots=self.gemm_slots("ih"))
         outputs = []
         for t in range(steps):
             gates = projected[:, t] + ag.linear(h, self.weight_hh, self.bias_hh,
-                                                accumulation=self.accumulation)
+                                                accumulation=self.accumulation,
+                                                scaling_slots=self.gemm_slots("hh"))
             i = gates[:, :hid].sigmoid()
             f = gates[:, hid:2 * hid].sigmoid()
             g = gates[:, 2 * hid:3 * hid].tanh()

@@ -19,8 +19,10 @@ For optimizers (master weights, loss scaling) the contract is:
 
 Buffers (``register_buffer``) are tensors that are state but not trained, such as
 ``BatchNorm2d``'s running statistics: in ``state_dict`` (so checkpoints that save the
-state dict carry them), never in ``parameters()``. ``training`` (True after construction)
-says whether the module is in training mode; ``train(mode)`` / ``eval()`` set it on the
+state dict carry them), never in ``parameters()``. ``gemm_slots(site)``: the FP8 scaling state of one of the module's GEMMs
+(``autograd.ScalingSlots``, created on first use; ``Linear`` has one, attention and LSTM name
+theirs), saved in ``extra_state`` once it holds a delayed-scaling history. ``training`` (True
+after construction) says whether the module is in training mode; ``train(mode)`` / ``eval()`` set it on the
 module and every sub-module, as PyTorch's do (``Dropout`` and ``BatchNorm2d`` read it).
 
 >>> from fpsim.nn import Linear
@@ -37,7 +39,7 @@ from collections.abc import Iterator
 from .. import backend
 from ..backend import xp
 
-from ..autograd import Tensor
+from ..autograd import ScalingSlots, Tensor
 from ..autograd.numerics import container_of, round_array
 
 __all__ = ["Module", "parameter"]
@@ -60,6 +62,7 @@ class Module:
         object.__setattr__(self, "_params", {})
         object.__setattr__(self, "_children", {})
         object.__setattr__(self, "_buffers", {})
+        object.__setattr__(self, "_gemm_slots", {})
         object.__setattr__(self, "training", True)
 
     def __setattr__(self, name, value):
@@ -95,15 +98,38 @@ class Module:
         self._buffers[name] = tensor
         object.__setattr__(self, name, tensor)
 
+    def gemm_slots(self, site: str = "") -> ScalingSlots:
+        """The FP8 scaling state of this module's GEMM ``site`` ("": its only one)."""
+        slots = self._gemm_slots.get(site)
+        if slots is None:
+            slots = self._gemm_slots[site] = ScalingSlots()
+        return slots
+
+    def named_gemm_slots(self) -> Iterator[tuple[str, ScalingSlots]]:
+        """(dotted module name[.site], slots) of every GEMM that has run, in module order."""
+        for name, module in self.named_modules():
+            for site, slots in module._gemm_slots.items():
+                yield ".".join(part for part in (name, site) if part), slots
+
     def extra_state(self) -> dict:
         """JSON values outside the arrays that a resumed run needs to continue with the same
-        bits (``Dropout``: its Philox offset); ``{}`` for most modules. Training checkpoints
-        save them (``fpsim.train``), ``set_extra_state`` puts them back."""
-        return {}
+        bits (``Dropout``: its Philox offset; a GEMM's delayed FP8 scaling history); ``{}`` for
+        most modules. Training checkpoints save them (``fpsim.train``), ``set_extra_state``
+        puts them back."""
+        held = {site: slots.extra_state() for site, slots in self._gemm_slots.items()
+                if slots.states}
+        return {"fp8": held} if held else {}
 
     def set_extra_state(self, state: dict) -> None:
-        if state:
-            raise ValueError(f"{type(self).__name__} keeps no extra state, got {sorted(state)}")
+        if not isinstance(state, dict) or set(state) - {"fp8"} or \
+                not isinstance(state.get("fp8", {}), dict):
+            raise ValueError(f"{type(self).__name__} keeps no extra state but its GEMMs' FP8 "
+                             f"scaling ({{'fp8': {{site: state}}}}), got {state!r}")
+        restored = {}
+        for site, values in state.get("fp8", {}).items():
+            restored[site] = ScalingSlots()
+            restored[site].set_extra_state(values)      # raises before anything changes
+        object.__setattr__(self, "_gemm_slots", restored)
 
     def training_modes(self) -> dict:
         """``{module name: training flag}`` of every sub-module, for ``restore_modes``."""

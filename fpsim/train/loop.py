@@ -36,7 +36,8 @@ from ..exact.underflow import UnderflowCount, count_gradient_underflow, count_pe
 from ..optim import SGD, Optimizer
 from ..scaling import NoScaler, ScalerState, StaticScaler, preset
 from .data import Dataset
-from .layer_stats import LAYERS_FILE, LayerStats, LayerStatsWriter, read_layer_stats
+from .fp8_stats import FP8_TABLE, collect as collect_fp8, tensor_names
+from .layer_stats import LAYERS, LayerStats, open_step_table
 from .losses import batch_inputs, resolve_loss
 from .resume import (ADJUSTABLE_ON_RESUME, check_allowed_changes, check_same_config,
                      restore_checkpoint, run_identity, save_training_checkpoint)
@@ -48,7 +49,7 @@ __all__ = ["train", "TrainResult", "resolve_scaler", "loss_hash", "RUN_FILES",
            "ADJUSTABLE_ON_RESUME"]
 
 # What a run folder holds; a folder with any of them holds a run.
-RUN_FILES = ("run.json", "trace.jsonl", "trace.csv", "checkpoint.npz", LAYERS_FILE)
+RUN_FILES = ("run.json", "trace.jsonl", "trace.csv", "checkpoint.npz", LAYERS.file, FP8_TABLE.file)
 
 
 def resolve_scaler(spec):
@@ -97,6 +98,8 @@ class TrainResult:
     notes: list[str] = field(default_factory=list)   # what was done on the user's behalf
     layer_names: tuple = ()                           # per_layer: the parameters, in order
     layers: list = field(default_factory=list)        # per_layer: a LayerStats per step
+    fp8_names: tuple = ()                             # FP8 recipe: the quantized tensors
+    fp8: list = field(default_factory=list)           # FP8 recipe: an Fp8Stats per step
 
     @property
     def losses(self):
@@ -189,10 +192,16 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler="r
     with contextlib.ExitStack() as stack:
         out_dir, writer, kept, notes = _open_outputs(stack, out, trace_layout, settings, start,
                                                      resume, overwrite, identity, allow_changes)
-        layers = _open_layer_stats(stack, out_dir, optimizer, start) if per_layer else None
+        layers = fp8 = None
+        if per_layer:
+            names = tuple(name for name, _ in optimizer.named)
+            layers = (names, *open_step_table(stack, LAYERS, out_dir, names, start))
+        if policy.fp8 is not None:       # the dry run has met every GEMM
+            names = tensor_names(model)
+            fp8 = (names, *open_step_table(stack, FP8_TABLE, out_dir, names, start))
         result = _run(model, data, optimizer, state, policy, rng, range(start, steps),
                       batch_size, writer, out_dir, checkpoint_every, identity, kept, progress,
-                      steps, loss_fn, layers)
+                      steps, loss_fn, layers, fp8)
         result.notes[:0] = notes
         if out_dir is not None:
             save_training_checkpoint(out_dir / "checkpoint.npz", model, optimizer,
@@ -202,9 +211,10 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler="r
 
 
 def _run(model, data, optimizer, state, policy, rng, step_range, batch_size, writer, out_dir,
-         checkpoint_every, identity, kept, progress, steps, loss_fn, layers) -> TrainResult:
+         checkpoint_every, identity, kept, progress, steps, loss_fn, layers, fp8) -> TrainResult:
     records: list[StepRecord] = list(kept)
     names, layer_writer, layer_stats = layers or ((), None, [])
+    fp8_names, fp8_writer, fp8_stats = fp8 or ((), None, [])
     nonfinite: list[int] = [r.step for r in kept if not xp.isfinite(r.loss)]
     bar = progress_bar(steps, step_range.start, "step", progress)
     try:
@@ -232,6 +242,10 @@ def _run(model, data, optimizer, state, policy, rng, step_range, batch_size, wri
                 layer_stats.append(stats)
                 if layer_writer is not None:
                     layer_writer.write(stats)
+            if fp8:
+                fp8_stats.append(collect_fp8(model, fp8_names, step))
+                if fp8_writer is not None:
+                    fp8_writer.write(fp8_stats[-1])
             if not xp.isfinite(value):
                 nonfinite.append(step)
             if writer is not None:
@@ -247,10 +261,11 @@ def _run(model, data, optimizer, state, policy, rng, step_range, batch_size, wri
             bar.close()
         if writer is not None:
             writer.close()
-        if layer_writer is not None:
-            layer_writer.close()
+        for table_writer in (layer_writer, fp8_writer):
+            if table_writer is not None:
+                table_writer.close()
     return TrainResult(records, state, optimizer, out_dir, nonfinite, layer_names=names,
-                       layers=layer_stats)
+                       layers=layer_stats, fp8_names=fp8_names, fp8=fp8_stats)
 
 
 def _gradient_statistics(optimizer, charged: dict) -> tuple:
@@ -269,29 +284,6 @@ def _lost_fractions(report, count: int) -> tuple:
     if not report.lost_by_parameter:            # a skipped step moved nothing
         return (0.0,) * count
     return tuple(lost / moved if moved else 0.0 for moved, lost in report.lost_by_parameter)
-
-
-def _open_layer_stats(stack, out_dir, optimizer, start: int):
-    """(parameter names, the layers.jsonl writer or None, the statistics kept from before a
-    resumed run's ``start``)."""
-    names = tuple(name for name, _ in optimizer.named)
-    kept: list = []
-    if out_dir is None:
-        return names, None, kept
-    path = out_dir / LAYERS_FILE
-    if start > 0:
-        if not path.exists():
-            raise ValueError(f"cannot resume at step {start} with per-layer statistics: there "
-                             f"is no {path}; resume into the run's own folder")
-        recorded, steps = read_layer_stats(path)
-        if recorded != names or len(steps) < start:
-            raise ValueError(f"cannot resume at step {start}: {path} holds "
-                             f"{len(steps)} step(s) of parameters {list(recorded)[:4]}..., "
-                             f"not the first {start} of this model's")
-        kept = steps[:start]
-    writer = LayerStatsWriter(path, names, kept)
-    stack.callback(writer.close)
-    return names, writer, list(kept)
 
 
 def _check_optimizer_fits(model, optimizer) -> None:
