@@ -26,8 +26,10 @@ code). How ``code`` comes from the block's amax, ``ScaleRule``:
   kernel; ``common/util/ptx_arch_spec.cuh``, ``float_to_e8m0``; ``common/util/ptx.cuh``,
   ``exp2f_rcp`` for the reciprocal scale). The amax is ``fmaxf`` over the block, which skips
   NaN, so a NaN element stays a NaN element in a finite-scale block. torchao's eager
-  ``_to_mx_rceil`` computes the same scale as ``ceil(log2(amax / max_pos))``; it differs in a
-  NaN block (code 0xFF, all NaN) and in a code 0 block (it multiplies by 1, not 2**127).
+  ``_to_mx_rceil`` computes the scale as ``ceil(log2(amax / max_pos))`` with float32 ``log2``,
+  which rounds the log2 of a value an ulp above 2**k to k: one code below ``cvt.rp``'s (at
+  amax = max_pos * 2**k plus an ulp, say). It also differs in a NaN block (code 0xFF, all
+  NaN) and in a code 0 block (it multiplies by 1, not 2**127).
 
 Elements in ``e4m3fn`` or ``e5m2`` (MXFP8). MXFP6 / MXFP4 are left out: OCP's FP6 and FP4
 have no NaN and use the all-ones pattern for numbers (max 7.5, 28, 6), which fpsim's ``fn``
@@ -139,20 +141,15 @@ def _float32_array(x, what: str):
     return x
 
 
-def _magnitude_bits(x, skip_nan: bool):
-    """|x|'s float32 patterns as int32 (integer order is |x|'s order, NaN above inf); NaN
-    read as +0 when ``skip_nan`` (``fmaxf(amax, NaN)`` keeps amax)."""
+def _magnitude_max(x, axis, skip_nan: bool):
+    """The largest |x| over ``axis`` as its float32 pattern (int32: integer order is |x|'s
+    order, NaN above inf). With ``skip_nan`` a NaN counts as +0 (``fmaxf(amax, NaN)`` keeps
+    amax); the mask pass runs only where a NaN reached the maximum."""
     magnitude = bitcast(x, xp.int32) & _ABS_MASK
-    return backend.zero_where(magnitude > _INF_BITS, magnitude) if skip_nan else magnitude
-
-
-def _block_max(values):
-    """Maximum over the last axis, whose length is a power of two, by halving (NumPy's
-    reduction over a short last axis runs a loop per row; this runs log2(block) passes)."""
-    while values.shape[-1] > 1 and values.shape[-1] % 2 == 0:
-        half = values.shape[-1] // 2
-        values = xp.maximum(values[..., :half], values[..., half:])
-    return xp.max(values, axis=-1)
+    top = xp.max(magnitude, axis=axis)
+    if skip_nan and bool(xp.any(top > _INF_BITS)):
+        top = xp.max(backend.zero_where(magnitude > _INF_BITS, magnitude), axis=axis)
+    return top
 
 
 def _spec_codes(top, emax: int):
@@ -239,7 +236,7 @@ def mx_quantize(x, fmt="e4m3fn", *, axis: int = -1, block: int = 32,
                          f"is a multiple of the block ({block})")
     moved = xp.moveaxis(x, axis, -1)
     blocks = xp.reshape(moved, (*moved.shape[:-1], length // block, block))
-    top = _block_max(_magnitude_bits(blocks, skip_nan=rule is ScaleRule.RCEIL))
+    top = _magnitude_max(blocks, -1, skip_nan=rule is ScaleRule.RCEIL)
     codes = (_spec_codes(top, fmt.emax) if rule is ScaleRule.SPEC
              else _rceil_codes(top, fmt.max_finite))
     scaled = blocks * xp.expand_dims(_reciprocal_scales(codes), -1)
@@ -311,7 +308,7 @@ def tile_quantize(x, fmt="e4m3fn", tile=(1, 128), *, power_2: bool = True,
                          f"(1, 128) or (128, 128); got {tile!r}")
     shape = tuple(x.shape)
     tiles = _as_tiles(xp.reshape(x, _rows_cols(shape)), tile)
-    amax = bitcast(xp.max(_magnitude_bits(tiles, skip_nan=True), axis=(1, 3)), xp.float32)
+    amax = bitcast(_magnitude_max(tiles, (1, 3), skip_nan=True), xp.float32)
     scales = _tile_scales(amax, fmt.max_finite, bool(power_2), float(epsilon))
     scaled = tiles * xp.expand_dims(xp.expand_dims(scales, 1), 3)
     elements, saturated, flushed = _cast(scaled, tiles, fmt)
