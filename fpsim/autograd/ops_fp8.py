@@ -13,6 +13,14 @@ every ``linear`` runs as Transformer Engine's ``Linear`` does under ``autocast(r
 
 ``Q`` is ``fpsim.quant.tensor_scaling.quantize``: ``round_sat(fl32(v * scale), fmt)``; ``acc``
 the recipe's accumulation model into fp32 (default: each dot product exact, rounded once).
+
+Block recipes quantize each operand along the reduction axis of the GEMM it feeds, so the
+forward input, the weight and the gradient are quantized once per orientation, as TE's
+rowwise and columnwise copies: ``mxfp8`` in 32-element blocks with TE's RCEIL E8M0 scales
+(``fpsim.quant.blocks.mx_quantize``; every reduction length a multiple of 32), ``fp8-block``
+in 1x128 tiles (inputs, gradients) and 128x128 tiles (weights) with power-of-two float32
+scales (``tile_quantize``). Their scales are powers of two, so the dequantized operands are
+exact in float32 and the GEMM is ``acc`` of those, with no factor after it.
 The weight is quantized from its own (fp32) values, as TE casts the parameter itself; the
 input is first cast to the policy's matmul format (bf16), TE's activation dtype. Where
 hardware applies the dequantization factor inside the GEMM's epilogue, here it is one fp32

@@ -74,6 +74,14 @@ class Fp8Recipe:
     def __str__(self) -> str:
         return self.name
 
+    def record(self) -> dict:
+        """Every setting, defaults included, as JSON values (``run.json``'s ``fp8``)."""
+        return {"recipe": self.name, "scaling": self.scaling.value,
+                "forward": self.forward.name, "backward": self.backward.name,
+                "history": self.history, "margin": self.margin,
+                "algorithm": self.algorithm.value, "power_2": self.power_2,
+                "epsilon": self.epsilon, "accumulation": str(self.accumulation)}
+
 
 # string prefix -> (kind, keys it takes, default format)
 RECIPE_KINDS = {

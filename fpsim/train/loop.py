@@ -179,6 +179,8 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler="r
                     model=type(model).__name__, scaler_name=scaler_name(scaler_cfg),
                     loss=loss_name, per_layer=bool(per_layer),
                     **recipe_record(recipe, optimizer.master_fmt, scaler_cfg))
+    if policy.fp8 is not None:
+        settings["fp8"] = policy.fp8.record()
     identity = run_identity(settings, optimizer, data, model)
     rng = backend.host_rng(seed)
     state = scaler_cfg.init()

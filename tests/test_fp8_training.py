@@ -1,0 +1,174 @@
+"""FP8 recipes in the engine and the trainer: recipe strings, where delayed scaling records and
+updates, the quantized linear's arithmetic by hand, fp8.jsonl, resume, the CLI's bad input."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fpsim import nn
+from fpsim.autograd import Policy, Tensor, get_policy, linear, no_grad, use_policy
+from fpsim.autograd.ops_fp8 import ScalingSlots
+from fpsim.formats import E4M3FN
+from fpsim.quant.recipe import ScalingKind, get_recipe
+from fpsim.quant.tensor_scaling import scale_from_amax
+from fpsim.rounding import round_to
+from fpsim.train import Dataset, train
+from fpsim.train.fp8_stats import FP8_TABLE
+from fpsim.train.layer_stats import read_step_table
+
+FP32_FP8 = Policy(matmul="fp32", fp8="fp8-delayed:history=3", name="fp8-delayed-fp32")
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("fp8-delayed:histroy=16", "did you mean 'history'"),
+    ("fp8-delayed:history=0", "history must be an integer >= 1"),
+    ("fp8-delayed:margin=-1", "margin must be an integer >= 0"),
+    ("fp8-delayed:algo=mean", "algo must be max or most_recent"),
+    ("fp8-current:format=e5m2", "format must be one of hybrid, e4m3"),
+    ("fp8-current:power2=maybe", "power2 must be 1 or 0"),
+    ("fp8-current:epsilon=-1", "epsilon must be a finite number >= 0"),
+    ("mxfp8:history=4", "mxfp8 takes format, acc"),
+    ("fp8-delayed:history=4,history=5", "sets 'history' twice"),
+    ("fp8-delayed:history", "needs a value"),
+    ("fp8-current:acc=nonsense", "unknown accumulation spec"),
+])
+def test_bad_recipe_strings_say_what_is_accepted(spec, message):
+    with pytest.raises(ValueError, match=message):
+        get_policy(spec)
+
+
+def test_recipe_policies():
+    policy = get_policy("fp8-delayed:history=16,margin=2,algo=most_recent,format=e4m3")
+    recipe = policy.fp8
+    assert (recipe.scaling, recipe.history, recipe.margin, recipe.algorithm.value) == \
+        (ScalingKind.DELAYED, 16, 2, "most_recent")
+    assert recipe.backward is E4M3FN and policy.matmul.name == "bf16" and policy.param.name == "fp32"
+    assert get_policy("fp8-block").fp8.power_2 and not get_policy("fp8-current").fp8.power_2
+    assert get_recipe("fp8-current:acc=h100-fp8:promote=128").accumulation is not None
+
+
+def test_quantized_linear_by_hand():
+    """y = round( fl32(sum q_x q_w) * fl32(sx_inv * sw_inv) ) with current scaling."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    w = rng.standard_normal((3, 6)).astype(np.float32)
+    with use_policy(Policy(matmul="fp32", fp8="fp8-current")):
+        y = linear(Tensor(x), Tensor(w)).data
+    sx = scale_from_amax(float(np.max(np.abs(x))), E4M3FN)
+    sw = scale_from_amax(float(np.max(np.abs(w))), E4M3FN)
+    qx = round_to(x * np.float32(sx), E4M3FN, saturate=True)
+    qw = round_to(w * np.float32(sw), E4M3FN, saturate=True)
+    exact = qx.astype(np.float64) @ qw.T.astype(np.float64)       # small: exact in float64
+    factor = np.float32(np.float32(1 / np.float32(sx)) * np.float32(1 / np.float32(sw)))
+    np.testing.assert_array_equal(y, exact.astype(np.float32) * factor)
+
+
+def _step(layer, x, g):
+    with use_policy(FP32_FP8):
+        out = layer(Tensor(x, requires_grad=True))
+        out.backward(g)
+
+
+def test_delayed_scaling_records_and_updates_where_te_does():
+    layer = nn.Linear(4, 2, bias=False, rng=0)
+    x1 = np.full((2, 4), 3.0, np.float32)
+    g = np.ones((2, 2), np.float32)
+    _step(layer, x1, g)                       # step 0 casts with scale 1 (TE's initial scale)
+    slots = layer.gemm_slots()
+    assert slots.states["input"].scale == 448.0 / 3.0 or \
+        slots.states["input"].scale == float(np.float32(448) / np.float32(3))
+    assert slots.states["input"].amax_history == (0.0, 0.0, 3.0)
+    assert slots.states["grad_output"].amax_history[0] == 1.0    # its update is pending
+    assert slots.pending == {"backward"}
+    with use_policy(FP32_FP8), no_grad():     # evaluation reads the scales, records nothing
+        layer(Tensor(np.full((2, 4), 100.0, np.float32)))
+    assert slots.states["input"].amax_history == (0.0, 0.0, 3.0)
+    with use_policy(FP32_FP8):                # a layer used twice in a step: one amax
+        a = layer(Tensor(np.full((2, 4), 2.0, np.float32), requires_grad=True))
+        b = layer(Tensor(np.full((2, 4), 5.0, np.float32), requires_grad=True))
+        assert slots.states["grad_output"].amax_history == (0.0, 0.0, 1.0)   # bwd updated
+        (a + b).backward(g)
+    assert slots.states["input"].amax_history == (0.0, 3.0, 5.0)
+
+
+def test_delayed_scaling_needs_slots_outside_modules():
+    with use_policy("fp8-delayed"), pytest.raises(ValueError, match="amax history per GEMM"):
+        linear(Tensor(np.ones((2, 2))), Tensor(np.ones((2, 2))))
+    with use_policy("fp8-delayed"):
+        linear(Tensor(np.ones((2, 2))), Tensor(np.ones((2, 2))), scaling_slots=ScalingSlots())
+
+
+def test_mx_needs_blocks_of_32():
+    with use_policy("mxfp8"), pytest.raises(ValueError, match="in_features = 20 is not a "
+                                                              "multiple of 32"):
+        nn.Linear(20, 32, rng=0)(Tensor(np.ones((2, 20))))
+    head = nn.Linear(32, 3, rng=0, fp8=False)            # a head kept out of the recipe
+    with use_policy("mxfp8"):
+        out = head(Tensor(np.ones((2, 32)), requires_grad=True))
+        out.backward(np.ones((2, 3), np.float32))
+    assert dict(head.named_gemm_slots()) == {}
+
+
+def _same_rows(a, b) -> bool:
+    """Rows equal field by field, NaN equal to NaN (a scale not measured)."""
+    return len(a) == len(b) and all(
+        x.step == y.step and all(np.array_equal(getattr(x, f), getattr(y, f), equal_nan=True)
+                                 for f in ("scale", "saturated", "flushed"))
+        for x, y in zip(a, b))
+
+
+def _data():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((256, 32)).astype(np.float32)
+    return Dataset(x, (x[:, 0] > x[:, 1]).astype(np.int64), classes=2)
+
+
+def _model():
+    model = nn.MLP([32, 32, 2], rng=0)
+    model[2].fp8 = False
+    return model
+
+
+@pytest.mark.parametrize("recipe", ["fp8-current", "fp8-delayed:history=4", "mxfp8",
+                                    "fp8-block"])
+def test_training_writes_fp8_stats_and_resumes_bit_for_bit(tmp_path, recipe):
+    whole = train(_model(), _data(), policy=recipe, steps=6, batch_size=32,
+                  out=tmp_path / "whole")
+    names, rows = read_step_table(FP8_TABLE, tmp_path / "whole" / "fp8.jsonl")
+    assert names == ("0.input", "0.weight", "0.grad_output") == whole.fp8_names
+    assert _same_rows(rows, whole.fp8) and len(rows) == 6
+    assert all(0 <= v <= 1 for row in rows for v in row.saturated + row.flushed)
+    per_tensor = recipe.startswith("fp8-current") or recipe.startswith("fp8-delayed")
+    assert all(np.isfinite(row.scale).all() == per_tensor for row in rows)
+    run = json.loads((tmp_path / "whole" / "run.json").read_text())
+    config = run["config"]
+    assert config["policy"] == recipe and config["recipe"]["master"] == "fp32"
+    assert config["fp8"]["recipe"] == recipe and config["fp8"]["forward"] == "e4m3fn"
+    train(_model(), _data(), policy=recipe, steps=3, batch_size=32, out=tmp_path / "part")
+    resumed = train(_model(), _data(), policy=recipe, steps=6, batch_size=32,
+                    out=tmp_path / "part", resume=tmp_path / "part" / "checkpoint.npz")
+    assert resumed.loss_hash == whole.loss_hash
+    assert _same_rows(read_step_table(FP8_TABLE, tmp_path / "part" / "fp8.jsonl")[1], rows)
+
+
+def test_recipes_differ_from_bf16_and_each_other():
+    losses = {}
+    for recipe in ("bf16-mixed", "fp8-current", "fp8-delayed:history=4"):
+        losses[recipe] = train(_model(), _data(), policy=recipe, steps=8, batch_size=32).losses
+    assert not np.array_equal(losses["bf16-mixed"], losses["fp8-current"])
+    assert not np.array_equal(losses["fp8-current"], losses["fp8-delayed:history=4"])
+
+
+def test_cli_refuses_a_bad_recipe_before_writing(tmp_path):
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "fpsim", "train", "--data", "teacher",
+                           "--policy", "fp8-delayed:history=0", "--steps", "2",
+                           "--out", str(out)], capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    assert "history must be an integer >= 1" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert not out.exists()
