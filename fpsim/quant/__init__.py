@@ -9,8 +9,15 @@ scale comes from:
   an amax history kept across steps (delayed scaling), as NVIDIA Transformer Engine's
   ``Float8CurrentScaling`` and ``DelayedScaling`` recipes compute them;
 - ``blocks``: one scale per block of elements: OCP Microscaling (MX, power-of-two e8m0 scales
-  per 32 elements) and 1x128 / 128x128 tiles with float32 scales (``Float8BlockScaling``).
+  per 32 elements) and 1x128 / 128x128 tiles with float32 scales (``Float8BlockScaling``):
+  ``mx_quantize`` (-> ``MXTensor``, the scale rule a ``ScaleRule``), ``tile_quantize`` (->
+  ``TileTensor``), ``dequantize`` of either, ``e8m0_to_float32``.
 
 This layer sits between ``exact`` and ``autograd``: plain arrays in, arrays and frozen state
 out; the engine's quantized ops (``autograd``) and the recipe strings build on it.
 """
+from .blocks import (E8M0_NAN, MX_ELEMENT_FORMATS, TILE_FORMATS, MXTensor, ScaleRule,
+                     TileTensor, dequantize, e8m0_to_float32, mx_quantize, tile_quantize)
+
+__all__ = ["ScaleRule", "MXTensor", "TileTensor", "MX_ELEMENT_FORMATS", "TILE_FORMATS",
+           "E8M0_NAN", "mx_quantize", "tile_quantize", "dequantize", "e8m0_to_float32"]
