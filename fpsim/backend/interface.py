@@ -83,7 +83,7 @@ DTYPE_KINDS = frozenset({"bool", "signed integer", "unsigned integer", "integral
                          "real floating", "numeric"})
 
 #: the packages above the seam that compute on backend arrays (the engine) ...
-ENGINE_PACKAGES = frozenset({"exact", "autograd", "nn", "optim", "scaling", "train"})
+ENGINE_PACKAGES = frozenset({"exact", "quant", "autograd", "nn", "optim", "scaling", "train"})
 #: ... and the host adapters above it that read and write files, draw figures and talk to
 #: frameworks: engine data reaches them as host arrays (``to_numpy``), and they may use NumPy
 HOST_PACKAGES = frozenset({"experiments", "plots", "conformance", "cli", "__main__", "sweep"})

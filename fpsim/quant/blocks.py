@@ -71,7 +71,7 @@ from typing import NamedTuple
 from .. import backend
 from ..backend import astype, bitcast, round_to, xp
 from ..formats import Format, get
-from ..rounding import round_to as host_round_to
+from .tensor_scaling import fl32
 
 __all__ = ["ScaleRule", "MXTensor", "TileTensor", "MX_ELEMENT_FORMATS", "TILE_FORMATS",
            "E8M0_NAN", "mx_quantize", "tile_quantize", "dequantize", "e8m0_to_float32"]
@@ -161,7 +161,7 @@ def _spec_codes(top, emax: int):
 
 def _rceil_codes(top, max_finite: float):
     """TE's ``float_to_e8m0(amax * max_norm_rcp)``: the product's exponent rounded up."""
-    reciprocal = host_round_to(1.0 / max_finite, "fp32")        # (float)(1.0 / max_norm)
+    reciprocal = fl32(1.0 / max_finite)                          # (float)(1.0 / max_norm)
     value = bitcast(top, xp.float32) * backend.scalar(reciprocal, xp.float32)
     pattern = bitcast(value, xp.int32)
     exponent = pattern >> 23
