@@ -274,7 +274,7 @@ def _dynamic_sentence(dynamic: dict, fp32: dict, scaled_gap: float) -> str:
         return (f" Torch's dynamic scaler stays at {dynamic['final_scale']:g} without a "
                 f"skipped step (typical gap {gap:.4f}).")
     at = ", ".join(map(str, dynamic["skipped_at"]))
-    skips = (f" Torch's dynamic scaler starts at 65536, where the larger weight gradients "
+    skips = (f" Torch's dynamic scaler starts at 65536, where its largest scaled gradients "
              f"overflow fp16: it skips step{'s' if dynamic['skipped_steps'] > 1 else ''} {at} "
              f"and backs off to {dynamic['final_scale']:g}")
     if gap <= scaled_gap:
