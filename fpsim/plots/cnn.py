@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .loss_curves import _trailing_mean
+from .overflow import running_mean
 from .style import figure_style, new_figure, save_figure
-from .underflow import COLORS, NORMAL_BOTTOM, _power_ticks, _shade_ranges
+from .underflow import COLORS, NORMAL_BOTTOM, power_ticks, shade_fp16_ranges
 
 RUN_COLORS = ["#222222", "#d35400", "#2980b9", "#27ae60", "#8e44ad"]
 RUN_STYLES = ["-", "-", "--", ":", "-."]
@@ -30,7 +30,7 @@ def plot_cnn(at_init: dict, trained: dict, runs: dict, layers: list[str],
     with figure_style():
         fig, axes = new_figure(11.0, 7.4, nrows=2, ncols=2)
         (hx, lx), (cx, ux) = axes
-        _shade_ranges(hx, low, high, vertical=True)
+        shade_fp16_ranges(hx, low, high, vertical=True)
         tallest = 0.0
         for report, label, style in ((trained, "after fp32 training", "bars"),
                                      (at_init, "at initialisation", "outline")):
@@ -50,7 +50,7 @@ def plot_cnn(at_init: dict, trained: dict, runs: dict, layers: list[str],
                           lw=1.4, zorder=3, label=text)
         hx.set_xlim(low, high)
         hx.set_ylim(0, 1.8 * tallest)     # room for the legend above the bars
-        hx.set_xticks(ticks, _power_ticks(ticks))
+        hx.set_xticks(ticks, power_ticks(ticks))
         hx.set_xlabel("|activation gradient| (bar at $2^e$: values in [$2^e$, $2^{e+1}$))")
         hx.set_ylabel("% of nonzero values")
         hx.set_title("Activation gradients (fp32) against fp16's range")
@@ -72,7 +72,7 @@ def plot_cnn(at_init: dict, trained: dict, runs: dict, layers: list[str],
 
         for (label, r), color, ls in zip(runs.items(), RUN_COLORS, RUN_STYLES):
             steps = np.arange(len(r["losses"]))
-            cx.plot(steps, _trailing_mean(r["losses"], SMOOTH), color=color, ls=ls,
+            cx.plot(steps, running_mean(r["losses"], SMOOTH), color=color, ls=ls,
                     label=label)
             ux.plot(steps, 100.0 * np.asarray(r["underflow_fraction"]), color=color, ls=ls,
                     label=label)

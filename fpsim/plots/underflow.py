@@ -14,7 +14,9 @@ COLORS = {"lost": "#f2c4c4", "subnormal": "#f6e7b0", "normal": "#cfe8cf", "band"
           "bars": "#34495e"}
 
 
-def _shade_ranges(ax, low: float, high: float, *, vertical: bool) -> None:
+def shade_fp16_ranges(ax, low: float, high: float, *, vertical: bool) -> None:
+    """Shade fp16's lost, subnormal and normal ranges on a log2|g| axis from ``low`` to
+    ``high`` (x when ``vertical``, else y), with dotted lines at their edges."""
     span = ax.axvspan if vertical else ax.axhspan
     span(low, LOST_TOP, color=COLORS["lost"], lw=0, zorder=0, label="lost in fp16 (rounds to 0)")
     span(LOST_TOP, NORMAL_BOTTOM, color=COLORS["subnormal"], lw=0, zorder=0,
@@ -25,7 +27,7 @@ def _shade_ranges(ax, low: float, high: float, *, vertical: bool) -> None:
         line(edge, color="0.35", lw=0.8, ls=":", zorder=1)
 
 
-def _power_ticks(values) -> list[str]:
+def power_ticks(values) -> list[str]:
     return [f"$2^{{{v}}}$" for v in values]
 
 
@@ -38,7 +40,7 @@ def plot_underflow(hist: dict, fractions: dict, layers: list[str], quantiles: li
     high = max(exponents[-1] + 1, NORMAL_BOTTOM) + 1
     with figure_style():
         fig, (ax, bx) = new_figure(10.5, 3.9, ncols=2, gridspec_kw={"width_ratios": [1.7, 1]})
-        _shade_ranges(ax, low, high, vertical=True)
+        shade_fp16_ranges(ax, low, high, vertical=True)
         ax.bar(exponents, percent, width=1.0, align="edge", color=COLORS["bars"],
                edgecolor="white", lw=0.4, zorder=2, label="activation gradients (fp32)")
         top = max(percent) * 1.6
@@ -46,7 +48,7 @@ def plot_underflow(hist: dict, fractions: dict, layers: list[str], quantiles: li
         ax.set_xlim(low, high)
         ax.set_ylim(0, top)
         ticks = list(range(4 * math.ceil(low / 4), high + 1, 4))
-        ax.set_xticks(ticks, _power_ticks(ticks))
+        ax.set_xticks(ticks, power_ticks(ticks))
         ax.set_xlabel("|activation gradient| (the bar at $2^e$ counts values in "
                       "[$2^e$, $2^{e+1}$))")
         ax.set_ylabel("% of nonzero values")
@@ -65,7 +67,7 @@ def plot_underflow(hist: dict, fractions: dict, layers: list[str], quantiles: li
                   edgecolor="none")
 
         positions = list(range(len(layers)))
-        _shade_ranges(bx, low, high, vertical=False)
+        shade_fp16_ranges(bx, low, high, vertical=False)
         for x, (q10, q50, q90) in zip(positions, quantiles):
             bx.plot([x, x], [math.log2(q10), math.log2(q90)], color=COLORS["bars"], lw=2.5,
                     solid_capstyle="butt", zorder=3)
@@ -74,7 +76,7 @@ def plot_underflow(hist: dict, fractions: dict, layers: list[str], quantiles: li
         bx.set_xticks(positions, layers)
         bx.set_ylim(low, high)
         yticks = list(range(4 * math.ceil(low / 4), high + 1, 4))
-        bx.set_yticks(yticks, _power_ticks(yticks))
+        bx.set_yticks(yticks, power_ticks(yticks))
         bx.set_xlabel("layer output (input side first)")
         bx.set_ylabel("|gradient|: 10th-90th percentile, median")
         bx.set_title("Per layer: smaller toward the input")
