@@ -21,7 +21,9 @@ VIEW_LOW = -48   # the histogram's left edge: a fit sample's gradients reach 2**
 def plot_cnn(at_init: dict, trained: dict, runs: dict, layers: list[str],
              stem: Path) -> list[Path]:
     """``at_init``/``trained``: ``gradients_report`` dicts; ``runs``: label -> run numbers
-    (``losses``, ``underflow_fraction`` per step)."""
+    (``losses``, ``underflow_fraction`` per step), drawn in the dict's order, which picks
+    each run's colour (``summary.json`` sorts its keys: put them back in ``RUNS`` order
+    before redrawing from it)."""
     low = max(VIEW_LOW, min(at_init["histogram"]["exponents"][0],
                             trained["histogram"]["exponents"][0]) - 1)
     high = max(at_init["histogram"]["exponents"][-1], trained["histogram"]["exponents"][-1],
