@@ -172,3 +172,13 @@ def test_cli_refuses_a_bad_recipe_before_writing(tmp_path):
     assert "history must be an integer >= 1" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
     assert not out.exists()
+
+
+def test_cli_refuses_a_model_mx_cannot_block_before_writing(tmp_path):
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "fpsim", "train", "--data", "teacher",
+                           "--features", "32", "--hidden", "64", "--policy", "mxfp8",
+                           "--steps", "2", "--out", str(out)], capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    assert "out_features = 4 is not a multiple of 32" in done.stderr
+    assert not out.exists()

@@ -230,7 +230,7 @@ def quantized_linear(x, weight, bias=None, *, recipe, slots=None, accumulation=N
     weight = as_tensor(weight)
     bias = cast(as_tensor(bias), fmt) if bias is not None else None
     check_linear_shapes(x, weight, bias)
-    _check_blocks(recipe, in_features=weight.shape[1])
+    _check_blocks(recipe, in_features=weight.shape[1], out_features=weight.shape[0])
     recording = is_grad_enabled() and (x.requires_grad or weight.requires_grad)
     if recording:
         slots.begin("forward", recipe)
@@ -246,7 +246,7 @@ def quantized_linear(x, weight, bias=None, *, recipe, slots=None, accumulation=N
 
     def backward(g, g_fmt):
         g2 = xp.reshape(g, (-1, g.shape[-1]))
-        _check_blocks(recipe, out_features=g2.shape[1], batch_rows=g2.shape[0])
+        _check_blocks(recipe, batch_rows=g2.shape[0])
         slots.begin("backward", recipe)
         qg = _operand(slots, "grad_output", g2, recipe, True, -1)
         dx = dw = db = None
