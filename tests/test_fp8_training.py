@@ -182,3 +182,17 @@ def test_cli_refuses_a_model_mx_cannot_block_before_writing(tmp_path):
     assert done.returncode == 2, done.stderr
     assert "out_features = 4 is not a multiple of 32" in done.stderr
     assert not out.exists()
+
+
+def test_a_sweep_cell_takes_a_recipe_and_keeps_its_fp8_stats():
+    from fpsim.sweep.cells import expand, run_cell
+    from fpsim.sweep.spec import parse_spec
+    spec = parse_spec('[base]\ndata = "teacher"\nfeatures = 32\nhidden = "32"\nsteps = 3\n'
+                      '[grid]\npolicy = ["fp8-delayed:history=2", "fp8-current"]\n')
+    for cell in expand(spec):
+        payload = run_cell(cell)
+        assert payload["row"]["status"] == "ok", payload["row"]
+        header = json.loads(payload["files"]["fp8.jsonl"].splitlines()[0])
+        assert header["tensors"][:3] == ["0.input", "0.weight", "0.grad_output"]
+    with pytest.raises(ValueError, match="history must be an integer >= 1"):
+        parse_spec('[base]\ndata = "teacher"\n[grid]\npolicy = ["fp8-delayed:history=0"]\n')

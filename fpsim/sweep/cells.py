@@ -22,12 +22,15 @@ from .. import backend
 from .._version import __version__
 from ..train import cli as train_cli
 from ..train import read_trace
+from ..train.fp8_stats import FP8_TABLE
+from ..train.layer_stats import LAYERS
 from .results import summarize
 from .spec import SweepSpec, train_defaults
 
 __all__ = ["Cell", "expand", "config_key", "run_cell", "CELL_FILES", "cell_count"]
 
-CELL_FILES = ("run.json", "trace.jsonl", "layers.jsonl")    # layers: with per_layer = true
+# the run's files a cell keeps: layers.jsonl with per_layer = true, fp8.jsonl under an FP8 recipe
+CELL_FILES = ("run.json", "trace.jsonl", LAYERS.file, FP8_TABLE.file)
 # What a cell's configuration can do wrong (Adam given a momentum, a learning rate the rule
 # refuses): recorded as a failed cell. Anything else (a full disk, a lost worker) is not the
 # cell's result: Dask retries it.
