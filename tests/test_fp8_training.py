@@ -196,3 +196,22 @@ def test_a_sweep_cell_takes_a_recipe_and_keeps_its_fp8_stats():
         assert header["tensors"][:3] == ["0.input", "0.weight", "0.grad_output"]
     with pytest.raises(ValueError, match="history must be an integer >= 1"):
         parse_spec('[base]\ndata = "teacher"\n[grid]\npolicy = ["fp8-delayed:history=0"]\n')
+
+
+def test_fpsim_plot_fp8_draws_the_run_and_refuses_what_it_cannot(tmp_path):
+    train(_model(), _data(), policy="fp8-delayed:history=2", steps=4, batch_size=32,
+          out=tmp_path / "run")
+    command = [sys.executable, "-m", "fpsim", "plot", "--fp8", str(tmp_path / "run")]
+    done = subprocess.run(command + ["--out", str(tmp_path / "a.png")], capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+    subprocess.run(command + ["--out", str(tmp_path / "b.png")], check=True,
+                   capture_output=True)
+    assert (tmp_path / "a.png").read_bytes() == (tmp_path / "b.png").read_bytes()
+    train(_model(), _data(), policy="bf16-mixed", steps=2, batch_size=32,
+          out=tmp_path / "bf16")
+    done = subprocess.run([sys.executable, "-m", "fpsim", "plot", "--fp8",
+                           str(tmp_path / "bf16"), "--out", str(tmp_path / "c.png")],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "no fp8.jsonl" in done.stderr
+    assert not (tmp_path / "c.png").exists()

@@ -31,6 +31,10 @@ def register(commands) -> None:
     plot.add_argument("--per-layer", action="store_true",
                       help="draw one run's per-layer statistics (its layers.jsonl, written by "
                            "fpsim train --per-layer) as heatmaps, parameter x step, instead")
+    plot.add_argument("--fp8", action="store_true",
+                      help="draw one run's FP8 statistics (its fp8.jsonl, written under an FP8 "
+                           "recipe) as heatmaps, quantized tensor x step: scale, saturated, "
+                           "flushed")
     plot.add_argument("--label", action="append", default=None, metavar="TEXT",
                       help="a run's label in the legend, once per run in order (instead of "
                            "the run.json settings in which the runs differ) (default: "
@@ -52,12 +56,15 @@ def run(args: argparse.Namespace) -> int:
     from ..train.runs import compare_runs
     from .runs import open_run, plot_runs
 
-    if args.command == "plot" and args.per_layer:
-        from .layers import plot_layers
-        if len(args.runs) != 1 or args.label:
-            raise ValueError("--per-layer draws one run (its layers.jsonl), without --label; "
-                             f"got {len(args.runs)} run(s)")
-        print(f"wrote {plot_layers(args.runs[0], args.out)} (per-layer statistics)")
+    if args.command == "plot" and (args.per_layer or args.fp8):
+        from .layers import plot_fp8, plot_layers
+        option, file, draw, what = (("--per-layer", "layers.jsonl", plot_layers,
+                                     "per-layer statistics") if args.per_layer else
+                                    ("--fp8", "fp8.jsonl", plot_fp8, "FP8 statistics"))
+        if len(args.runs) != 1 or args.label or (args.per_layer and args.fp8):
+            raise ValueError(f"{option} draws one run (its {file}), without --label or the "
+                             f"other table's option; got {len(args.runs)} run(s)")
+        print(f"wrote {draw(args.runs[0], args.out)} ({what})")
         return 0
     if args.command == "plot":
         written = plot_runs(args.runs, args.out, labels=args.label)

@@ -1,8 +1,12 @@
-"""Per-layer statistics as heatmaps: ``plot_layers`` (``fpsim plot --per-layer RUN``) draws a
-run's ``layers.jsonl`` (``fpsim train --per-layer``) in three panels, parameter x step: the
-percentage of its gradient values that underflowed, the percentage of its updates lost, and
-log2 of its gradient's largest magnitude (as stored, times the loss scale). Cells that were
-not measured (a rounding not matched to its gradient) or not finite are drawn grey.
+"""Per-step tables as heatmaps, one row per column of the table, one panel per statistic.
+
+``plot_layers`` (``fpsim plot --per-layer RUN``) draws a run's ``layers.jsonl`` (``fpsim
+train --per-layer``), parameter x step: the percentage of its gradient values that
+underflowed, the percentage of its updates lost, and log2 of its gradient's largest magnitude
+(as stored, times the loss scale). ``plot_fp8`` (``fpsim plot --fp8 RUN``) draws a run's
+``fp8.jsonl`` (a run under an FP8 recipe), quantized tensor x step: log2 of the scale in use,
+and the percentages of values saturated and flushed to zero. Cells that were not measured
+or not finite are drawn grey.
 """
 from __future__ import annotations
 
@@ -11,12 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..train.layer_stats import LAYERS_FILE, read_layer_stats
+from ..train.fp8_stats import FP8_TABLE
+from ..train.layer_stats import LAYERS, read_step_table
 from .style import figure_style, new_figure, write_user_figure
 
 import matplotlib.pyplot as plt  # noqa: E402  (style chose the backend)
 
-__all__ = ["plot_layers", "LAYER_PANELS"]
+__all__ = ["plot_layers", "plot_fp8", "LAYER_PANELS", "FP8_PANELS"]
 
 # (statistic, title, colour bar label, transform)
 LAYER_PANELS = (
@@ -26,15 +31,23 @@ LAYER_PANELS = (
     ("grad_max", "largest gradient magnitude", "log2 |g| max (as stored, times the scale)",
      "log2"),
 )
+FP8_PANELS = (
+    ("scale", "scale in use", "log2 scale", "log2"),
+    ("saturated", "saturated (clipped to the format's largest value)", "% of the step's values",
+     "percent"),
+    ("flushed", "flushed to zero", "% of the step's values", "percent"),
+)
+_HINTS = {LAYERS.file: "train the run with --per-layer (fpsim train --per-layer --out RUN)",
+          FP8_TABLE.file: "train the run under an FP8 recipe (fpsim train --policy "
+                          "fp8-delayed --out RUN)"}
 
 
-def _layers_path(run: "str | os.PathLike") -> Path:
+def _table_path(run: "str | os.PathLike", table) -> Path:
     path = Path(run)
     if path.is_dir():
-        path = path / LAYERS_FILE
+        path = path / table.file
     if not path.exists():
-        raise FileNotFoundError(f"no per-layer statistics at {path}: train the run with "
-                                f"--per-layer (fpsim train --per-layer --out RUN)")
+        raise FileNotFoundError(f"no {table.file} at {path}: {_HINTS[table.file]}")
     return path
 
 
@@ -51,16 +64,26 @@ def _matrix(steps, statistic: str, transform: str) -> np.ndarray:
 def plot_layers(run: "str | os.PathLike", out: "str | os.PathLike") -> Path:
     """Draw the run's ``layers.jsonl`` into ``out`` (``.png`` or ``.svg``, the same bytes for
     the same statistics); checked before anything is written; returns the path written."""
+    return _plot_table(LAYERS, LAYER_PANELS, run, out)
+
+
+def plot_fp8(run: "str | os.PathLike", out: "str | os.PathLike") -> Path:
+    """Draw the run's ``fp8.jsonl`` into ``out`` (as ``plot_layers``)."""
+    return _plot_table(FP8_TABLE, FP8_PANELS, run, out)
+
+
+def _plot_table(table, panels, run, out) -> Path:
     out = Path(out)
     if out.suffix.lower() not in (".png", ".svg"):
         raise ValueError(f"cannot write a figure to {out}: the name must end in .png or .svg")
-    names, steps = read_layer_stats(_layers_path(run))
+    path = _table_path(run, table)
+    names, steps = read_step_table(table, path)
     if not steps:
-        raise ValueError(f"{_layers_path(run)} holds no steps yet")
+        raise ValueError(f"{path} holds no steps yet")
     with figure_style():
-        fig, axes = new_figure(12.0, 2.0 + 1.1 * len(LAYER_PANELS) + 0.25 * len(names) * 3,
-                               nrows=len(LAYER_PANELS), ncols=1)
-        for ax, (statistic, title, label, transform) in zip(axes, LAYER_PANELS):
+        fig, axes = new_figure(12.0, 2.0 + 1.1 * len(panels) + 0.25 * len(names) * 3,
+                               nrows=len(panels), ncols=1)
+        for ax, (statistic, title, label, transform) in zip(axes, panels):
             cmap = plt.get_cmap("viridis").with_extremes(bad="0.8")
             image = ax.imshow(_matrix(steps, statistic, transform), aspect="auto",
                               interpolation="nearest", cmap=cmap,
