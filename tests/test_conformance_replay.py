@@ -307,3 +307,20 @@ def test_an_error_ends_the_trace_and_version_1_has_no_error_field(tmp_path):
         writer.write(TraceStep(0, True, 1.0, 1.0, True, error="OverflowError: floor"))
         with pytest.raises(ValueError, match="ends the run"):
             writer.write(TraceStep(1, False, 1.0, 1.0, False))
+
+
+def test_record_can_end_the_trace_with_the_adapters_error():
+    """errors="record": the raise becomes the trace's last step (trace format v2's
+    ``error``), which replay compares with the reference's own raise; the adapter's
+    ``params`` become the header's."""
+    class Floor(ReferenceAdapter):
+        params = {"init_scale": 4.0}
+
+    trace = record(Floor("deepspeed", init_scale=4.0), [True] * 10, errors="record")
+    assert len(trace.steps) == 4 and trace.header.params == {"init_scale": 4.0}
+    assert trace.steps[-1].error.startswith("LossScaleMinimumError")
+    assert trace.steps[-1].scale_before == trace.steps[-1].scale_after == 1.0
+    assert replay(trace, "deepspeed").agree
+    assert not replay(trace, "deepspeed", raise_at_min=False).agree
+    with pytest.raises(ValueError, match="errors must be"):
+        record(Floor("deepspeed"), [True], errors="ignore")

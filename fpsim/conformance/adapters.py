@@ -11,6 +11,9 @@ and, optionally,
 ``scale`` (attribute or property) or ``get_scale()``
     the current scale, read once before the first update (otherwise step 0's
     ``scale_before`` is taken from the reference and is not checked);
+``params`` (attribute)
+    the scaler's configuration in ``DynamicScaler`` field names, written to the trace header
+    (a replay through a preset then applies it);
 ``state() -> Mapping``
     read after every update; any of ``"growth_tracker"`` (clean steps counted toward the
     next growth, in fpsim's convention: 0 after an overflow or a growth, DeepSpeed's
@@ -111,12 +114,17 @@ def _as_scale(value, what: str) -> float:
 
 
 def record(adapter, found_infs: Iterable, *, source: str | None = None,
-           initial_scale: float | None = None) -> Trace:
+           initial_scale: float | None = None, errors: str = "raise") -> Trace:
     """Run ``adapter`` through ``found_infs`` and return the trace of what it did.
 
     ``initial_scale`` stands in for step 0's ``scale_before`` when the adapter cannot tell
-    its scale. An exception from the adapter is re-raised as ``AdapterError`` naming the step.
+    its scale. An exception from the adapter's ``update`` is re-raised as ``AdapterError``
+    naming the step; with ``errors="record"`` it ends the trace instead, as a last step with
+    ``error="Type: message"`` (the framework stopped there, as DeepSpeed does at its minimum
+    scale; a replay agrees where the reference raises at that step too).
     """
+    if errors not in ("raise", "record"):
+        raise ValueError(f"errors must be 'raise' or 'record', got {errors!r}")
     if not callable(getattr(adapter, "update", None)):
         raise TypeError(f"an adapter needs an update(found_inf) -> scale method; "
                         f"{type(adapter).__name__} has none")
@@ -133,6 +141,10 @@ def record(adapter, found_infs: Iterable, *, source: str | None = None,
         try:
             result = adapter.update(flag)
         except Exception as err:  # noqa: BLE001 - reported with the step it happened at
+            if errors == "record":
+                steps.append(TraceStep(index, flag, before, before, True,
+                                       error=f"{type(err).__name__}: {err}"))
+                break
             raise AdapterError(f"the adapter raised {type(err).__name__} at step {index} "
                                f"(found_inf={flag}): {err}") from err
         after = _as_scale(result, f"update() at step {index}")
@@ -153,7 +165,8 @@ def record(adapter, found_infs: Iterable, *, source: str | None = None,
                                hysteresis=_int_or_none(extra.get("hysteresis"))))
         before = after
     name = source or getattr(adapter, "name", None) or type(adapter).__name__
-    return Trace(TraceHeader(source=str(name)), tuple(steps), ())
+    params = dict(getattr(adapter, "params", None) or {})
+    return Trace(TraceHeader(source=str(name), params=params), tuple(steps), ())
 
 
 def _int_or_none(value):
