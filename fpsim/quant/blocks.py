@@ -48,14 +48,14 @@ a multiple of the tile leaves partial tiles at the end, whose amax is over the e
 present, as TE's kernels and its reference (``tests/pytorch/references/
 blockwise_quantizer_reference.py``, zero padding) do.
 
-Both results count the elements the cast saturated (``|x * scale|`` beyond ``max_finite``,
+Both results count the elements saturation changed (``|x * scale|`` rounds beyond ``max_finite``,
 infinities included) and flushed (nonzero input, zero element), for a recipe trace.
 
 >>> import numpy as np
 >>> x = np.linspace(-1, 1, 64, dtype=np.float32) * np.float32(1000)
 >>> q = mx_quantize(x, "e4m3fn")          # X = 2**(9 - 8): 1000 / 2 saturates at 448
 >>> [int(c) for c in q.scale_codes], float(dequantize(q)[0]), q.saturated
-([128, 128], -896.0, 8)
+([128, 128], -896.0, 6)
 >>> q = mx_quantize(x, "e4m3fn", scale_rule=ScaleRule.RCEIL)      # X = 2**ceil(log2(1000/448))
 >>> [int(c) for c in q.scale_codes], float(dequantize(q)[0]), q.saturated
 ([129, 129], -1024.0, 0)
@@ -71,7 +71,7 @@ from typing import NamedTuple
 from .. import backend
 from ..backend import astype, bitcast, round_to, xp
 from ..formats import Format, get
-from .tensor_scaling import fl32
+from .tensor_scaling import count_saturated, fl32
 
 __all__ = ["ScaleRule", "MXTensor", "TileTensor", "MX_ELEMENT_FORMATS", "TILE_FORMATS",
            "E8M0_NAN", "mx_quantize", "tile_quantize", "dequantize", "e8m0_to_float32"]
@@ -199,10 +199,11 @@ def e8m0_to_float32(codes):
 
 
 def _cast(scaled, x, fmt: Format):
-    """``round_sat(scaled, fmt)`` and the counts: saturated (|scaled| beyond max_finite,
-    infinities included) and flushed (x nonzero, element zero; NaN is neither)."""
+    """``round_sat(scaled, fmt)`` and the counts: saturated (what saturation changed:
+    ``count_saturated``, infinities included) and flushed (x nonzero, element zero; NaN is
+    neither)."""
     elements = round_to(scaled, fmt, saturate=True)
-    saturated = int(xp.count_nonzero(xp.abs(scaled) > fmt.max_finite))
+    saturated = count_saturated(scaled, fmt)
     flushed = int(xp.count_nonzero((elements == 0) & (x != 0)))
     return elements, saturated, flushed
 

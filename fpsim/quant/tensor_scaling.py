@@ -58,6 +58,7 @@ from ..backend import astype, errstate, round_to, scalar, size, xp
 from ..formats import FP32, Format, get
 
 __all__ = ["AmaxAlgorithm", "amax", "scale_from_amax", "quantize", "Quantized",
+           "count_saturated",
            "DelayedScalingState", "init_delayed", "record_amax", "update_delayed", "FLT_MAX", "fl32"]
 
 FLT_MAX = 3.4028234663852886e38
@@ -118,11 +119,27 @@ def _power_of_two_below(scale: float) -> float:
     return struct.unpack("<f", struct.pack("<I", bits))[0]
 
 
+def count_saturated(scaled, fmt: Format) -> int:
+    """How many of ``scaled`` saturation changes: those that round to nearest even beyond
+    ``fmt``'s largest finite value (infinities included, NaN not). A value a little above
+    max_finite that rounds down to it anyway (``fl32(amax * fl32(448 / amax))`` is often one
+    float32 ulp above 448) is not counted: below the midpoint to the next binade step, or on
+    it when max_finite's last significand bit is even (e4m3fn's 448 = 0b1110 x 2**5: 464
+    rounds to 448; e5m2's 57344 = 0b111 x 2**13: 61440 rounds up, to infinity)."""
+    ulp = 2.0 ** (fmt.emax - fmt.man_bits)
+    bound = scalar(fmt.max_finite + ulp / 2, xp.float32)
+    magnitude = xp.abs(scaled)
+    odd = int(fmt.max_finite / ulp) % 2 == 1
+    beyond = magnitude >= bound if odd else magnitude > bound
+    return int(xp.sum(beyond))
+
+
 class Quantized(NamedTuple):
     """A quantized tensor: ``values`` (a float32 container of ``fmt`` values), the
     ``scale`` it was cast with and ``scale_inv = fl32(1 / scale)``, which dequantizes it;
-    ``saturated``: how many elements had ``|x * scale|`` beyond ``fmt``'s largest finite
-    value (infinities included); ``flushed``: how many nonzero finite elements became 0."""
+    ``saturated``: how many elements saturation changed (``|x * scale|`` rounds beyond the
+    format's largest finite value, infinities included; ``count_saturated``); ``flushed``: how
+    many nonzero finite elements became 0."""
 
     values: object
     scale: float
@@ -137,7 +154,7 @@ def quantize(x, scale: float, fmt) -> Quantized:
     with errstate(over="ignore", invalid="ignore"):     # x * scale overflows to inf: IEEE
         scaled = astype(x, xp.float32, copy=False) * scalar(scale, xp.float32)
     values = round_to(scaled, fmt, saturate=True)
-    saturated = int(xp.sum(xp.abs(scaled) > scalar(fmt.max_finite, xp.float32)))
+    saturated = count_saturated(scaled, fmt)
     flushed = int(xp.sum((values == 0) & (scaled != 0) & ~xp.isnan(scaled)))
     return Quantized(values, float(scale), fl32(1.0 / scale), saturated, flushed)
 
