@@ -5,9 +5,9 @@ its ``input`` and ``weight`` in the forward pass and its ``grad_output`` in the 
 pass (``fpsim.autograd.ops_fp8``). For each and each step the run records:
 
 - ``scale``: the scale of the step's last cast of the tensor (``nan``: not cast that step);
-- ``saturated``: the fraction of the step's cast elements whose scaled magnitude exceeded the
-  FP8 format's largest finite value (they became +-max: the clipping delayed scaling risks
-  when a tensor grows faster than its history);
+- ``saturated``: the fraction of the step's cast elements that saturation changed: their
+  scaled magnitude rounds beyond the FP8 format's largest finite value, so they became +-max
+  (the clipping delayed scaling risks when a tensor grows faster than its history);
 - ``flushed``: the fraction of nonzero elements that became zero (underflow below the
   format's smallest subnormal: what too small a scale costs).
 
