@@ -7,17 +7,29 @@ scale comes from:
 
 - ``tensor_scaling``: one scale per tensor, from this tensor's amax (current scaling) or from
   an amax history kept across steps (delayed scaling), as NVIDIA Transformer Engine's
-  ``Float8CurrentScaling`` and ``DelayedScaling`` recipes compute them;
+  ``Float8CurrentScaling`` and ``DelayedScaling`` recipes compute them: ``amax``,
+  ``scale_from_amax``, ``quantize`` (-> ``Quantized``), ``DelayedScalingState`` with
+  ``init_delayed``, ``record_amax``, ``update_delayed``;
 - ``blocks``: one scale per block of elements: OCP Microscaling (MX, power-of-two e8m0 scales
   per 32 elements) and 1x128 / 128x128 tiles with float32 scales (``Float8BlockScaling``):
   ``mx_quantize`` (-> ``MXTensor``, the scale rule a ``ScaleRule``), ``tile_quantize`` (->
   ``TileTensor``), ``dequantize`` of either, ``e8m0_to_float32``.
+
+``recipe`` parses the recipe strings (``get_recipe("fp8-delayed:history=16")`` -> ``Fp8Recipe``)
+that ``fpsim.autograd.get_policy`` accepts.
 
 This layer sits between ``exact`` and ``autograd``: plain arrays in, arrays and frozen state
 out; the engine's quantized ops (``autograd``) and the recipe strings build on it.
 """
 from .blocks import (E8M0_NAN, MX_ELEMENT_FORMATS, TILE_FORMATS, MXTensor, ScaleRule,
                      TileTensor, dequantize, e8m0_to_float32, mx_quantize, tile_quantize)
+from .recipe import Fp8Recipe, ScalingKind, get_recipe
+from .tensor_scaling import (AmaxAlgorithm, DelayedScalingState, Quantized, amax,
+                             count_saturated, init_delayed, quantize, record_amax,
+                             scale_from_amax, update_delayed)
 
 __all__ = ["ScaleRule", "MXTensor", "TileTensor", "MX_ELEMENT_FORMATS", "TILE_FORMATS",
-           "E8M0_NAN", "mx_quantize", "tile_quantize", "dequantize", "e8m0_to_float32"]
+           "E8M0_NAN", "mx_quantize", "tile_quantize", "dequantize", "e8m0_to_float32",
+           "Fp8Recipe", "ScalingKind", "get_recipe", "AmaxAlgorithm", "DelayedScalingState",
+           "Quantized", "amax", "count_saturated", "init_delayed", "quantize", "record_amax",
+           "scale_from_amax", "update_delayed"]
