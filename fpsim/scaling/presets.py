@@ -30,7 +30,8 @@ __all__ = ["preset", "PRESETS", "preset_names"]
 
 
 def _torch(**kw) -> DynamicScaler:
-    """PyTorch ``torch.amp.GradScaler`` (``"cuda"`` and ``"cpu"`` alike).
+    """PyTorch ``torch.amp.GradScaler`` (``"cuda"`` and ``"cpu"`` alike). Checked against torch
+    2.13.0: the real ``GradScaler("cpu")`` in ``tests/test_conformance_torch.py``.
 
     Sources: ``torch/amp/grad_scaler.py`` (``GradScaler.__init__``, ``_lazy_init_scale_
     growth_tracker``, ``unscale_``, ``update``) and ``aten/src/ATen/native/cpu/
@@ -68,7 +69,8 @@ def _torch(**kw) -> DynamicScaler:
 
 
 def _apex(**kw) -> DynamicScaler:
-    """NVIDIA apex ``apex.amp`` ``LossScaler`` (``loss_scale="dynamic"``).
+    """NVIDIA apex ``apex.amp`` ``LossScaler`` (``loss_scale="dynamic"``). Follows apex's
+    source; not run against a real apex by fpsim's tests.
 
     Source: ``apex/amp/scaler.py`` (``LossScaler.__init__``, ``LossScaler.update_scale``,
     ``LossScaler.unscale``) and ``csrc/multi_tensor_scale_kernel.cu`` (``ScaleFunctor``).
@@ -100,7 +102,9 @@ def _apex(**kw) -> DynamicScaler:
 
 def _deepspeed(**kw) -> DynamicScaler:
     """DeepSpeed's ``DynamicLossScaler`` with the fp16 config defaults: the scaler of the
-    ZeRO stage 1-3 optimizers (checked against DeepSpeed 0.19.6's source). The non-ZeRO fp16
+    ZeRO stage 1-3 optimizers. Checked against DeepSpeed 0.19.6: its source, and the real
+    ``DynamicLossScaler`` run on CPU over the standard overflow patterns
+    (``tests/test_conformance_deepspeed_megatron.py``). The non-ZeRO fp16
     optimizers (``FP16_Optimizer``, ``FP16_UnfusedOptimizer``) update their scale without
     hysteresis and never raise: preset ``deepspeed-fp16``.
 
@@ -128,8 +132,9 @@ def _deepspeed(**kw) -> DynamicScaler:
     - Overflow detection in ``_has_inf_or_nan``: ``float(x.float().sum())`` is inf or NaN
       (``overflow_check="sum"``; ZeRO stages 1-2 test elements with ``isinf``/``isnan``
       instead: ``overflow_check="nonfinite"``). Unscaling multiplies by ``1. / cur_scale``.
-    - Not modelled: the rank-0 log line formats ``int(self.cur_scale)``, which would raise
-      OverflowError once the unbounded scale has grown to inf (after ~1000 growths).
+    - Not modelled: the rank-0 log line formats ``int(self.cur_scale)``, which raises
+      OverflowError at the first overflow once the unbounded scale has grown to inf (after
+      ~1000 growths); the real scaler does, and the test pins it.
     """
     return DynamicScaler(**{**dict(
         init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=2.0, backoff_op="divide",
@@ -143,7 +148,9 @@ def _deepspeed(**kw) -> DynamicScaler:
 def _deepspeed_fp16(**kw) -> DynamicScaler:
     """DeepSpeed's non-ZeRO fp16 optimizers, ``FP16_Optimizer`` (fused) and
     ``FP16_UnfusedOptimizer``, which scale with their own ``_update_scale``, not
-    ``DynamicLossScaler``.
+    ``DynamicLossScaler``. Checked against DeepSpeed 0.19.6: the real ``FP16_Optimizer.step``
+    run on CPU over the standard overflow patterns
+    (``tests/test_conformance_deepspeed_megatron.py``; ``FP16_UnfusedOptimizer`` by its source).
 
     Sources (DeepSpeed 0.19.6): ``deepspeed/runtime/fp16/fused_optimizer.py`` and
     ``unfused_optimizer.py`` (``_update_scale``, ``step``), ``LossScaleConfig`` in
@@ -166,6 +173,8 @@ def _deepspeed_fp16(**kw) -> DynamicScaler:
 
 def _megatron(**kw) -> DynamicScaler:
     """Megatron-LM / Megatron-Core ``DynamicGradScaler`` with the default optimizer config.
+    Checked against megatron-core 0.16.1: the real ``DynamicGradScaler`` run on CPU over the
+    standard overflow patterns (``tests/test_conformance_deepspeed_megatron.py``).
 
     Sources: ``megatron/core/optimizer/grad_scaler.py`` (``MegatronGradScaler.__init__``,
     ``inv_scale``, ``DynamicGradScaler.__init__``, ``DynamicGradScaler.update``),
@@ -195,7 +204,8 @@ def _megatron(**kw) -> DynamicScaler:
 
 
 def _tf_keras(**kw) -> DynamicScaler:
-    """tf-keras (Keras 2) ``LossScaleOptimizer`` with its ``_DynamicLossScaleState``.
+    """tf-keras (Keras 2) ``LossScaleOptimizer`` with its ``_DynamicLossScaleState``. Follows
+    tf-keras's source; not run against a real tf-keras by fpsim's tests.
 
     Source: ``tf_keras/mixed_precision/loss_scale_optimizer.py`` (``_DynamicLossScaleState.
     update``, ``_assign_if_finite``, ``_is_all_finite``, ``BaseLossScaleOptimizer.
@@ -222,7 +232,8 @@ def _tf_keras(**kw) -> DynamicScaler:
 
 
 def _keras3(**kw) -> DynamicScaler:
-    """Keras 3 ``keras.optimizers.LossScaleOptimizer``.
+    """Keras 3 ``keras.optimizers.LossScaleOptimizer``. Checked against Keras 3.15.1 on the
+    jax backend (the optional ``tests/test_conformance_jax.py``).
 
     Source: ``keras/src/optimizers/loss_scale_optimizer.py`` (``LossScaleOptimizer.build``,
     ``_stateful_handle_finite_grads``, ``_stateful_handle_non_finite_grads``,
@@ -248,7 +259,8 @@ def _keras3(**kw) -> DynamicScaler:
 
 
 def _jmp(**kw) -> DynamicScaler:
-    """DeepMind jmp ``DynamicLossScale``.
+    """DeepMind jmp ``DynamicLossScale``. Checked against jmp 0.0.4 with jax 0.10.2 (the
+    optional ``tests/test_conformance_jax.py``).
 
     Source: ``jmp/_src/loss_scale.py`` (``DynamicLossScale.adjust``, ``DynamicLossScale.
     unscale``, ``all_finite``).
