@@ -6,7 +6,9 @@ step and bit by bit.
 - ``compare(adapter, found_infs, "torch", **params)``: drive any scaler given as an adapter
   (``update(found_inf) -> scale``, optional ``scale`` and ``state()``) and compare.
 - ``patterns`` (NumPy) and ``strategies`` (hypothesis) make overflow patterns.
-- ``torch_adapter``, ``jax_adapters``: GradScaler, jmp and Keras 3 adapters (optional deps).
+- ``torch_adapter``, ``jax_adapters``, ``deepspeed_adapters``, ``megatron_adapter``:
+  GradScaler, jmp, Keras 3, DeepSpeed (DynamicLossScaler, FP16_Optimizer) and Megatron-core
+  (DynamicGradScaler) adapters (optional deps).
 - ``check_cast(source, result, "fp16")``: a framework's cast against ``round_to``, by class.
 - ``cli``: ``fpsim check-scaler`` and ``fpsim check-cast``.
 
