@@ -33,7 +33,7 @@ from ..scaling import ScalerState, found_inf, preset, unscale
 from .trace import TraceStep, TraceWriter
 
 __all__ = ["GradScalerAdapter", "GradScalerRecorder", "check_unscale", "UnscaleCheck",
-           "gradscaler_params"]
+           "gradscaler_params", "found_inf_of", "grad_stats"]
 
 
 def _torch():
@@ -140,7 +140,7 @@ class GradScalerRecorder:
         if scaler._scale is not None and int(scaler._get_growth_tracker()) != 0:
             raise ValueError("attach the recorder before the GradScaler's first step: its "
                              "growth tracker is already running")
-        self.scaler, self._grad_stats = scaler, grad_stats
+        self.scaler, self._with_stats = scaler, grad_stats
         device = getattr(scaler, "_device", "cpu")
         self._writer = TraceWriter(target, source=source or
                                    f"{_version(torch)} GradScaler({device!r})",
@@ -179,12 +179,11 @@ class GradScalerRecorder:
         scale_before = float(scaler.get_scale())
         self._stepped.clear()
         results = [scaler.step(o, *args, **kwargs) for o in chosen]
-        found = sum(float(v.item()) for o in chosen
-                    for v in scaler._found_inf_per_device(o).values())
-        stats = _grad_stats(chosen) if self._grad_stats else None
+        found = found_inf_of(scaler, chosen)
+        stats = grad_stats(chosen) if self._with_stats else None
         scaler.update()
         self._writer.write(TraceStep(
-            self.steps, found != 0.0, scale_before, float(scaler.get_scale()),
+            self.steps, found, scale_before, float(scaler.get_scale()),
             len(self._stepped) < len(chosen), growth_tracker=int(scaler._get_growth_tracker()),
             grad_stats=stats))
         self.steps += 1
@@ -203,7 +202,15 @@ class GradScalerRecorder:
         self.close()
 
 
-def _grad_stats(optimizers) -> dict:
+def found_inf_of(scaler, optimizers) -> bool:
+    """torch's own overflow decision for the optimizers' gradients: any non-zero
+    ``found_inf`` that ``unscale_`` (run by ``scaler.step`` if not before) left per device,
+    the value ``scaler.step`` skips on and ``scaler.update`` reads."""
+    return sum(float(v.item()) for o in optimizers
+               for v in scaler._found_inf_per_device(o).values()) != 0.0
+
+
+def grad_stats(optimizers) -> dict:
     """Statistics of the optimizers' gradients as GradScaler left them (unscaled): element
     count, how many are inf/NaN, the largest finite magnitude, the float64 norm of the finite
     ones."""
@@ -252,8 +259,7 @@ def check_unscale(grads: np.ndarray, scale: float) -> UnscaleCheck:
     param.grad = torch.from_numpy(np.concatenate([grads, np.float32([1.0])]))
     scaler.unscale_(optimizer)
     theirs = param.grad.numpy()
-    found_torch = sum(float(v.item()) for v in
-                      scaler._found_inf_per_device(optimizer).values()) != 0.0
+    found_torch = found_inf_of(scaler, [optimizer])
     state = ScalerState(scaler=preset("torch"), scale=float(scaler.get_scale()))
     ours = unscale(grads, state)
     inv_torch = float(theirs[-1])
