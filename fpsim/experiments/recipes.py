@@ -57,14 +57,16 @@ def _mean(values) -> float:
     return math.fsum(values) / len(values)
 
 
-def first_step_moments(policy: str, data, eps: float) -> dict:
+def first_step_moments(policy: str, data, eps: float, *, model=None, lr: float = LR,
+                       batch_size: int = BATCH) -> dict:
     """After one Adam step under ``policy`` without a master copy: the fraction of entries
     whose second moment ``v`` is exactly 0, split by whether the first moment ``m`` is 0 too
-    (update 0/0 = NaN) or not (update m/0 = inf)."""
-    model = build_mlp(policy)
-    optimizer = Optimizer(model, Adam(lr=LR, eps=eps), master=None)
+    (update 0/0 = NaN) or not (update m/0 = inf). ``model``: built in the policy's parameter
+    format (default: this experiment's MLP)."""
+    model = build_mlp(policy) if model is None else model
+    optimizer = Optimizer(model, Adam(lr=lr, eps=eps), master=None)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        train(model, data, optimizer=optimizer, policy=policy, steps=1, batch_size=BATCH,
+        train(model, data, optimizer=optimizer, policy=policy, steps=1, batch_size=batch_size,
               seed=0, progress=False)
     m, v = (np.concatenate([backend.to_numpy(getattr(s, moment)).reshape(-1)
                             for s in optimizer.states.values()])

@@ -1,0 +1,102 @@
+"""The LSTM language-model experiment's numbers (quick mode): pinned, telling the story its
+summary tells, its figure the same bytes when drawn again; and the generated language it
+shares with the transformer experiment: its rule and its entropy."""
+import hashlib
+import math
+
+import numpy as np
+import pytest
+
+from fpsim.experiments import reproduce
+from fpsim.experiments._language import (LENGTH, OFFSET_SIXTEENTHS, RUNS, VOCAB,
+                                         entropy_nats, markov_source)
+from fpsim.plots.language import plot_language
+from pinned import assert_pinned
+
+PINNED = "c0b606e44798be30a29433a5335731cf7ffda16e9d6bb1f7c2ff7f1d95c6aa60"
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lstm_lm")
+    (result,) = reproduce(out, quick=True, only=["lstm_lm"])
+    return out, result
+
+
+def test_the_source_follows_its_rule_with_its_probabilities():
+    data = markov_source()
+    again = markov_source()
+    assert np.array_equal(data.x, again.x) and np.array_equal(data.y, again.y)
+    assert data.x.shape == data.y.shape == (2048, LENGTH)
+    assert np.array_equal(data.x[:, 1:], data.y[:, :-1])         # labels: the next tokens
+    # one successor per token; the offset from it is 0-3, as often as its sixteenths say
+    successor = {}
+    for current, following in zip(data.x.reshape(-1), data.y.reshape(-1)):
+        successor.setdefault(int(current), set()).add(int(following))
+    assert sorted(len(s) for s in successor.values()) == [4] * VOCAB
+    # each token's followers are four consecutive ids (mod 16), from its successor on
+    base = {c: next(t for t in s if {(t + k) % VOCAB for k in range(4)} == s)
+            for c, s in successor.items()}
+    assert sorted(base.values()) == list(range(VOCAB))             # a permutation
+    offsets = [(int(f) - base[int(c)]) % VOCAB
+               for c, f in zip(data.x.reshape(-1), data.y.reshape(-1))]
+    share = np.bincount(offsets, minlength=4) / len(offsets)
+    assert len(share) == 4
+    assert np.allclose(share, np.array(OFFSET_SIXTEENTHS) / 16, atol=0.01)
+    assert np.allclose(np.bincount(data.x.reshape(-1), minlength=VOCAB) / data.x.size,
+                       1 / VOCAB, atol=0.01)
+
+
+def test_entropy_is_one_and_three_quarter_bits():
+    assert entropy_nats() == 1.75 * math.log(2)
+
+
+def test_files_written(quick):
+    out, result = quick
+    assert sorted(p.name for p in out.iterdir()) == [
+        "lstm_lm.png", "lstm_lm.svg", "summary.json", "summary.md", "timings.json",
+        "timings.md"]
+    assert result.figures == ["lstm_lm.png", "lstm_lm.svg"]
+
+
+def test_figure_is_the_same_bytes_when_drawn_again(quick, tmp_path):
+    out, result = quick
+    n = result.numbers
+    for path in plot_language(n["runs"], n["entropy_nats"], "LSTM LM", tmp_path / "lstm_lm"):
+        assert hashlib.sha256(path.read_bytes()).digest() == \
+            hashlib.sha256((out / path.name).read_bytes()).digest()
+
+
+def test_runs_tell_the_summarys_story(quick):
+    _, result = quick
+    runs = result.numbers["runs"]
+    assert list(runs) == list(RUNS)
+    fp32, none, static, dynamic, bf16, true16, truebf16 = runs.values()
+    assert fp32["mean_underflow_fraction"] == 0
+    assert all(r["skipped_steps"] == 0 for r in runs.values())
+    # fp16 without scaling flushes the most gradient values; a scale fewer; bf16 none
+    assert none["mean_underflow_fraction"] > static["mean_underflow_fraction"]
+    assert bf16["mean_underflow_fraction"] == 0
+    # ... and does not lag: every mixed run ends where fp32 does, above the entropy
+    for r in (none, static, dynamic, bf16):
+        assert abs(r["final_gap_to_fp32"]) < 1e-3
+    assert fp32["final_gap_to_entropy"] > 0
+    assert "does not lag" in result.summary
+    # the fine-tuning story: 16-true NaN from step 1 (eps 0 in fp16, v flushed), bf16-true trains
+    diagnosis = result.numbers["diagnosis"]
+    assert true16["first_nonfinite_step"] == 1 and true16["final_loss"] == "nan"
+    assert diagnosis["adam_eps_in_fp16"] == 0 and diagnosis["adam_eps_in_bf16"] > 0
+    assert diagnosis["16_true_moments_after_step_1"]["v_zero_m_nonzero"] > 0.5
+    assert truebf16["first_nonfinite_step"] is None
+    assert abs(truebf16["final_gap_to_fp32"]) < 0.01
+    # without a master copy bf16 loses updates; the master-copy runs next to none
+    assert truebf16["mean_lost_update_fraction"] > 0.005
+    assert max(r["mean_lost_update_fraction"] for r in (fp32, none, static, dynamic, bf16)) \
+        < 1e-4
+    assert "NaN loss from step 1" in result.summary
+    for label in runs:
+        assert f"| {label} |" in result.table
+
+
+def test_lstm_lm_numbers_pinned(quick):
+    assert_pinned("lstm_lm", quick[1].numbers, PINNED)
