@@ -212,12 +212,12 @@ def _no_scaling(none: dict, static: dict, bf16: dict, fp32: dict, tracks: bool,
                 f"{_loss(static['final_loss'])}, gap {_gap(static['typical_gap_to_fp32'])}; "
                 f"bf16-mixed: {_loss(bf16['final_loss'])}, gap "
                 f"{_gap(bf16['typical_gap_to_fp32'])}). So the bigLSTM story does not "
-                f"occur at this size: no scaling does not lag. The source's entropy keeps p - onehot "
-                f"away from 0 (even the best model gives the right token a probability of at "
-                f"most {max(OFFSET_SIXTEENTHS)}/16), and with a mean over {tokens} tokens "
-                f"of a {VOCAB}-word softmax what fp16 flushes is too little to matter; the "
-                f"paper's bigLSTM averages a softmax over hundreds of thousands of words, "
-                f"whose gradients are far smaller. ")
+                f"occur at this size: no scaling does not lag. The source's entropy keeps "
+                f"p - onehot away from 0 (even the best model gives the right token a "
+                f"probability of at most {max(OFFSET_SIXTEENTHS)}/16), and with a mean "
+                f"over {tokens} tokens of a {VOCAB}-word softmax what fp16 flushes is too "
+                f"little to matter; the paper's bigLSTM averages a softmax over hundreds of "
+                f"thousands of words, whose gradients are far smaller. ")
     return (f"{flushed}, and lags: it ends at {_loss(none['final_loss'])} against fp32's "
             f"{_loss(fp32['final_loss'])} (typical gap {_gap(none['typical_gap_to_fp32'])}), "
             f"while a scale of {STATIC_SCALE} ends at {_loss(static['final_loss'])} (gap "
