@@ -48,18 +48,18 @@ def recorded_file(adapter, flags, path):
 
 def run_patterns(make_adapter, preset, tmp_path, **overrides):
     """Every standard pattern of ``preset`` (with ``overrides``) through a fresh adapter, as
-    a trace file replayed through the preset: {pattern name: (Report, flags)}."""
+    a trace file replayed through the preset: {pattern name: (Report, flags, trace path)}."""
     out = {}
     for index, (name, flags) in enumerate(standard_patterns(preset, **overrides)):
         path = recorded_file(make_adapter(), flags, tmp_path / f"{preset}-{index}.jsonl")
-        out[name] = (replay(path, preset), flags)
+        out[name] = (replay(path, preset), flags, path)
     return out
 
 
 def assert_all_agree(reports, minimum_steps):
-    for name, (report, _) in reports.items():
+    for name, (report, _, _) in reports.items():
         assert report.agree, f"{name}:\n{report}"
-    assert sum(r.steps_compared for r, _ in reports.values()) >= minimum_steps
+    assert sum(r.steps_compared for r, _, _ in reports.values()) >= minimum_steps
 
 
 # --- DeepSpeed ------------------------------------------------------------------------------
@@ -78,26 +78,26 @@ DYNAMIC_LOSS_SCALER_CONFIGS = [
 def test_deepspeed_dynamic_loss_scaler_matches_the_deepspeed_preset(deepspeed_adapters,
                                                                       tmp_path, kwargs):
     """Every pattern agrees (scale, tracker, hysteresis, and the raise at the floor), except
-    where the scale has grown to inf: DeepSpeed's overflow log line formats
-    ``int(self.cur_scale)`` and raises OverflowError, which the preset does not model."""
+    where the scale has grown to inf: DeepSpeed 0.19.6's overflow log line formats
+    ``int(self.cur_scale)`` and raises OverflowError there, which the preset does not model.
+    A version without that log line agrees there too."""
     make = lambda: deepspeed_adapters.DynamicLossScalerAdapter(**kwargs)  # noqa: E731
     params = make().params
     reports = run_patterns(make, "deepspeed", tmp_path, **params)
-    report, flags = reports.pop("growth to the limit")
-    first_overflow = int(np.argmax(flags))
-    assert not report.agree and report.divergence.fields == ("error",), report
-    assert report.divergence.step == report.steps_compared == first_overflow
-    assert report.divergence.recorded["scale_before"] == float("inf")
-    assert report.divergence.recorded["error"].startswith("OverflowError: cannot convert "
-                                                          "float infinity to integer")
+    report, flags, _ = reports.pop("growth to the limit")
+    if not report.agree:
+        first_overflow = int(np.argmax(flags))
+        assert report.divergence.fields == ("error",), report
+        assert report.divergence.step == report.steps_compared == first_overflow
+        assert report.divergence.recorded["scale_before"] == float("inf")
+        assert report.divergence.recorded["error"].startswith("OverflowError")
     assert_all_agree(reports, 1300)
-    collapse_report, collapse_flags = reports["collapse"]
+    collapse_report, collapse_flags, collapse_path = reports["collapse"]
+    last = read_trace(collapse_path).steps[-1]
     if kwargs.get("raise_error_at_min_scale", True):      # stopped at the floor, as the preset
-        assert collapse_report.total_steps < len(collapse_flags)
-        last = read_trace(tmp_path / "deepspeed-6.jsonl").steps[-1]
-        assert last.error.startswith("Exception: Current loss scale already at minimum")
+        assert collapse_report.total_steps < len(collapse_flags) and last.error is not None
     else:
-        assert collapse_report.total_steps == len(collapse_flags)
+        assert collapse_report.total_steps == len(collapse_flags) and last.error is None
 
 
 def test_deepspeed_fp16_optimizer_matches_the_deepspeed_fp16_preset(deepspeed_adapters,
