@@ -19,7 +19,8 @@ letting pip pull another torch (``pip install --no-deps deepspeed==0.19.6 hjson 
 
 Both need ``deepspeed.comm`` initialised (the scaler asks for its rank when it logs an
 overflow; the optimizer all-reduces the overflow flag): ``single_process_group()`` starts a
-one-process gloo group over a file store (no network), once per process.
+one-process gloo group, its rendezvous a file store in a temporary folder (no port to pick),
+once per process.
 
 >>> from fpsim.conformance import compare                              # doctest: +SKIP
 >>> compare(DynamicLossScalerAdapter(scale_window=3), [False] * 7 + [True], "deepspeed").agree  # doctest: +SKIP

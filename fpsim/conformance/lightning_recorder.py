@@ -2,9 +2,9 @@
 
 Optional dependency, not needed by fpsim nor installed by its CI: Lightning beside an
 installed torch, without letting pip pull another torch (``pip install --no-deps
-lightning==2.6.6 lightning-utilities torchmetrics``; PyYAML, fsspec, tqdm and
-typing-extensions it also imports come with fpsim's own dependencies). Checked with
-Lightning 2.6.6 and torch 2.13.0 on CPU.
+lightning==2.6.6 lightning-utilities torchmetrics``; the PyYAML, fsspec, tqdm and
+typing-extensions it also requires are there with fpsim's own dependencies, dask and tqdm).
+Checked with Lightning 2.6.6 and torch 2.13.0 on CPU.
 
 On CPU, ``Trainer(precision="16-mixed")`` does not run fp16: Lightning 2.6 warns and
 switches to ``"bf16-mixed"``, which has no scaler (``AcceleratorConnector.

@@ -1,8 +1,8 @@
 """Megatron-core's ``DynamicGradScaler`` behind the adapter protocol, run on CPU.
 
 Optional dependency, not needed by fpsim: megatron-core beside an installed torch, without
-letting pip pull another torch (``pip install --no-deps megatron-core==0.16.1``; it imports
-only torch, numpy and packaging for the scaler; ``.ci/run`` does this). Checked against
+letting pip pull another torch (``pip install --no-deps megatron-core==0.16.1``; its declared
+requirements are torch, numpy and packaging; ``.ci/run`` does this). Checked against
 megatron-core 0.16.1.
 
 ``DynamicGradScalerAdapter``
