@@ -35,7 +35,7 @@ from .ops_elementwise import (add, div, exp, gelu, log, mul, neg, pow, relu, sig
                               sqrt, sub, tanh)
 from .ops_loss import cross_entropy, mse_loss
 from .ops_matmul import linear, matmul
-from .ops_fp8 import ScalingSlots, quantized_linear
+from .ops_fp8 import ScalingSlots
 from .ops_conv import conv2d
 from .ops_pool import avg_pool2d, max_pool2d
 from .ops_norm import batch_norm, layer_norm
@@ -45,7 +45,7 @@ from .ops_shape import cast, concatenate, getitem, reshape, stack, transpose
 from .policy import PRESETS, Policy, get_policy
 
 __all__ = [
-    "ScalingSlots", "quantized_linear",
+    "ScalingSlots",
     "Tensor", "as_tensor", "Policy", "get_policy", "PRESETS", "FP64",
     "current_policy", "use_policy", "set_default_policy", "no_grad", "enable_grad",
     "is_grad_enabled",
