@@ -13,7 +13,7 @@ from fpsim.experiments._language import (LENGTH, OFFSET_SIXTEENTHS, RUNS, VOCAB,
 from fpsim.plots.language import plot_language
 from pinned import assert_pinned
 
-PINNED = "c0b606e44798be30a29433a5335731cf7ffda16e9d6bb1f7c2ff7f1d95c6aa60"
+PINNED = "d0b6641733410e78eb4e8ee49cca710c9b092ecd3944fb9b0ca6e6e5e1ed4afa"
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from fpsim.experiments._language import RUNS
 from fpsim.plots.language import plot_language
 from pinned import assert_pinned
 
-PINNED = "edbee537a974bca03705bb820aa783a56244aef2feb1bb2ac9a44d9b690934a3"
+PINNED = "a7836d9d887e56aa6b5b20c26ef3924b02400dec439281db164415bd8dc8394c"
 
 
 @pytest.fixture(scope="module")

@@ -101,6 +101,7 @@ def train_one(build, policy: str, scaler: str, steps: int, data: Dataset, lr: fl
             "first_nonfinite_step": (result.nonfinite_steps[0] if result.nonfinite_steps
                                      else None),
             "mean_underflow_fraction": _mean(underflow),
+            "first_underflow_fraction": _mean(underflow[:tail]),
             "final_underflow_fraction": _mean(underflow[-tail:]),
             "mean_lost_update_fraction": _mean(lost),
             "final_lost_update_fraction": _mean(lost[-tail:]),
@@ -193,17 +194,21 @@ def summary(numbers: dict) -> str:
         f"same batches (final loss: median of the {last}; typical gap: median distance of "
         f"the 10-step means to fp32's). fp32 ends at {_loss(fp32['final_loss'])}, "
         f"{fp32['final_gap_to_entropy']:+.4f} from the entropy. ")
-    text += _no_scaling(none, static, bf16, fp32, tracks, last, numbers["tokens_per_batch"])
+    first = f"first {tail} steps" if tail > 1 else "first step"
+    text += _no_scaling(none, static, bf16, fp32, tracks, (first, last),
+                        numbers["tokens_per_batch"])
     text += _dynamic(dynamic)
     text += _pure_16_bit(true16, truebf16, numbers["diagnosis"])
     return text
 
 
 def _no_scaling(none: dict, static: dict, bf16: dict, fp32: dict, tracks: bool,
-                last: str, tokens: int) -> str:
+                windows: tuple[str, str], tokens: int) -> str:
+    first, last = windows
     flushed = (f"16-mixed without loss scaling flushes {_pct(none['mean_underflow_fraction'])} "
                f"of the nonzero gradient values to zero in backward on average "
-               f"({_pct(none['final_underflow_fraction'])} over the {last}; a scale of "
+               f"({_pct(none['first_underflow_fraction'])} over the {first}, "
+               f"{_pct(none['final_underflow_fraction'])} over the {last}; a scale of "
                f"{STATIC_SCALE}: {_pct(static['final_underflow_fraction'])}; bf16-mixed, with "
                f"fp32's range: {_pct(bf16['final_underflow_fraction'])})")
     if tracks:
