@@ -107,9 +107,9 @@ class DynamicScaler:
         (DeepSpeed's ``raise_error_at_min_scale``).
     overflow_check, check_unscaled, unscale_op
         How ``check_overflow`` and ``unscale`` treat gradients: ``"nonfinite"`` (any inf or
-        NaN) or ``"sum"`` (the float32 sum is not finite: DeepSpeed's FP16_Optimizer and
-        apex's Python fallback); judged on the scaled gradients or on the unscaled ones
-        (tf-keras, jmp); unscaling by ``"reciprocal"`` (multiply by ``inv_scale``) or
+        NaN) or ``"sum"`` (the float32 sum is not finite: DeepSpeed's FP16_Optimizer up to
+        0.19.5 and apex's Python fallback); judged on the scaled gradients or on the unscaled
+        ones (tf-keras, jmp); unscaling by ``"reciprocal"`` (multiply by ``inv_scale``) or
         ``"divide"`` (Keras 3 divides by the scale).
     skip_on_overflow
         Whether an overflow skips the optimizer step (every framework: yes).

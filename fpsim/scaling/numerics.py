@@ -15,9 +15,10 @@ Each function does what the frameworks' code does, with every rounding point exp
     gradients). A state whose scaler has ``unscale_op="divide"`` (Keras 3) divides by the
     float32 scale instead.
 ``found_inf(grads, method="nonfinite")``
-    Whether any gradient holds an inf or NaN (torch, Megatron, Keras, jmp, DeepSpeed ZeRO),
+    Whether any gradient holds an inf or NaN (torch, Megatron, Keras, jmp, DeepSpeed 0.19.6),
     or with ``method="sum"`` whether a gradient's float32 sum is not finite (DeepSpeed's
-    ``CheckOverflow._has_inf_or_nan`` and apex's Python fallback: ``float(x.float().sum())``).
+    ``CheckOverflow._has_inf_or_nan`` up to 0.19.5 and apex's Python fallback:
+    ``float(x.float().sum())``).
 ``check_overflow(scaled_grads, state, fmt=None)``
     The scaler's own rule: ``found_inf`` with its method, on the scaled gradients (torch,
     Megatron, apex, DeepSpeed, Keras 3) or on the unscaled ones (tf-keras, jmp).
@@ -89,8 +90,9 @@ def found_inf(grads, method: str = "nonfinite") -> bool:
 
     ``"nonfinite"``: any element is inf or NaN.
     ``"sum"``: for some gradient, the float32 sum of its elements is inf or NaN, as DeepSpeed's
-    fused ``FP16_Optimizer`` (``deepspeed/runtime/utils.py`` ``CheckOverflow._has_inf_or_nan``)
-    and apex's ``scale_check_overflow_python`` test it. Any inf/NaN element makes the sum
+    non-ZeRO optimizers up to 0.19.5 (``deepspeed/runtime/utils.py``
+    ``CheckOverflow._has_inf_or_nan``; 0.19.6 tests ``amax``/``amin``: ``"nonfinite"``) and
+    apex's ``scale_check_overflow_python`` test it. Any inf/NaN element makes the sum
     non-finite in every order of summation, so this flags everything ``"nonfinite"`` flags,
     and also all-finite gradients whose sum overflows float32 (a false overflow: e.g. float32
     master gradients ``[3e38, 3e38]``). The sum runs in NumPy's float32 pairwise order;

@@ -109,7 +109,8 @@ def _deepspeed(**kw) -> DynamicScaler:
     hysteresis and never raise: preset ``deepspeed-fp16``.
 
     Sources: ``deepspeed/runtime/fp16/loss_scaler.py`` (``DynamicLossScaler.__init__``,
-    ``DynamicLossScaler.update_scale``, ``DynamicLossScaler._has_inf_or_nan``) and
+    ``DynamicLossScaler.update_scale``), ``deepspeed/runtime/utils.py`` (``has_inf_or_nan``),
+    ``deepspeed/runtime/zero/stage_1_and_2.py`` (``has_overflow``) and
     ``deepspeed/runtime/constants.py`` (``FP16_INITIAL_SCALE_POWER_DEFAULT = 16``,
     ``FP16_LOSS_SCALE_WINDOW_DEFAULT = 1000``, ``FP16_HYSTERESIS_DEFAULT = 2``,
     ``FP16_MIN_LOSS_SCALE_DEFAULT = 1``, ``consecutive_hysteresis`` False).
@@ -129,9 +130,20 @@ def _deepspeed(**kw) -> DynamicScaler:
     - A backoff due while ``cur_scale == min_scale`` raises ``Exception("Current loss scale
       already at minimum - cannot decrease scale anymore. Exiting run.")``
       (``raise_error_at_min_scale=True``): here ``LossScaleMinimumError``.
-    - Overflow detection in ``_has_inf_or_nan``: ``float(x.float().sum())`` is inf or NaN
-      (``overflow_check="sum"``; ZeRO stages 1-2 test elements with ``isinf``/``isnan``
-      instead: ``overflow_check="nonfinite"``). Unscaling multiplies by ``1. / cur_scale``.
+    - ``found_inf`` (DeepSpeed 0.19.6 as released on PyPI): every overflow test calls
+      ``deepspeed/runtime/utils.py`` ``has_inf_or_nan(x)``, which is
+      ``not (isfinite(x.amax()) and isfinite(x.amin()))`` (an empty tensor: no overflow) --
+      ZeRO 1-2's ``_has_inf_or_nan`` (``has_overflow_partitioned_grads_serial``, and the
+      CPU-offload tracker), ZeRO 3's serial path (its partitioned path tests
+      ``isinf(...).any()`` and ``isnan(...).any()``: the same answer), and
+      ``CheckOverflow._has_inf_or_nan`` of the non-ZeRO optimizers. ``amax``
+      carries a NaN and ``+inf`` through, ``amin`` a ``-inf``, so it flags exactly the
+      gradients with an inf or NaN element: ``overflow_check="nonfinite"``. Releases up to
+      0.19.5 (tags 0.3.0 to 0.19.5 read) had ``CheckOverflow`` test
+      ``float(x.float().sum())`` instead, which also flags finite float32 gradients whose sum
+      overflows: ``overflow_check="sum"`` reproduces that. ZeRO 1-2 summed the same way in
+      0.12.0 and tested elements (``isnan``/``isinf``) from 0.16.0 to 0.19.5. Unscaling
+      multiplies by ``1. / cur_scale``.
     - Not modelled: the rank-0 log line formats ``int(self.cur_scale)``, which raises
       OverflowError at the first overflow once the unbounded scale has grown to inf (after
       ~1000 growths); the real scaler does, and the test pins it.
@@ -140,8 +152,8 @@ def _deepspeed(**kw) -> DynamicScaler:
         init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=2.0, backoff_op="divide",
         growth_interval=1000, precision="float64", growth_compare="eq", tracker_start=-1,
         finite_guard=False, min_scale=1.0, hysteresis=2, hysteresis_refill="growth",
-        hysteresis_decrement_on_backoff=False, raise_at_min=True, overflow_check="sum",
-        name="deepspeed",
+        hysteresis_decrement_on_backoff=False, raise_at_min=True,
+        overflow_check="nonfinite", name="deepspeed",
         source="deepspeed/runtime/fp16/loss_scaler.py DynamicLossScaler.update_scale"), **kw})
 
 
@@ -160,8 +172,11 @@ def _deepspeed_fp16(**kw) -> DynamicScaler:
       ``last_overflow_iter = cur_iter``: no hysteresis (the config's ``hysteresis`` is not
       read), and at the floor the scale stays there, no error;
     - clean step: DeepSpeed's ``stable_interval`` rule, as in preset ``deepspeed``;
-    - overflow test: ``CheckOverflow.has_overflow``, a sum of each gradient (``"sum"``);
-      the legacy fused-Adam path tests its gradient norms instead;
+    - overflow test: ``CheckOverflow.has_overflow``, in 0.19.6 ``has_inf_or_nan`` on each
+      fp16 gradient (any inf or NaN: ``"nonfinite"``, as preset ``deepspeed``); up to 0.19.5
+      a float32 sum of each gradient (``overflow_check="sum"``). Not modelled: the legacy
+      fused-Adam / fused-LAMB steps, which flag an inf or NaN gradient *norm*
+      (``check_using_norm``);
     - defaults: the engine's fp16 config (``2**16``, window 1000, floor 1); built without
       loss-scale arguments, ``FP16_Optimizer`` starts at ``2**32`` (floor 1) and
       ``FP16_UnfusedOptimizer`` at ``2**16`` (floor 0.25): give them as overrides.
