@@ -87,7 +87,7 @@ def train_one(build, policy: str, scaler: str, steps: int, data: Dataset, lr: fl
     # 16-true's Adam produces inf/NaN: that is a finding, not an error
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         result = train(model, data, optimizer=optimizer, policy=policy, scaler=scaler,
-                       steps=steps, batch_size=BATCH, seed=0, progress=False)
+                       steps=steps, batch_size=BATCH, seed=0, progress=False, per_layer=True)
     records = result.records
     losses = [float(r.loss) for r in records]
     tail = max(1, steps // 10)
@@ -107,6 +107,10 @@ def train_one(build, policy: str, scaler: str, steps: int, data: Dataset, lr: fl
             "final_lost_update_fraction": _mean(lost[-tail:]),
             "skipped_steps": int(sum(r.skipped for r in records)),
             "skipped_at": [r.step for r in records if r.skipped],
+            # per parameter, the share of its own gradient's values flushed, over the run
+            "parameter_gradient_underflow": {
+                name: json_float(_mean(s.grad_underflow[i] for s in result.layers))
+                for i, name in enumerate(result.layer_names)},
             "final_scale": json_float(result.scaler_state.scale)}
 
 
@@ -211,6 +215,7 @@ def _no_scaling(none: dict, static: dict, bf16: dict, fp32: dict, tracks: bool,
                f"{_pct(none['final_underflow_fraction'])} over the {last}; a scale of "
                f"{STATIC_SCALE}: {_pct(static['final_underflow_fraction'])}; bf16-mixed, with "
                f"fp32's range: {_pct(bf16['final_underflow_fraction'])})")
+    where = _where_flushed(none["parameter_gradient_underflow"])
     if tracks:
         return (f"{flushed}, and ends at {_loss(none['final_loss'])} (typical gap to fp32 "
                 f"{_gap(none['typical_gap_to_fp32'])}; scale {STATIC_SCALE}: "
@@ -222,13 +227,26 @@ def _no_scaling(none: dict, static: dict, bf16: dict, fp32: dict, tracks: bool,
                 f"probability of at most {max(OFFSET_SIXTEENTHS)}/16), and with a mean "
                 f"over {tokens} tokens of a {VOCAB}-word softmax what fp16 flushes is too "
                 f"little to matter; the paper's bigLSTM averages a softmax over hundreds of "
-                f"thousands of words, whose gradients are far smaller. ")
+                f"thousands of words, whose gradients are far smaller. " + where)
     return (f"{flushed}, and lags: it ends at {_loss(none['final_loss'])} against fp32's "
             f"{_loss(fp32['final_loss'])} (typical gap {_gap(none['typical_gap_to_fp32'])}), "
             f"while a scale of {STATIC_SCALE} ends at {_loss(static['final_loss'])} (gap "
             f"{_gap(static['typical_gap_to_fp32'])}) and bf16-mixed at "
             f"{_loss(bf16['final_loss'])} (gap {_gap(bf16['typical_gap_to_fp32'])}): the "
-            f"bigLSTM story, the gradients fp16 flushes being signal the model still needs. ")
+            f"bigLSTM story, the gradients fp16 flushes being signal the model still needs. "
+            + where)
+
+
+def _where_flushed(per_parameter: dict) -> str:
+    """Whether the flushed values include the parameters' own gradients, or lie only in the
+    activation gradients backward computes on the way (the counts cover every rounding)."""
+    name, worst = max(per_parameter.items(), key=lambda item: (item[1], item[0]))
+    if not worst:
+        return ("Not one flushed value belongs to a parameter's gradient: they are all "
+                "activation gradients inside backward. ")
+    return (f"Of a parameter's own gradient at most {_pct(worst)} of the values are flushed "
+            f"({name}, averaged over the run); the other flushed values are activation "
+            f"gradients inside backward. ")
 
 
 def _dynamic(dynamic: dict) -> str:
