@@ -11,10 +11,11 @@ H = 1/2 * 1 + 1/4 * 2 + 2 * 1/8 * 3 = 1.75 bits: no model can reach a mean cross
 sixteenths, so drawing a token is an integer lookup (``rng.integers(0, 16)``) and H is exact;
 the sequences are the same bits on every machine.
 
-Each experiment trains its model from the same weights on the same batches under seven
-recipes: fp32, "16-mixed" without loss scaling, with a static scale of 128 and with torch's
-dynamic GradScaler, "bf16-mixed", and the pure 16-bit recipes "16-true" and "bf16-true" (no
-master copy, Lightning's ``HalfPrecision``), all with Adam at torch's eps = 1e-8.
+Each experiment trains its model from the same initial draws (rounded once into the policy's
+storage format) on the same batches under seven recipes: fp32, "16-mixed" without loss
+scaling, with a static scale of 128 and with torch's dynamic GradScaler, "bf16-mixed", and the
+pure 16-bit recipes "16-true" and "bf16-true" (no master copy, Lightning's
+``HalfPrecision``), all with Adam at torch's eps = 1e-8.
 """
 from __future__ import annotations
 
@@ -116,7 +117,8 @@ def train_one(build, policy: str, scaler: str, steps: int, data: Dataset, lr: fl
 
 def run_all(ctx, name: str, build, lr: float, steps: int) -> dict:
     """Every recipe of ``RUNS`` on the source, then what breaks 16-true: Adam's eps in fp16
-    and its moments after one step. Returns the experiment's numbers but the model's."""
+    and its moments after one step. Returns the experiment's numbers, all but the model's
+    description."""
     data = markov_source()
     entropy = entropy_nats()
     runs = {}
@@ -251,8 +253,8 @@ def _where_flushed(per_parameter: dict) -> str:
 
 def _dynamic(dynamic: dict) -> str:
     if not dynamic["skipped_steps"]:
-        return (f"Torch's dynamic scaler never overflows and stays at "
-                f"{dynamic['final_scale']:g} (final loss {_loss(dynamic['final_loss'])}, "
+        return (f"Torch's dynamic scaler never overflows (no skipped step; final scale "
+                f"{dynamic['final_scale']:g}; final loss {_loss(dynamic['final_loss'])}, "
                 f"typical gap {_gap(dynamic['typical_gap_to_fp32'])}). ")
     at = ", ".join(map(str, dynamic["skipped_at"]))
     plural = "s" if dynamic["skipped_steps"] > 1 else ""
