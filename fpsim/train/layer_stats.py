@@ -11,6 +11,11 @@ for each parameter and step,
 - ``grad_max``: the largest magnitude in the parameter's gradient as the backward pass left
   it (times the loss scale; ``nan``/``inf`` where it held them).
 
+``grad_underflow`` counts only the rounding that produced the parameter's own gradient: a
+gradient lost one op earlier (an activation's gradient that flushed to zero on its way down)
+leaves nothing to flush, so a layer that received no gradient at all reads 0 there and
+``grad_max`` 0 (lesson 8 finds such a head).
+
 They go to ``layers.jsonl`` beside the trace, JSON Lines: a header ``{"format":
 "fpsim-layer-stats", "version": 1, "parameters": [names]}``, then one line per step
 ``{"step": k, "grad_underflow": [...], "lost_updates": [...], "grad_max": [...]}`` in the
