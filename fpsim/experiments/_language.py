@@ -225,8 +225,9 @@ def _no_scaling(none: dict, static: dict, bf16: dict, fp32: dict, tracks: bool,
                 f"bf16-mixed: {_loss(bf16['final_loss'])}, gap "
                 f"{_gap(bf16['typical_gap_to_fp32'])}). So the bigLSTM story does not "
                 f"occur at this size: no scaling does not lag. The source's entropy keeps "
-                f"p - onehot away from 0 (even the best model gives the right token a "
-                f"probability of at most {max(OFFSET_SIXTEENTHS)}/16), and with a mean "
+                f"p - onehot away from 0 for the tokens that can follow (even the best model "
+                f"gives the right one a probability of at most {max(OFFSET_SIXTEENTHS)}/16), "
+                f"and with a mean "
                 f"over {tokens} tokens of a {VOCAB}-word softmax what fp16 flushes is too "
                 f"little to matter; the paper's bigLSTM averages a softmax over hundreds of "
                 f"thousands of words, whose gradients are far smaller. " + where)
@@ -275,10 +276,11 @@ def _pure_16_bit(true16: dict, truebf16: dict, diagnosis: dict) -> str:
         return (f"`16-true` (fp16 weights and Adam state, no master copy) stays finite and "
                 f"ends at {_loss(true16['final_loss'])}, although eps = 1e-8 is "
                 f"{diagnosis['adam_eps_in_fp16']:g} in fp16. " + bf16_text)
-    return (f"The fine-tuning story: `16-true` (fp16 weights and Adam state, no master copy) "
-            f"gives a NaN loss from step {true16['first_nonfinite_step']}. Adam's eps = 1e-8 "
-            f"rounds to {diagnosis['adam_eps_in_fp16']:g} in fp16, and after the first step "
-            f"the second moment v = (1 - beta2) * g^2 is 0 while the first moment m is not in "
+    return (f"The fine-tuning story (here training from scratch): `16-true` (fp16 weights "
+            f"and Adam state, no master copy) gives a NaN loss from step "
+            f"{true16['first_nonfinite_step']}. Adam's eps = 1e-8 rounds to "
+            f"{diagnosis['adam_eps_in_fp16']:g} in fp16, and after the first step the second "
+            f"moment v = (1 - beta2) * g^2 is 0 while the first moment m is not in "
             f"{_pct(moments['v_zero_m_nonzero'])} of all entries (update m/0 = inf) and both "
             f"are 0 in {_pct(moments['v_zero_m_zero'])} (0/0 = NaN), as in the recipes "
             f"experiment. " + bf16_text)
