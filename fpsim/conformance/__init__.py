@@ -8,8 +8,9 @@ step and bit by bit.
 - ``patterns`` (NumPy) and ``strategies`` (hypothesis) make overflow patterns.
 - ``torch_adapter``, ``jax_adapters``, ``deepspeed_adapters``, ``megatron_adapter``:
   GradScaler, jmp, Keras 3, DeepSpeed (DynamicLossScaler, FP16_Optimizer) and Megatron-core
-  (DynamicGradScaler) adapters; ``lightning_recorder``: a Lightning ``Callback`` writing a
-  Trainer's fp16 scaler trace (optional deps).
+  (DynamicGradScaler) adapters; ``lightning_recorder`` and ``transformers_recorder``: a
+  Lightning ``Callback`` and a Hugging Face ``TrainerCallback`` writing a Trainer's fp16
+  scaler trace (optional deps).
 - ``check_cast(source, result, "fp16")``: a framework's cast against ``round_to``, by class.
 - ``cli``: ``fpsim check-scaler`` and ``fpsim check-cast``.
 
