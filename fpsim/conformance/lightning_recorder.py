@@ -45,7 +45,7 @@ except ImportError as err:
 
 import torch
 
-from .torch_adapter import found_inf_of, grad_stats, gradscaler_params
+from .torch_adapter import check_supported, found_inf_of, grad_stats, gradscaler_params
 from .trace import TraceStep, TraceWriter
 
 __all__ = ["ScalerTraceCallback"]
@@ -75,6 +75,7 @@ class ScalerTraceCallback(Callback):
                 f"{trainer.precision!r}) has no GradScaler; on CPU Lightning turns "
                 f"precision='16-mixed' into 'bf16-mixed': pass plugins=[MixedPrecision("
                 f"'16-mixed', 'cpu')] instead")
+        check_supported(scaler)
         if scaler._scale is not None and int(scaler._get_growth_tracker()) != 0:
             raise ValueError("attach the callback before the GradScaler's first step: its "
                              "growth tracker is already running")

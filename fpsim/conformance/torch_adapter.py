@@ -21,10 +21,23 @@ Needs torch (optional: ``pip install torch==2.13.0``; on CPU ``torch.amp.GradSca
     1.0 is appended, and its unscaled value is ``1.0 * inv_scale``.
 
 GradScaler's tracker is fpsim's ``growth_tracker`` (both count clean steps from 0).
+
+Supported torch versions (``check_supported`` refuses others, in one line): the recorders
+read three private members of ``GradScaler`` -- ``_scale``, ``_get_growth_tracker()`` (the
+int count of consecutive clean steps) and ``_found_inf_per_device(optimizer)`` (a dict of
+device -> float32 tensor, non-zero where ``unscale_`` found an inf/NaN) -- which have that
+meaning in the earliest ``torch/cuda/amp/grad_scaler.py`` read (a 2020 copy, from before the
+``OptState`` enum) and in 2.13.0's ``torch/amp/grad_scaler.py``; and they see a skipped step
+through ``Optimizer.register_step_post_hook``, new in torch 2.0 (pytorch PR 89176). So:
+torch >= 2.0 with a CUDA ``GradScaler``, and >= 2.3 for ``torch.amp.GradScaler("cpu")``
+(the first with CPU kernels). Run on 2.13.0 (CI). 2.14.1's ``torch/amp/grad_scaler.py`` is
+byte for byte 2.13.0's (its wheel here is a CUDA build that does not import without the CUDA
+libraries); 2.0 to 2.12 are supported by the source only.
 """
 from __future__ import annotations
 
 import math
+import re
 from typing import NamedTuple
 
 import numpy as np
@@ -33,7 +46,11 @@ from ..scaling import ScalerState, found_inf, preset, unscale
 from .trace import TraceStep, TraceWriter
 
 __all__ = ["GradScalerAdapter", "GradScalerRecorder", "check_unscale", "UnscaleCheck",
-           "gradscaler_params", "found_inf_of", "grad_stats"]
+           "gradscaler_params", "found_inf_of", "grad_stats", "check_supported",
+           "unsupported_reason", "OLDEST_TORCH"]
+
+OLDEST_TORCH = (2, 0)          # Optimizer.register_step_post_hook
+_SCALER_MEMBERS = ("_scale", "_get_growth_tracker", "_found_inf_per_device")
 
 
 def _torch():
@@ -43,6 +60,31 @@ def _torch():
         raise ImportError("the PyTorch adapter needs torch: pip install torch==2.13.0 "
                           "(the CPU build is enough)") from err
     return torch
+
+
+def unsupported_reason(torch_version: str, scaler, optimizer_class) -> "str | None":
+    """Why a recorder cannot read this torch's GradScaler, or None: a torch older than
+    ``OLDEST_TORCH``, or a scaler or optimizer class without the members it reads."""
+    numbers = re.match(r"(\d+)\.(\d+)", str(torch_version))
+    if numbers is None or tuple(map(int, numbers.groups())) < OLDEST_TORCH:
+        return (f"torch {torch_version} is not supported: the recorders need torch >= "
+                f"{OLDEST_TORCH[0]}.{OLDEST_TORCH[1]} (Optimizer.register_step_post_hook; "
+                f"GradScaler('cpu') needs 2.3)")
+    missing = [name for name in _SCALER_MEMBERS if not hasattr(scaler, name)]
+    if not hasattr(optimizer_class, "register_step_post_hook"):
+        missing.append("Optimizer.register_step_post_hook")
+    if missing:
+        return (f"torch {torch_version}'s {type(scaler).__name__} lacks {', '.join(missing)}, "
+                f"which the recorders read (as torch 2.0 to 2.14 have them)")
+    return None
+
+
+def check_supported(scaler) -> None:
+    """Raise ``ValueError`` with ``unsupported_reason`` for this torch and ``scaler``."""
+    torch = _torch()
+    reason = unsupported_reason(torch.__version__, scaler, torch.optim.Optimizer)
+    if reason is not None:
+        raise ValueError(reason)
 
 
 def gradscaler_params(scaler) -> dict:
@@ -76,6 +118,7 @@ class GradScalerAdapter:
             scaler = torch.amp.GradScaler(device, **gradscaler_kwargs)
         elif gradscaler_kwargs:
             raise ValueError("pass either a GradScaler or its keyword arguments, not both")
+        check_supported(scaler)
         self.scaler = scaler
         self.name = f"{_version(torch)} GradScaler({device!r})"
         self._param = torch.nn.Parameter(torch.zeros(1, device=device))
@@ -137,6 +180,7 @@ class GradScalerRecorder:
     def __init__(self, scaler, target, *, source: str | None = None,
                  grad_stats: bool = True) -> None:
         torch = _torch()
+        check_supported(scaler)
         if scaler._scale is not None and int(scaler._get_growth_tracker()) != 0:
             raise ValueError("attach the recorder before the GradScaler's first step: its "
                              "growth tracker is already running")

@@ -52,7 +52,7 @@ except ImportError as err:
 
 import torch
 
-from .torch_adapter import found_inf_of, grad_stats, gradscaler_params
+from .torch_adapter import check_supported, found_inf_of, grad_stats, gradscaler_params
 from .trace import TraceStep, TraceWriter
 
 __all__ = ["ScalerTraceCallback", "use_cpu_grad_scaler"]
@@ -106,6 +106,7 @@ class ScalerTraceCallback(TrainerCallback):
                 "ScalerTraceCallback: the Trainer steps without a GradScaler (fp16="
                 f"{args.fp16}); Trainer(fp16=True) has one on a CUDA device, on CPU call "
                 "use_cpu_grad_scaler(trainer) before train()")
+        check_supported(scaler)
         if scaler._scale is not None and int(scaler._get_growth_tracker()) != 0:
             raise ValueError("attach the callback before the GradScaler's first step: its "
                              "growth tracker is already running")
