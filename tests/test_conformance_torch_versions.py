@@ -1,5 +1,6 @@
 """Which torch the GradScaler recorders accept: >= 2.0 with the private GradScaler members
-they read (``_scale``, ``_get_growth_tracker``, ``_found_inf_per_device``) and
+they read (``_scale``, ``_get_growth_tracker``, ``_found_inf_per_device``,
+``_per_optimizer_states``) and
 ``Optimizer.register_step_post_hook``; anything else is refused in one line.
 
 Only the installed torch (2.13.0 in CI) runs here; older versions are stood in for by their
@@ -15,11 +16,14 @@ from fpsim.conformance.torch_adapter import (GradScalerAdapter,  # noqa: E402
                                              unsupported_reason)
 
 
+MEMBERS = ("_scale", "_get_growth_tracker", "_found_inf_per_device", "_per_optimizer_states")
+
+
 class ScalerWithout:
     """A GradScaler stand-in without one of the members the recorders read."""
 
     def __init__(self, missing):
-        for name in ("_scale", "_get_growth_tracker", "_found_inf_per_device"):
+        for name in MEMBERS:
             if name != missing:
                 setattr(self, name, None)
 
@@ -41,7 +45,7 @@ def test_older_torch_is_refused_in_one_line(version):
                              ">= 2.0") and "\n" not in reason
 
 
-@pytest.mark.parametrize("missing", ["_scale", "_get_growth_tracker", "_found_inf_per_device"])
+@pytest.mark.parametrize("missing", MEMBERS)
 def test_a_scaler_without_a_member_is_refused_by_name(missing):
     reason = unsupported_reason("2.13.0", ScalerWithout(missing), torch.optim.Optimizer)
     assert f"lacks {missing}, which the recorders read" in reason

@@ -23,9 +23,10 @@ Needs torch (optional: ``pip install torch==2.13.0``; on CPU ``torch.amp.GradSca
 GradScaler's tracker is fpsim's ``growth_tracker`` (both count clean steps from 0).
 
 Supported torch versions (``check_supported`` refuses others, in one line): the recorders
-read three private members of ``GradScaler`` -- ``_scale``, ``_get_growth_tracker()`` (the
-int count of consecutive clean steps) and ``_found_inf_per_device(optimizer)`` (a dict of
-device -> float32 tensor, non-zero where ``unscale_`` found an inf/NaN) -- which have that
+read private members of ``GradScaler`` -- ``_scale``, ``_get_growth_tracker()`` (the int
+count of consecutive clean steps), ``_found_inf_per_device(optimizer)`` (a dict of device ->
+float32 tensor, non-zero where ``unscale_`` found an inf/NaN) and, in the Lightning and
+transformers callbacks, ``_per_optimizer_states[id(optimizer)]["stage"]`` -- which have that
 meaning in the earliest ``torch/cuda/amp/grad_scaler.py`` read (a 2020 copy, from before the
 ``OptState`` enum) and in 2.13.0's ``torch/amp/grad_scaler.py``; and they see a skipped step
 through ``Optimizer.register_step_post_hook``, new in torch 2.0 (pytorch PR 89176). So:
@@ -50,7 +51,8 @@ __all__ = ["GradScalerAdapter", "GradScalerRecorder", "check_unscale", "UnscaleC
            "unsupported_reason", "OLDEST_TORCH"]
 
 OLDEST_TORCH = (2, 0)          # Optimizer.register_step_post_hook
-_SCALER_MEMBERS = ("_scale", "_get_growth_tracker", "_found_inf_per_device")
+_SCALER_MEMBERS = ("_scale", "_get_growth_tracker", "_found_inf_per_device",
+                   "_per_optimizer_states")
 
 
 def _torch():
