@@ -21,10 +21,12 @@ def testfloat_dir() -> Path:
 
 def pytest_collection_modifyitems(config, items):
     """Under FPSIM_BACKEND=numpy-strict (or another backend) the engine tests run as they are,
-    except those marked numpy_only: NumPy's reprs in doctest output, NumPy-only internals."""
+    except those marked numpy_only (NumPy's reprs in doctest output, NumPy-only internals) or
+    host_only (a CLI's exit status and files: the same on every backend, checked once)."""
     if backend.name() == "numpy":
         return
-    skip = pytest.mark.skip(reason=f"numpy_only: not run on backend {backend.name()!r}")
     for item in items:
-        if "numpy_only" in item.keywords:
-            item.add_marker(skip)
+        for marker in ("numpy_only", "host_only"):
+            if marker in item.keywords:
+                item.add_marker(pytest.mark.skip(
+                    reason=f"{marker}: not run on backend {backend.name()!r}"))

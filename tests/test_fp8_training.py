@@ -163,6 +163,7 @@ def test_recipes_differ_from_bf16_and_each_other():
     assert not np.array_equal(losses["fp8-current"], losses["fp8-delayed:history=4"])
 
 
+@pytest.mark.host_only
 def test_cli_refuses_a_bad_recipe_before_writing(tmp_path):
     out = tmp_path / "run"
     done = subprocess.run([sys.executable, "-m", "fpsim", "train", "--data", "teacher",
@@ -174,6 +175,7 @@ def test_cli_refuses_a_bad_recipe_before_writing(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.host_only
 def test_cli_refuses_a_model_mx_cannot_block_before_writing(tmp_path):
     out = tmp_path / "run"
     done = subprocess.run([sys.executable, "-m", "fpsim", "train", "--data", "teacher",
@@ -184,6 +186,7 @@ def test_cli_refuses_a_model_mx_cannot_block_before_writing(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.host_only
 def test_a_sweep_cell_takes_a_recipe_and_keeps_its_fp8_stats():
     from fpsim.sweep.cells import expand, run_cell
     from fpsim.sweep.spec import parse_spec
@@ -198,6 +201,7 @@ def test_a_sweep_cell_takes_a_recipe_and_keeps_its_fp8_stats():
         parse_spec('[base]\ndata = "teacher"\n[grid]\npolicy = ["fp8-delayed:history=0"]\n')
 
 
+@pytest.mark.host_only
 def test_fpsim_plot_fp8_draws_the_run_and_refuses_what_it_cannot(tmp_path):
     train(_model(), _data(), policy="fp8-delayed:history=2", steps=4, batch_size=32,
           out=tmp_path / "run")
