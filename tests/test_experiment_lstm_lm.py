@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from fpsim.experiments import reproduce
-from fpsim.experiments._language import (LENGTH, OFFSET_SIXTEENTHS, RUNS, VOCAB,
+from fpsim.experiments._language import (LENGTH, OFFSET_SIXTEENTHS, VOCAB,
                                          entropy_nats, markov_source)
 from fpsim.plots.language import plot_language
+from language_story import assert_language_story
 from pinned import assert_pinned
 
 PINNED = "5a10bd8e73e445298d3e970650a332595e654298cd522bb1ab42ef34a8864a2c"
@@ -68,37 +69,7 @@ def test_figure_is_the_same_bytes_when_drawn_again(quick, tmp_path):
 
 
 def test_runs_tell_the_summarys_story(quick):
-    _, result = quick
-    runs = result.numbers["runs"]
-    assert list(runs) == list(RUNS)
-    fp32, none, static, dynamic, bf16, true16, truebf16 = runs.values()
-    assert fp32["mean_underflow_fraction"] == 0
-    assert all(r["skipped_steps"] == 0 for r in runs.values())
-    # fp16 without scaling flushes the most gradient values; a scale fewer; bf16 none
-    assert none["mean_underflow_fraction"] > static["mean_underflow_fraction"]
-    assert bf16["mean_underflow_fraction"] == 0
-    # ... and does not lag: every mixed run ends where fp32 does, above the entropy
-    for r in (none, static, dynamic, bf16):
-        assert abs(r["final_gap_to_fp32"]) < 1e-3
-    assert fp32["final_gap_to_entropy"] > 0
-    assert "does not lag" in result.summary
-    # what it flushes lies in activation gradients; the parameters' own gradients keep nearly all
-    assert max(none["parameter_gradient_underflow"].values()) < 0.001
-    assert "activation gradients inside backward" in result.summary
-    # the fine-tuning story: 16-true NaN from step 1 (eps 0 in fp16, v flushed), bf16-true trains
-    diagnosis = result.numbers["diagnosis"]
-    assert true16["first_nonfinite_step"] == 1 and true16["final_loss"] == "nan"
-    assert diagnosis["adam_eps_in_fp16"] == 0 and diagnosis["adam_eps_in_bf16"] > 0
-    assert diagnosis["16_true_moments_after_step_1"]["v_zero_m_nonzero"] > 0.5
-    assert truebf16["first_nonfinite_step"] is None
-    assert abs(truebf16["final_gap_to_fp32"]) < 0.01
-    # without a master copy bf16 loses updates; the master-copy runs next to none
-    assert truebf16["mean_lost_update_fraction"] > 0.005
-    assert max(r["mean_lost_update_fraction"] for r in (fp32, none, static, dynamic, bf16)) \
-        < 1e-4
-    assert "NaN loss from step 1" in result.summary
-    for label in runs:
-        assert f"| {label} |" in result.table
+    assert_language_story(quick[1])
 
 
 def test_lstm_lm_numbers_pinned(quick):
