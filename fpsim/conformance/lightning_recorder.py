@@ -43,10 +43,8 @@ except ImportError as err:
     raise ImportError("the Lightning recorder needs lightning beside torch: pip install "
                       "--no-deps lightning==2.6.6 lightning-utilities torchmetrics") from err
 
-import torch
-
-from .torch_adapter import check_supported, found_inf_of, grad_stats, gradscaler_params
-from .trace import TraceStep, TraceWriter
+from .torch_adapter import found_inf_of, grad_stats, open_scaler_trace
+from .trace import TraceStep
 
 __all__ = ["ScalerTraceCallback"]
 
@@ -75,16 +73,10 @@ class ScalerTraceCallback(Callback):
                 f"{trainer.precision!r}) has no GradScaler; on CPU Lightning turns "
                 f"precision='16-mixed' into 'bf16-mixed': pass plugins=[MixedPrecision("
                 f"'16-mixed', 'cpu')] instead")
-        check_supported(scaler)
-        if scaler._scale is not None and int(scaler._get_growth_tracker()) != 0:
-            raise ValueError("attach the callback before the GradScaler's first step: its "
-                             "growth tracker is already running")
+        self._writer = open_scaler_trace(scaler, self._target, source=self._source,
+                                         framework=f"lightning {lightning.__version__}",
+                                         attached="callback")
         self._scaler = scaler
-        device = getattr(scaler, "_device", "cpu")
-        self._writer = TraceWriter(
-            self._target, params=gradscaler_params(scaler),
-            source=self._source or f"lightning {lightning.__version__} torch "
-                                   f"{torch.__version__} GradScaler({device!r})")
         self._hooks = [o.register_step_post_hook(self._on_step) for o in trainer.optimizers]
 
     def _on_step(self, *_args) -> None:

@@ -48,7 +48,7 @@ from .trace import TraceStep, TraceWriter
 
 __all__ = ["GradScalerAdapter", "GradScalerRecorder", "check_unscale", "UnscaleCheck",
            "gradscaler_params", "found_inf_of", "grad_stats", "check_supported",
-           "unsupported_reason", "OLDEST_TORCH"]
+           "unsupported_reason", "open_scaler_trace", "OLDEST_TORCH"]
 
 OLDEST_TORCH = (2, 0)          # Optimizer.register_step_post_hook
 _SCALER_MEMBERS = ("_scale", "_get_growth_tracker", "_found_inf_per_device",
@@ -99,6 +99,27 @@ def gradscaler_params(scaler) -> dict:
 
 def _version(torch) -> str:
     return f"torch {torch.__version__}"
+
+
+def open_scaler_trace(scaler, target, *, source: "str | None" = None, framework: str = "",
+                      attached: str = "recorder") -> TraceWriter:
+    """Check that ``scaler`` can be recorded from its start and open its trace.
+
+    Refuses (``ValueError``) a scaler ``check_supported`` refuses and one whose growth tracker
+    is already running (the trace must start from the initial state; ``attached`` names what
+    was attached too late in that message). Returns a ``TraceWriter`` on ``target`` whose
+    header holds ``gradscaler_params(scaler)`` and ``source``, by default ``"<framework>
+    torch <version> GradScaler('<device>')"`` (without the framework when it is empty)."""
+    torch = _torch()
+    check_supported(scaler)
+    if scaler._scale is not None and int(scaler._get_growth_tracker()) != 0:
+        raise ValueError(f"attach the {attached} before the GradScaler's first step: its "
+                         f"growth tracker is already running")
+    if source is None:
+        device = getattr(scaler, "_device", "cpu")
+        prefix = f"{framework} " if framework else ""
+        source = f"{prefix}{_version(torch)} GradScaler({device!r})"
+    return TraceWriter(target, source=source, params=gradscaler_params(scaler))
 
 
 class GradScalerAdapter:
@@ -181,16 +202,8 @@ class GradScalerRecorder:
 
     def __init__(self, scaler, target, *, source: str | None = None,
                  grad_stats: bool = True) -> None:
-        torch = _torch()
-        check_supported(scaler)
-        if scaler._scale is not None and int(scaler._get_growth_tracker()) != 0:
-            raise ValueError("attach the recorder before the GradScaler's first step: its "
-                             "growth tracker is already running")
+        self._writer = open_scaler_trace(scaler, target, source=source)
         self.scaler, self._with_stats = scaler, grad_stats
-        device = getattr(scaler, "_device", "cpu")
-        self._writer = TraceWriter(target, source=source or
-                                   f"{_version(torch)} GradScaler({device!r})",
-                                   params=gradscaler_params(scaler))
         self._hooked: dict[int, object] = {}
         self._optimizers: "tuple[int, ...] | None" = None
         self._stepped: set[int] = set()

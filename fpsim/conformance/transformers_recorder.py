@@ -52,8 +52,8 @@ except ImportError as err:
 
 import torch
 
-from .torch_adapter import check_supported, found_inf_of, grad_stats, gradscaler_params
-from .trace import TraceStep, TraceWriter
+from .torch_adapter import found_inf_of, grad_stats, open_scaler_trace
+from .trace import TraceStep
 
 __all__ = ["ScalerTraceCallback", "use_cpu_grad_scaler"]
 
@@ -106,22 +106,16 @@ class ScalerTraceCallback(TrainerCallback):
                 "ScalerTraceCallback: the Trainer steps without a GradScaler (fp16="
                 f"{args.fp16}); Trainer(fp16=True) has one on a CUDA device, on CPU call "
                 "use_cpu_grad_scaler(trainer) before train()")
-        check_supported(scaler)
-        if scaler._scale is not None and int(scaler._get_growth_tracker()) != 0:
-            raise ValueError("attach the callback before the GradScaler's first step: its "
-                             "growth tracker is already running")
         inner = optimizer.optimizer
         self._fused = bool(getattr(inner, "_step_supports_amp_scaling", False))
         if self._fused and not _keeps_step_counters(inner):
             raise ValueError(f"ScalerTraceCallback: {type(inner).__name__} applies the "
                              f"scaler's found_inf inside its fused step and keeps no step "
                              f"counter to show whether it skipped; use its unfused form")
+        self._writer = open_scaler_trace(scaler, self._target, source=self._source,
+                                         framework=f"transformers {transformers.__version__}",
+                                         attached="callback")
         self._scaler = scaler
-        device = getattr(scaler, "_device", "cpu")
-        self._writer = TraceWriter(
-            self._target, params=gradscaler_params(scaler),
-            source=self._source or f"transformers {transformers.__version__} torch "
-                                   f"{torch.__version__} GradScaler({device!r})")
         self._hook = inner.register_step_post_hook(self._on_step)
 
     def _on_step(self, *_args) -> None:
