@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 
+import engine_reruns
 from fpsim import backend
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -30,3 +31,16 @@ def pytest_collection_modifyitems(config, items):
             if marker in item.keywords:
                 item.add_marker(pytest.mark.skip(
                     reason=f"{marker}: not run on backend {backend.name()!r}"))
+
+
+def pytest_collection_finish(session):
+    """Start the engine-test reruns under other backends that this NumPy session will check,
+    so that they run beside it on the second core (``engine_reruns``)."""
+    if backend.name() != "numpy":
+        return
+    engine_reruns.start([engine_reruns.RERUN_TESTS[item.name] for item in session.items
+                         if item.name in engine_reruns.RERUN_TESTS])
+
+
+def pytest_sessionfinish(session):
+    engine_reruns.stop()

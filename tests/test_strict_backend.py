@@ -3,18 +3,12 @@ engine computes NumPy's bits on it; the engine's own tests pass on it
 (``test_engine_tests_pass_on_numpy_strict``, what CI runs)."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+import engine_reruns
 from fpsim import backend
 from fpsim.backend.strict import StrictArray, StrictError
-
-TESTS = Path(__file__).resolve().parent
 
 
 def _in_engine(source: str, **values):
@@ -94,23 +88,7 @@ def test_engine_tests_pass_on_numpy_strict():
     """The engine's tests (autograd, exact, nn, optim, scaling, train) under
     FPSIM_BACKEND=numpy-strict, in CI with the rest (about a minute on 2 cores); the slower
     oracle sweeps (transcendentals, torch scaler traces) run on NumPy only."""
-    env = {**os.environ, "FPSIM_BACKEND": "numpy-strict"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                           *ENGINE_TESTS], cwd=TESTS.parent, env=env, capture_output=True,
-                          text=True, timeout=1800)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    returncode, output = engine_reruns.result("numpy-strict")   # started at collection
+    assert returncode == 0, output
 
 
-ENGINE_TESTS = [f"tests/{name}" for name in (
-    "test_autograd_engine.py", "test_autograd_gradcheck.py", "test_nn.py", "test_policy.py",
-    "test_scaling.py", "test_scaling_presets.py", "test_optim.py", "test_optim_fast.py",
-    "test_train.py", "test_accumulation.py", "test_accumulation_fp8.py", "test_scatter.py",
-    "test_softmax_exact.py",
-    "test_exact_norm.py", "test_split_certificate.py", "test_fast_matmul_paths.py",
-    "test_underflow_count.py", "test_optim_transforms.py", "test_resume_checked.py",
-    "test_checkpoint.py", "test_graph_fastpaths.py", "test_autograd_properties.py",
-    "test_optim_torch.py", "test_stochastic_rounding.py", "test_arith_fp32_cast.py",
-    "test_cr_hard_cases.py", "test_strict_backend.py", "test_conv.py", "test_pool_norm.py",
-    "test_layer_norm_silu.py", "test_select_gelu_tanh.py", "test_batchnorm_dropout.py",
-    "test_attention.py", "test_from_torch.py", "test_train_anything.py", "test_per_layer.py",
-    "test_quant_blocks.py", "test_fp8_training.py")]

@@ -333,20 +333,12 @@ def test_the_training_loop_gives_numpys_bits(policy, rule, backend_name):
 
 def test_engine_tests_pass_on_torch(backend_name):
     """The engine's own tests (the list numpy-strict runs) under FPSIM_BACKEND=torch (or
-    torch:cuda): about 45 s on 2 cores."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from test_strict_backend import ENGINE_TESTS
+    torch:cuda): about 45 s on 2 cores, started at collection (``engine_reruns``)."""
+    import engine_reruns
     if backend.name() != "numpy":
         pytest.skip("run once, from the NumPy session")
-    env = {**os.environ, "FPSIM_BACKEND": backend_name}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                           *ENGINE_TESTS], cwd=Path(__file__).resolve().parents[1], env=env,
-                          capture_output=True, text=True, timeout=1800)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    returncode, output = engine_reruns.result(backend_name)
+    assert returncode == 0, output
 
 
 def test_division_by_a_scalar_is_one_rounding(backend_name):
