@@ -58,8 +58,8 @@ BACKWARD_ROLES = ("grad_output",)
 
 class TensorStats:
     """What the training casts of one role did since the last ``take_stats`` (casts under
-    ``no_grad`` are not counted): elements cast, how many
-    saturated and how many nonzero values became zero, and the last scale used."""
+    ``no_grad`` are not counted): elements cast, how many saturated and how many nonzero
+    values became zero, and the last scale used."""
 
     __slots__ = ("elements", "saturated", "flushed", "scale")
 
