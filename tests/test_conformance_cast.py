@@ -86,7 +86,7 @@ def test_mismatch_classes_name_what_went_wrong():
     assert set(CLASSES) == set(report.counts)
 
 
-def test_torch_casts_agree_and_only_e4m3fn_saturates():
+def test_torch_casts_agree_e4m3fn_by_its_overflow_rule():
     torch = pytest.importorskip("torch")
     t = torch.from_numpy(SRC.copy())
     assert check_cast(SRC, t.to(torch.float16).numpy(), "fp16").agree
@@ -98,8 +98,17 @@ def test_torch_casts_agree_and_only_e4m3fn_saturates():
     assert check_cast(SRC, t.to(torch.float8_e5m2fnuz).float().numpy(), "e5m2fnuz").agree
     e4m3 = t.to(torch.float8_e4m3fn).float().numpy()
     report = check_cast(SRC, e4m3, "e4m3fn")
-    # torch 2.13's float -> float8_e4m3fn cast saturates (inf included) where ml_dtypes and
-    # the IEEE-style rule give NaN: every mismatch is an overflow or infinity, none else.
+    probe = torch.tensor([1000.0]).to(torch.float8_e4m3fn).float().item()
+    if probe != probe:
+        # torch before PyTorch PR #178817 (merged 2026-04-17) turns every f32 at or above
+        # 480 (inf included) and every value rounding to 480 into NaN, in the scalar and the
+        # AVX-512 cast alike, as ml_dtypes and fpsim's default do
+        assert report.agree, str(report)
+        return
+    # From that PR on (torch 2.13 here) the float -> float8_e4m3fn cast saturates, inf
+    # included, where ml_dtypes and the IEEE-style rule give NaN: every mismatch is an
+    # overflow or infinity, none else.
+    assert probe == 448.0
     assert report.mismatches["overflow"] == report.counts["overflow"] > 0
     assert report.mismatch_count == report.mismatches["overflow"] + report.counts["infinity"]
     assert check_cast(SRC, e4m3, get("e4m3fn").replace(saturate=True)).agree
