@@ -3,9 +3,11 @@ NumPy's bits.
 
 ``xp`` is ``TorchNamespace`` (``torch_namespace.py``: every ``NAMESPACE`` name, NumPy's
 semantics for the argument forms the engine passes, torch's traps worked around there).
-Rounding to a format and stochastic rounding's Philox draws are the portable reference
-(``fpsim.rounding.portable``, the ``Backend`` defaults): torch's own low-precision casts are
-never used (float64 -> float16/bfloat16 goes through float32 in torch: double rounding).
+Rounding to a format is torch's own cast where that gives the same bits (float32 to fp16,
+bf16 and e4m3fn, nearest even: ``torch_rounding.py``), else the portable reference
+(``fpsim.rounding.portable``, the ``Backend`` default), as are stochastic rounding's Philox
+draws; float64 is never cast to float16/bfloat16 by torch (it goes through float32: double
+rounding).
 
 Float32 is the container of every format. torch has no unsigned arithmetic, shifts or order
 on uint32 / uint64: ``bits`` gives uint32 / uint64 views as the interface says, and the
@@ -45,8 +47,10 @@ from contextlib import nullcontext
 import numpy as np
 import torch
 
+from ..formats import get
 from . import torch_namespace as arithmetic
 from .interface import DTYPE_KINDS, Backend
+from .torch_rounding import cast_round
 from .torch_namespace import (DTYPES, PLACEMENT, as_tensor, flatnonzero, from_host, host_dtype,
                               operands, torch_dtype)
 
@@ -394,6 +398,18 @@ class TorchBackend(Backend):
         if dtype.itemsize != array.dtype.itemsize:
             raise TypeError(f"bitcast keeps the width: {array.dtype} cannot be read as {dtype}")
         return array.view(dtype)
+
+    def round_to(self, x, fmt, mode="nearest_even", *, seed=None, offset=None,
+                 subnormals=None, saturate=None, daz=False):
+        """A torch cast there and back where it gives the same bits (``torch_rounding``:
+        float32 to fp16, bf16 and e4m3fn, nearest even), else the portable scheme."""
+        if self.is_array(x) and seed is None and offset is None:
+            fast = cast_round(self, x, get(fmt), mode, subnormals=subnormals,
+                              saturate=saturate, daz=daz)
+            if fast is not None:
+                return fast
+        return super().round_to(x, fmt, mode, seed=seed, offset=offset,
+                                subnormals=subnormals, saturate=saturate, daz=daz)
 
     def scratch(self, slot, dtype, n: int):
         """A per-thread buffer per (slot, dtype), grown to the largest n asked for."""

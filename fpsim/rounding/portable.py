@@ -35,7 +35,8 @@ from ._kernels import Rules
 from ._philox import ROUNDS, check_counters
 from .environment import check_environment
 
-__all__ = ["round_to_portable", "philox_uniforms_portable", "philox4x32_portable"]
+__all__ = ["round_to_portable", "settle_nans_portable", "philox_uniforms_portable",
+           "philox4x32_portable"]
 
 WORD = 0xFFFFFFFF                               # a Philox word: 32 bits
 PHILOX_MULTIPLIERS = (0xD2511F53, 0xCD9E8D57)   # Salmon et al. (SC11), Philox4x32
@@ -78,7 +79,7 @@ def round_to_portable(ops, x, fmt, mode: str = "nearest_even", *, seed=None, off
                                uniforms)
         # exact: every result but NaN is a format value, ±0 or ±inf, all float32 values
         result = ops.astype(value, x.dtype, copy=False)
-    return _settle_nans(ops, result, x, rules)
+    return settle_nans_portable(ops, result, x, fmt)
 
 
 def _round_float64(ops, x, rules: Rules, mode: str, uniforms):
@@ -144,12 +145,14 @@ def _round_integer(ops, scaled, negative, mode: str, uniforms):
     return xp.where(away, below + 1.0, below)
 
 
-def _settle_nans(ops, result, x, rules: Rules):
-    """``result`` (x's dtype) with NaNs as ``settle_nans`` makes them, from x's bits:
-    ieee formats keep x's sign and the payload bits that fit, quiet bit set (IEEE 754 6.2);
-    fn formats give the container's quiet NaN with x's sign (NaN in, or overflow); fnuz
-    formats their one NaN, sign bit set. Built in bits: casts need not keep payloads."""
+def settle_nans_portable(ops, result, x, fmt):
+    """``result`` (x's dtype), a rounding of ``x`` to ``fmt``, with NaNs as ``settle_nans``
+    makes them, from x's bits: ieee formats keep x's sign and the payload bits that fit,
+    quiet bit set (IEEE 754 6.2); fn formats give the container's quiet NaN with x's sign
+    (NaN in, or overflow); fnuz formats their one NaN, sign bit set. Built in bits: casts
+    need not keep payloads."""
     xp = ops.xp
+    fmt = get(fmt)
     if x.dtype == xp.float32:
         signed, fraction_bits, width = xp.int32, 23, 32
     else:
@@ -158,10 +161,10 @@ def _settle_nans(ops, result, x, rules: Rules):
     quiet_bit = 1 << (fraction_bits - 1)
     quiet_nan = (((1 << (width - 1 - fraction_bits)) - 1) << fraction_bits) | quiet_bit
     x_bits = ops.bitcast(x, signed)
-    if rules.nan_payload:
-        cut = (1 << (fraction_bits - rules.man_bits)) - 1      # fraction bits below the format's
+    if fmt.encoding == "ieee":
+        cut = (1 << (fraction_bits - fmt.man_bits)) - 1        # fraction bits below the format's
         nan_bits = (x_bits | quiet_bit) & ~cut                # ~cut < 0: keeps the sign bit
-    elif rules.unsigned_zero:
+    elif not fmt.has_negative_zero:
         nan_bits = ops.scalar(sign | quiet_nan, signed)
     else:
         nan_bits = (x_bits & sign) | quiet_nan
