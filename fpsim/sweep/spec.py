@@ -1,5 +1,5 @@
-"""Sweep specifications: a TOML file read with ``tomllib`` (``tomli`` on Python 3.10) and
-checked whole before anything runs.
+"""Sweep specifications: a TOML file read with ``tomllib`` and checked whole before anything
+runs.
 
     [sweep]                      # optional: a name and a description
     name = "loss scale"
@@ -29,7 +29,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
-import sys
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,10 +39,6 @@ from ..train import DATASETS, LOSSES, resolve_scaler
 from ..train.factories import MODELS, is_factory, parse_arguments
 from ..train import cli as train_cli
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover  (Python 3.10)
-    import tomli as tomllib
 
 __all__ = ["SweepSpec", "SpecError", "load_spec", "parse_spec", "train_fields", "SWEEP_OWNED"]
 
