@@ -20,7 +20,7 @@ import bit_patterns  # noqa: E402
 from fpsim import backend, use_policy  # noqa: E402
 from fpsim.backend import NAMESPACE  # noqa: E402
 from fpsim.backend.torch_backend import TorchBackend  # noqa: E402
-from fpsim.backend.torch_namespace import PLACEMENT  # noqa: E402
+from fpsim.backend.torch_namespace import PLACEMENT, emulated_sqrt  # noqa: E402
 from fpsim.formats import builtins  # noqa: E402
 from fpsim.rounding import MODES, philox_uniforms, round_to  # noqa: E402
 from fpsim.rounding.portable import round_to_portable  # noqa: E402
@@ -99,15 +99,23 @@ def test_every_namespace_name_is_there():
     assert sorted(name for name in NAMESPACE if not hasattr(XP, name)) == []
 
 
+#: the namespace's sqrt (NumPy's on the CPU) and the exact emulation other devices use
+SQRTS = {"sqrt": lambda x: XP.sqrt(x), "emulated": emulated_sqrt}
+
+
+@pytest.mark.parametrize("sqrt", SQRTS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_sqrt_is_correctly_rounded_on_random_bit_patterns(dtype):
+def test_sqrt_is_correctly_rounded_on_random_bit_patterns(dtype, sqrt):
     x = np.abs(random_bits(dtype, 100_000))          # torch's own sqrt misses ~1-17% of these
     with np.errstate(invalid="ignore"):
-        assert same_bits(np.sqrt(x), host(XP.sqrt(t(x))))
+        assert same_bits(np.sqrt(x), host(SQRTS[sqrt](t(x))))
+        square = x[:40_000].reshape(200, 200)
+        assert same_bits(np.sqrt(square.T), host(SQRTS[sqrt](t(square).T)))   # strided
 
 
+@pytest.mark.parametrize("sqrt", SQRTS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_sqrt_hard_cases_exact_squares_their_neighbours_and_specials(dtype):
+def test_sqrt_hard_cases_exact_squares_their_neighbours_and_specials(dtype, sqrt):
     rng = np.random.default_rng(1)
     k = rng.integers(1, 2**12 if dtype == np.float32 else 2**26, 30_000).astype(dtype)
     squares = k * k
@@ -116,7 +124,8 @@ def test_sqrt_hard_cases_exact_squares_their_neighbours_and_specials(dtype):
                             specials(dtype)])
     with np.errstate(invalid="ignore"):
         expected = np.sqrt(cases)            # -0 -> -0, x < 0 -> -NaN, NaN keeps its payload
-    assert same_bits(expected, host(XP.sqrt(t(cases))))
+    assert same_bits(expected, host(SQRTS[sqrt](t(cases))))
+    assert same_bits(expected[:1], host(SQRTS[sqrt](t(cases[:1]).reshape(()))).reshape(1))
 
 
 def test_sqrt_of_a_negative_number_is_numpys_negative_nan():
