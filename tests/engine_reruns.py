@@ -32,6 +32,10 @@ ENGINE_TESTS = [f"tests/{name}" for name in (
     "test_attention.py", "test_from_torch.py", "test_train_anything.py", "test_per_layer.py",
     "test_quant_blocks.py", "test_fp8_training.py")]
 
+#: the default selection without the ini's nbval options: the reruns collect no notebooks, and
+#: a machine without nbval (the GPU image, .ci/device-check) must run them too
+RERUN_OPTIONS = ["-o", "addopts=", "--strict-markers", "-m", "not slow and not gpu"]
+
 #: test node name -> the backend its rerun uses
 RERUN_TESTS = {"test_engine_tests_pass_on_numpy_strict": "numpy-strict",
                "test_engine_tests_pass_on_torch[cpu]": "torch"}
@@ -63,7 +67,7 @@ def _run_in_order(backends) -> None:
                     continue
                 run["process"] = subprocess.Popen(
                     [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                     *ENGINE_TESTS], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                     *RERUN_OPTIONS, *ENGINE_TESTS], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE, text=True)
             out, err = run["process"].communicate(timeout=TIMEOUT_S)
             run.update(returncode=run["process"].returncode,
