@@ -35,17 +35,25 @@ def ops(request):
         TorchBackend("cpu").activate()
 
 
-def mismatches(ops, x: np.ndarray, fmt: str, **options) -> int:
-    """How many of ``x``'s roundings by the backend differ in their bits from round_to's
-    (a NaN matches any NaN of the same sign-free position on CUDA, exactly on the CPU)."""
-    with np.errstate(all="ignore"):
-        expected = round_to(x, fmt, **options)
-    got = ops.to_numpy(ops.round_to(ops.asarray(x, torch.float32), fmt, **options))
-    assert got.dtype == np.float32 and got.shape == x.shape
+def same_bits(ops, expected: np.ndarray, got: np.ndarray) -> bool:
+    return not differing(ops, expected, got).any()
+
+
+def differing(ops, expected: np.ndarray, got: np.ndarray) -> np.ndarray:
+    """Where the bits differ (a NaN matches any NaN on CUDA, whose NaNs are canonical)."""
+    assert got.dtype == np.float32 and got.shape == expected.shape
     differ = expected.view(np.uint32) != got.view(np.uint32)
     if ops.device.type == "cuda":
         differ &= ~(np.isnan(expected) & np.isnan(got))
-    return int(np.count_nonzero(differ))
+    return differ
+
+
+def mismatches(ops, x: np.ndarray, fmt: str, **options) -> int:
+    """How many of ``x``'s roundings by the backend differ in their bits from round_to's."""
+    with np.errstate(all="ignore"):
+        expected = round_to(x, fmt, **options)
+    got = ops.to_numpy(ops.round_to(ops.asarray(x, torch.float32), fmt, **options))
+    return int(np.count_nonzero(differing(ops, expected, got)))
 
 
 def every_high_half() -> np.ndarray:
@@ -62,6 +70,12 @@ def test_the_cast_gives_round_tos_bits(ops, fmt, saturate):
     assert cast_round(ops, ops.asarray(cases), get(fmt), "nearest_even", subnormals=None,
                       saturate=saturate, daz=False) is not None      # the cast path ran
     assert mismatches(ops, cases, fmt, saturate=saturate) == 0
+    # the GPU's choice, NaNs settled without looking first, on this device too
+    with np.errstate(all="ignore"):
+        expected = round_to(cases, fmt, saturate=saturate)
+    settled = cast_round(ops, ops.asarray(cases), get(fmt), "nearest_even", subnormals=None,
+                         saturate=saturate, daz=False, look_for_nans=False)
+    assert same_bits(ops, expected, ops.to_numpy(settled))
 
 
 @pytest.mark.parametrize("mode,flags", [("toward_zero", {}), ("nearest_away", {}),

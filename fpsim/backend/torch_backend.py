@@ -418,7 +418,8 @@ class TorchBackend(Backend):
         float32 to fp16, bf16 and e4m3fn, nearest even), else the portable scheme."""
         if self.is_array(x) and seed is None and offset is None:
             fast = cast_round(self, x, get(fmt), mode, subnormals=subnormals,
-                              saturate=saturate, daz=daz)
+                              saturate=saturate, daz=daz,
+                              look_for_nans=self.device.type == "cpu")
             if fast is not None:
                 return fast
         return super().round_to(x, fmt, mode, seed=seed, offset=offset,

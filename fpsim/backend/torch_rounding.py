@@ -14,8 +14,9 @@ and on a GPU thirty kernels. A cast is one pass each way. It is used only where 
   448 (|x| > 464, inf) is made NaN here, as the format's rule says, and with saturation the
   input is clamped to +-448 before the cast;
 - saturation (``saturate=True``): the clamp to +-max_finite, for all three formats;
-- NaNs, when there are any, are settled from x's bits by ``settle_nans_portable``, because
-  the casts do not keep payloads alike (the CPU's vector and scalar paths differ).
+- NaNs are settled from x's bits by ``settle_nans_portable`` (on the CPU only when there are
+  any), because the casts do not keep payloads alike (the CPU's vector and scalar paths
+  differ).
 
 Every other case takes the portable scheme. ``tests/test_torch_rounding.py`` checks the bits
 against NumPy's ``round_to``: each of the 2**16 high halves of a float32 with seven low
@@ -47,10 +48,13 @@ def native_dtype(fmt: Format):
     return None
 
 
-def cast_round(ops, x, fmt: Format, mode: str, *, subnormals, saturate, daz):
+def cast_round(ops, x, fmt: Format, mode: str, *, subnormals, saturate, daz,
+               look_for_nans: bool = True):
     """``round_to(x, fmt, mode, ...)``'s bits for the tensor ``x`` of the torch backend
     ``ops``, by a torch cast where one gives them (module docstring); None where it does
-    not, and the caller rounds the portable way."""
+    not, and the caller rounds the portable way. ``look_for_nans``: settle NaNs only if the
+    result has any (a host read of the answer: the CPU's choice; a GPU settles always
+    rather than stall the host until the device catches up)."""
     subnormals = fmt.subnormals if subnormals is None else bool(subnormals)
     saturate = fmt.saturate if saturate is None else bool(saturate)
     dtype = native_dtype(fmt)
@@ -64,9 +68,6 @@ def cast_round(ops, x, fmt: Format, mode: str, *, subnormals, saturate, daz):
     if dtype == torch.float8_e4m3fn and not saturate:
         beyond = ~(x.abs() <= E4M3FN_LAST_TO_MAX)    # NaN, inf and what rounds beyond 448
         result = torch.where(beyond, torch.nan, result)
-        has_nan = beyond.any()
-    else:
-        has_nan = x.isnan().any()                      # a cast makes NaN only of NaN
-    if bool(has_nan):
-        result = settle_nans_portable(ops, result, x, fmt)
-    return result
+    if look_for_nans and not bool(result.isnan().any()):
+        return result
+    return settle_nans_portable(ops, result, x, fmt)
