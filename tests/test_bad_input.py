@@ -18,6 +18,7 @@ from fpsim.optim import SGD, Optimizer
 from fpsim.train import Dataset, make_dataset, train
 from test_conformance_cli import FLAGS, write_preset_trace
 from test_resume_checked import npy_header
+from child_env import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -165,7 +166,7 @@ def test_the_console_command_never_prints_a_traceback(tmp_path):
     deep = write(tmp_path / "deep.jsonl", HEADER % ("[" * 100_000 + "]" * 100_000))
     done = subprocess.run([sys.executable, "-m", "fpsim", "check-scaler", str(deep), "--preset",
                            "torch"], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                          env=child_env())
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "Traceback" not in done.stderr
 

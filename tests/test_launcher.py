@@ -10,11 +10,12 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
+from child_env import child_env
 
 tomllib = pytest.importorskip("tomllib")    # Python 3.11+
 
 REPO = Path(__file__).resolve().parents[1]
-ENV = dict(os.environ, PYTHONPATH=str(REPO))
+ENV = child_env()
 
 
 def launch(*args: str, **env: str) -> subprocess.CompletedProcess:

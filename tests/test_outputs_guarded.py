@@ -20,9 +20,10 @@ from fpsim.cli import main
 from fpsim.experiments import Experiment, Result
 from fpsim.files import LOCK_NAME, FolderInUse, folder_lock
 from fpsim.train import read_trace
+from child_env import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = dict(os.environ, PYTHONPATH=str(ROOT), CI="1")
+ENV = child_env(CI="1")
 SMALL = ["--samples", "128", "--features", "4", "--hidden", "8", "--batch-size", "8"]
 PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"
 

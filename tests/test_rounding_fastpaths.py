@@ -12,6 +12,7 @@ from fpsim.rounding import round_to
 from fpsim.rounding._kernels import Rules, magic_applies, round_any_mode
 
 from bit_patterns import same_bits
+from child_env import child_env
 
 FORMATS = ["fp16", "bf16", "e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz", "tf32", "e2m1", "e5m21",
            "e3m20", "e5m22", "e8m22"]
@@ -159,17 +160,14 @@ def test_format_equality_and_hash_ignore_the_name():
 def test_format_hash_is_the_same_in_every_process():
     """The hash is computed once, from ints only: a format pickled into another process (a
     sweep worker) keeps a hash that agrees with that process's own formats."""
-    import os
     import pickle
     import subprocess
     import sys
-    from pathlib import Path
 
     code = ("import pickle, sys; from fpsim.formats import get; "
             "f = pickle.loads(sys.stdin.buffer.read()); "
             "print(hash(f) == hash(get('e4m3fnuz')), f == get('e4m3fnuz'), hash(get('fp16')))")
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]),
-               PYTHONHASHSEED="12345")
+    env = child_env(PYTHONHASHSEED="12345")
     out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(get("e4m3fnuz")),
                          capture_output=True, env=env, check=True).stdout.decode().split()
     assert out == ["True", "True", str(hash(get("fp16")))]

@@ -19,6 +19,7 @@ from child_process import ctrl_c_reaches_python
 from fpsim.cli import main
 from fpsim.sweep import load_spec, read_table, run_sweep
 from fpsim.sweep.run import local_cluster
+from child_env import child_env
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = """
@@ -249,7 +250,7 @@ def test_a_worker_killed_mid_cell_is_retried_and_the_sweep_completes(cluster, tm
 def test_an_interrupted_sweep_keeps_complete_rows_and_resumes(cluster, tmp_path):
     spec = _spec(tmp_path, SLOW)
     out = tmp_path / "out"
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = child_env()
     process = subprocess.Popen([sys.executable, "-m", "fpsim", "sweep", str(spec), "--out",
                                 str(out), "--workers", "1"], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -20,6 +20,7 @@ import fpsim.sweep.run as sweep_run
 from fpsim.cli import main
 from fpsim.files import LOCK_NAME
 from test_sweep import SLOW   # cells of about a second each
+from child_env import child_env
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = """
@@ -252,7 +253,7 @@ def test_kill_9_of_the_driver_leaves_every_finished_cell_in_the_table(tmp_path):
     spec = tmp_path / "spec.toml"
     spec.write_text(SLOW)
     out = tmp_path / "out"
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = child_env()
     process = subprocess.Popen([sys.executable, "-m", "fpsim", "sweep", str(spec), "--out",
                                 str(out), "--workers", "1", "--quiet"], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
