@@ -50,7 +50,7 @@ import torch
 from ..formats import get
 from . import torch_namespace as arithmetic
 from .interface import DTYPE_KINDS, Backend
-from .tuning import Tuning
+from .tuning import GPU_TUNING
 from .torch_rounding import cast_round
 from .torch_namespace import (DTYPES, PLACEMENT, as_tensor, flatnonzero, from_host, host_dtype,
                               operands, torch_dtype)
@@ -335,16 +335,6 @@ def cuda_problem(device: str) -> "str | None":
     return None
 
 
-#: few, large chunks on a GPU, where each tensor operation costs a kernel launch and many a
-#: host synchronisation: measured on the CPU, 2**24-element chunks take a 784-1024-1024-10
-#: MLP's 16-mixed step from 1939 to 1368 tensor operations and from 212 to 111 host reads
-#: (float64 temporaries of 128 MiB a chunk at most)
-CUDA_TUNING = Tuning()._replace(
-    certificate_chunk=1 << 24, certificate_open_chunk=1 << 24, certified_block=1 << 24,
-    certified_pattern_block=1 << 24, correctly_rounded_chunk=1 << 24, widen_chunk=1 << 24,
-    norm_chunk=1 << 24, sums_chunk=1 << 24, arith_chunk=1 << 24, together_max=1 << 24)
-
-
 class TorchBackend(Backend):
     """PyTorch tensors on ``device``: "cpu" (the backend named "torch") or "cuda" / "cuda:N"
     ("torch:cuda", "torch:cuda:N"). Choosing a CUDA one switches off TF32 in torch's
@@ -360,7 +350,7 @@ class TorchBackend(Backend):
         self.name = "torch" if self.device.type == "cpu" else f"torch:{device}"
         self._local = threading.local()
         if self.device.type == "cuda":
-            self.tuning = CUDA_TUNING
+            self.tuning = GPU_TUNING
 
     def activate(self) -> None:
         PLACEMENT.device = self.device

@@ -4,7 +4,8 @@ computations of the same bits. They change how fast the engine runs, never a val
 path with settings that force it and compare the bits).
 
 The defaults are the NumPy backend's, measured on x86-64 CPUs: most chunk sizes keep a
-chunk's float64 temporaries in the L2 cache. A GPU backend sets its own (few, large chunks).
+chunk's float64 temporaries in the L2 cache. A GPU backend sets its own (few, large chunks:
+``GPU_TUNING``, which torch:cuda uses).
 ``fpsim.backend.tuning()`` gives the current backend's; ``use_tuning(**changes)`` changes some
 for a block (tests, benchmarks).
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["Tuning"]
+__all__ = ["Tuning", "GPU_TUNING"]
 
 
 class Tuning(NamedTuple):
@@ -53,3 +54,13 @@ class Tuning(NamedTuple):
     #: optim.optimizer: parameters up to this many elements are updated together, as one
     #: flat array (fewer calls); larger ones one by one
     together_max: int = 1 << 15
+
+
+#: few, large chunks on a GPU, where each array operation costs a kernel launch and many a
+#: host synchronisation: measured on the CPU (torch), 2**24-element chunks take a
+#: 784-4096-4096-10 MLP's 16-mixed step from 7821 to 1760 array operations and from 978 to
+#: 133 host reads (float64 temporaries of 128 MiB a chunk at most)
+GPU_TUNING = Tuning(
+    certificate_chunk=1 << 24, certificate_open_chunk=1 << 24, certified_block=1 << 24,
+    certified_pattern_block=1 << 24, correctly_rounded_chunk=1 << 24, widen_chunk=1 << 24,
+    norm_chunk=1 << 24, sums_chunk=1 << 24, arith_chunk=1 << 24, together_max=1 << 24)
