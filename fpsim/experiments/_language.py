@@ -26,13 +26,15 @@ import numpy as np
 from ..autograd import use_policy
 from ..optim import Adam, Optimizer
 from ..optim.arith import Arith
+from ..plots.language import plot_language
 from ..train import Dataset, recipe_for, train
+from . import Result
 from ._tasks import json_float
 from .cnn import TRACKING
 from .loss_curves import median, typical_gap
 from .recipes import first_step_moments
 
-__all__ = ["VOCAB", "LENGTH", "BATCH", "STATIC_SCALE", "EPS", "RUNS", "markov_source",
+__all__ = ["run_language_experiment", "VOCAB", "LENGTH", "BATCH", "STATIC_SCALE", "EPS", "RUNS", "markov_source",
            "entropy_nats", "train_one", "run_all", "summary", "table"]
 
 VOCAB, LENGTH, SEQUENCES, BATCH = 16, 8, 2048, 64
@@ -145,6 +147,17 @@ def run_all(ctx, name: str, build, lr: float, steps: int) -> dict:
             "entropy_nats": entropy, "optimizer": f"Adam lr {lr} eps {EPS:g}",
             "batch": BATCH, "tokens_per_batch": BATCH * LENGTH, "steps": steps,
             "runs": runs, "diagnosis": diagnosis}
+
+
+def run_language_experiment(ctx, name: str, title: str, model: str, build, lr: float,
+                            label: str) -> Result:
+    """One experiment of this family: every run of ``RUNS`` on ``build``'s model (10 steps
+    quick, 40 full), its figure (``label`` names the model there) and its summary."""
+    steps = 10 if ctx.quick else 40
+    numbers = {"model": model, **run_all(ctx, name, build, lr, steps)}
+    figures = plot_language(numbers["runs"], numbers["entropy_nats"], label, ctx.out / name)
+    return Result(name, title, numbers, [p.name for p in figures], summary(numbers),
+                  table(numbers))
 
 
 def _pct(x: float) -> str:

@@ -10,9 +10,8 @@ scores per position; the loss is the mean cross-entropy over every predicted tok
 from __future__ import annotations
 
 from .. import nn
-from ..plots.language import plot_language
 from . import Context, Result, register
-from ._language import RUNS, VOCAB, run_all, summary, table
+from ._language import RUNS, VOCAB, run_language_experiment
 
 TITLE = "Language model (LSTM): the precision recipes on a language of known entropy"
 EMBEDDING, HIDDEN, LR = 16, 16, 3e-2
@@ -40,9 +39,5 @@ class LSTMLanguageModel(nn.Module):
 
 @register("lstm_lm", TITLE)
 def run(ctx: Context) -> Result:
-    steps = 10 if ctx.quick else 40
-    numbers = {"model": MODEL, **run_all(ctx, "lstm_lm", LSTMLanguageModel, LR, steps)}
-    figures = plot_language(numbers["runs"], numbers["entropy_nats"], "LSTM LM",
-                            ctx.out / "lstm_lm")
-    return Result("lstm_lm", TITLE, numbers, [p.name for p in figures], summary(numbers),
-                  table(numbers))
+    return run_language_experiment(ctx, "lstm_lm", TITLE, MODEL, LSTMLanguageModel, LR,
+                                   "LSTM LM")

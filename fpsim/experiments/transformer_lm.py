@@ -8,10 +8,9 @@ scores per position; the loss is the mean cross-entropy over every predicted tok
 """
 from __future__ import annotations
 
-from ..plots.language import plot_language
 from ..train.models import TokenTransformer
 from . import Context, Result, register
-from ._language import LENGTH, RUNS, VOCAB, run_all, summary, table
+from ._language import LENGTH, RUNS, VOCAB, run_language_experiment
 
 TITLE = "Language model (transformer): the precision recipes on a language of known entropy"
 WIDTH, HEADS, BLOCKS, LR = 16, 2, 1, 2e-2
@@ -30,9 +29,5 @@ def tiny_transformer() -> TokenTransformer:
 
 @register("transformer_lm", TITLE)
 def run(ctx: Context) -> Result:
-    steps = 10 if ctx.quick else 40
-    numbers = {"model": MODEL, **run_all(ctx, "transformer_lm", tiny_transformer, LR, steps)}
-    figures = plot_language(numbers["runs"], numbers["entropy_nats"], "Transformer LM",
-                            ctx.out / "transformer_lm")
-    return Result("transformer_lm", TITLE, numbers, [p.name for p in figures],
-                  summary(numbers), table(numbers))
+    return run_language_experiment(ctx, "transformer_lm", TITLE, MODEL, tiny_transformer, LR,
+                                   "Transformer LM")
