@@ -6,6 +6,8 @@ The transformer block runs PyTorch's ``scaled_dot_product_attention`` on its mat
 (forced: the CPU flash kernel's online softmax rounds differently), which scales q and k by
 D**-1/4 each; with D = 16 that is 1/2, exact, as fpsim's q * D**-1/2 = q / 4.
 """
+from collections import OrderedDict
+
 import numpy as np
 import pytest
 
@@ -162,3 +164,131 @@ def test_unsupported_layers_are_refused_by_name():
                        (torch.nn.Embedding(3, 2, padding_idx=0), "padding_idx")):
         with pytest.raises(ValueError, match=why):
             nn.from_torch(layer)
+
+
+def _same_function(theirs, ours, x, indices=False):
+    """Outputs and the gradients of their sum agree (both in float64), parameter by parameter
+    under the same names; returns the loss's torch model for further steps."""
+    t_in = torch.tensor(x)
+    t_out = theirs(t_in)
+    t_out.sum().backward()
+    out = ours(x if indices else Tensor(x))
+    out.sum().backward()
+    np.testing.assert_allclose(_np(out), t_out.detach().numpy(), rtol=1e-12, atol=1e-14)
+    mine = dict(ours.named_parameters())
+    assert list(mine) == [name for name, _ in theirs.named_parameters()]
+    for name, p in theirs.named_parameters():
+        np.testing.assert_allclose(_np(mine[name].grad), p.grad.numpy(), rtol=1e-12,
+                                   atol=1e-14)
+
+
+def test_module_used_twice_is_one_module_used_twice():
+    from fpsim.optim import SGD, Optimizer
+
+    torch.manual_seed(5)
+    lin = torch.nn.Linear(3, 3)
+    model = torch.nn.Sequential(lin, torch.nn.Tanh(), lin)
+    x = np.random.default_rng(6).standard_normal((4, 3))
+    with use_policy("64-true"):
+        ours = nn.from_torch(model.double())
+        assert ours[0] is ours[2] and len(ours) == 3
+        _same_function(model, ours, x)
+    model.float().zero_grad()
+    ours = nn.from_torch(model)                 # the optimizer simulates fp32 weights
+    before = _np(ours[0].weight).copy()
+    ours(Tensor(x.astype(np.float32))).sum().backward()
+    optimizer = Optimizer(ours, SGD(lr=0.25), master=None)
+    assert [name for name, _ in optimizer.named] == ["0.weight", "0.bias"]
+    optimizer.step()
+    np.testing.assert_array_equal(_np(ours[2].weight),     # one step, not one per use
+                                  before - np.float32(0.25) * _np(ours[0].weight.grad))
+    model(torch.tensor(x, dtype=torch.float32)).sum().backward()
+    torch.optim.SGD(model.parameters(), lr=0.25).step()
+    np.testing.assert_allclose(_np(ours[2].weight), lin.weight.detach().numpy(), rtol=1e-6)
+
+
+def test_tied_weights_stay_one_parameter():
+    torch.manual_seed(7)
+    embedding, head = torch.nn.Embedding(5, 4), torch.nn.Linear(4, 5, bias=False)
+    head.weight = embedding.weight                          # tied input and output embedding
+    model = torch.nn.Sequential(embedding, torch.nn.LayerNorm(4), head).double()
+    with use_policy("64-true"):
+        ours = nn.from_torch(model)
+        assert ours[2].weight is ours[0].weight
+        _same_function(model, ours, np.array([[0, 3, 1], [4, 4, 2]]), indices=True)
+
+
+def test_container_own_state_and_modes_carry_over():
+    torch.manual_seed(8)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Dropout(0.5))
+    model.register_parameter("scale", torch.nn.Parameter(torch.randn(3)))
+    model.register_buffer("shift", torch.randn(2))
+    model[1].eval()                                 # the container stays in training mode
+    ours = nn.from_torch(model)
+    _same_state(ours, model)
+    assert "scale" in dict(ours.named_parameters())
+    assert "shift" in dict(ours.named_buffers())
+    assert ours.training and ours[0].training and not ours[1].training
+    named = torch.nn.Sequential(OrderedDict(fc=torch.nn.Linear(2, 2), act=torch.nn.ReLU()))
+    _same_state(nn.from_torch(named), named)        # "fc.weight", not "0.weight"
+    model.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"Sequential: its own buffer 'steps' is torch.int64"):
+        nn.from_torch(model)
+
+
+def _refusal(model):
+    with pytest.raises(ValueError) as caught:
+        nn.from_torch(model)
+    message = str(caught.value)
+    assert message.startswith("from_torch: ") and "\n" not in message
+    return message
+
+
+def test_frozen_and_aliased_parameters_are_refused_by_name():
+    frozen = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(2, 2))
+    frozen[1].weight.requires_grad_(False)
+    assert "Linear at '1': parameter '1.weight' is frozen (requires_grad=False)" in \
+        _refusal(frozen)
+    first, second = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    second.weight = torch.nn.Parameter(first.weight.data)   # one memory, two Parameters
+    assert "'1.weight' shares memory with '0.weight'" in \
+        _refusal(torch.nn.Sequential(first, second))
+    first_norm, second_norm = torch.nn.BatchNorm2d(2), torch.nn.BatchNorm2d(2)
+    second_norm.running_mean = first_norm.running_mean
+    assert "buffer '1.running_mean' is also '0.running_mean'" in \
+        _refusal(torch.nn.Sequential(first_norm, second_norm))
+    extra = torch.nn.Linear(2, 2)
+    extra.register_parameter("gain", torch.nn.Parameter(torch.ones(2)))
+    assert "Linear: its parameters and buffers do not fit fpsim's" in _refusal(extra)
+    mixed = torch.nn.TransformerEncoderLayer(4, 2, batch_first=True, norm_first=True)
+    mixed.dropout1.eval()
+    assert "Dropout at 'dropout1': training=False inside a layer with training=True" in \
+        _refusal(mixed)
+
+
+def test_hooks_are_refused_by_name():
+    def hook(*args):
+        return None
+
+    for register, held in (("register_forward_hook", "forward hooks"),
+                           ("register_forward_pre_hook", "forward pre hooks"),
+                           ("register_full_backward_hook", "backward hooks"),
+                           ("register_full_backward_pre_hook", "backward pre hooks")):
+        model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+        getattr(model[1], register)(hook)
+        assert f"ReLU at '1': has {held}, which fpsim cannot run" in _refusal(model)
+        getattr(model, register)(hook)
+        assert f"Sequential: has {held}" in _refusal(model)
+    inner = torch.nn.TransformerEncoderLayer(4, 2, batch_first=True, norm_first=True)
+    inner.linear1.register_forward_hook(hook)
+    assert "Linear at 'linear1': has forward hooks" in _refusal(inner)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    model[0].bias.register_hook(hook)
+    assert "'0.bias' has backward hooks" in _refusal(model)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    handle = torch.nn.modules.module.register_module_forward_hook(hook)
+    try:
+        assert "torch has global forward hooks registered for every module" in _refusal(model)
+    finally:
+        handle.remove()
+    assert isinstance(nn.from_torch(model), nn.Sequential)

@@ -20,14 +20,29 @@ with an option fpsim lacks, is a ``ValueError`` naming it (and its path in the m
 
 Dropout layers get seeds 0, 1, 2, ... in model order (PyTorch's masks come from its own
 generator; fpsim's from Philox, so only their distribution is shared).
+
+Sharing carries over: a module used twice (``Sequential(lin, ReLU(), lin)``) becomes one fpsim
+module used twice, and a Parameter shared by two modules (tied weights) one fpsim parameter,
+so gradients of both uses add up and the optimizer steps it once. A container's own
+parameters and buffers are copied too, and each module keeps its training mode. What fpsim
+cannot do is refused by name: a frozen parameter (``requires_grad=False``: fpsim's optimizers
+update every parameter), a shared buffer, two Parameters on one memory, and hooks (forward,
+forward-pre, backward, on a module, a parameter or global), which would change what the model
+computes.
 """
 from __future__ import annotations
 
+import sys
+
+from ..backend import xp
+
+from ..autograd import Tensor, current_policy
 from .attention import MultiheadAttention, TransformerBlock
 from .conv import AvgPool2d, Conv2d, Flatten, MaxPool2d
 from .layers import (GELU, Dropout, Embedding, Linear, ModuleList, ReLU, Sequential, Sigmoid,
                      SiLU, Tanh)
 from .lstm import LSTM
+from .module import parameter
 from .norm import BatchNorm2d, LayerNorm
 
 __all__ = ["from_torch", "SUPPORTED"]
@@ -39,10 +54,14 @@ SUPPORTED = ("Linear", "Conv2d", "MaxPool2d", "AvgPool2d", "Flatten", "LayerNorm
 
 
 class _Context:
-    """The conversion's running state: the next Dropout seed."""
+    """The conversion's running state: the next Dropout seed, the modules converted so far
+    (a module used twice is converted once) and the tensors met so far (tied weights)."""
 
     def __init__(self):
         self.seeds = 0
+        self.modules = {}       # id(torch module) -> its fpsim module
+        self.tensors = {}       # id(torch tensor) -> (torch tensor, path, fpsim tensor)
+        self.memory = {}        # (start, end) of a parameter's bytes -> its path
 
     def seed(self) -> int:
         self.seeds += 1
@@ -143,13 +162,15 @@ def _attention(layer, path, ctx):
     return _loaded(ours, layer)
 
 
+_RENAMES = {"LSTM": {f"{k}_l0": k for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}}
+
+
 def _lstm(layer, path, ctx):
     if (layer.num_layers != 1 or not layer.batch_first or layer.bidirectional
             or layer.proj_size or not layer.bias):
         _refuse(layer, path, "only one layer, batch_first=True, unidirectional, with bias "
                              "and no projection is supported")
-    rename = {f"{k}_l0": k for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}
-    return _loaded(LSTM(layer.input_size, layer.hidden_size), layer, rename)
+    return _loaded(LSTM(layer.input_size, layer.hidden_size), layer, _RENAMES["LSTM"])
 
 
 def _encoder_layer(layer, path, ctx):
@@ -169,9 +190,135 @@ def _encoder_layer(layer, path, ctx):
 
 
 def _container(layer, path, ctx):
-    children = [_convert(child, f"{path}.{name}" if path else name, ctx)
-                for name, child in layer.named_children()]
-    return Sequential(*children) if _name(layer) == "Sequential" else ModuleList(children)
+    ours = Sequential() if _name(layer) == "Sequential" else ModuleList()
+    _copy_own_state(ours, layer, path)
+    for name, child in layer._modules.items():      # named_children() skips a second use
+        if child is None:
+            continue
+        if hasattr(ours, name):
+            _refuse(layer, path, f"its child name {name!r} is taken by fpsim's "
+                                 f"{type(ours).__name__}")
+        setattr(ours, name, _convert(child, _join(path, name), ctx))
+    return ours
+
+
+def _copy_own_state(ours, layer, path):
+    """A container's own parameters and buffers (its forward never reads them, but they are
+    state: trained, saved), in the policy's ``param`` format as a leaf layer's."""
+    params = {id(p) for p in layer.parameters(recurse=False)}
+    own = _state(layer, own_only=True)
+    for name, tensor in own.items():
+        if not tensor.is_floating_point():
+            _refuse(layer, path, f"its own buffer {name!r} is {tensor.dtype}; fpsim holds "
+                                 f"floating-point state only")
+        zeros = xp.zeros(tuple(tensor.shape), xp.float64)
+        if id(tensor) in params:
+            setattr(ours, name, parameter(zeros))
+        else:
+            ours.register_buffer(name, Tensor(zeros, current_policy().param))
+    ours.load_state_dict({name: t.detach().cpu().numpy() for name, t in own.items()})
+
+
+def _join(path, name):
+    return ".".join(part for part in (path, name) if part)
+
+
+def _state(layer, own_only=False):
+    """The layer's persistent parameters and buffers as torch tensors, by state-dict name, a
+    shared one under each of its names."""
+    return {name: t for name, t in layer.state_dict(keep_vars=True).items()
+            if not name.endswith("num_batches_tracked") and not (own_only and "." in name)}
+
+
+_MODULE_HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks",
+                 "_backward_hooks")
+_TENSOR_HOOKS = ("_backward_hooks", "_post_accumulate_grad_hooks")
+
+
+def _hooks(holder, kinds):
+    return [kind.strip("_").replace("_", " ") for kind in kinds if getattr(holder, kind, None)]
+
+
+def _check_module_hooks(layer, path, deep):
+    """Hooks run code fpsim's model would not: refuse them (on the layer, and with ``deep``
+    on the sub-modules converted with it)."""
+    for name, module in (layer.named_modules() if deep else [("", layer)]):
+        held = _hooks(module, _MODULE_HOOKS)
+        if held:
+            _refuse(module, _join(path, name), f"has {' and '.join(held)}, which fpsim "
+                                               f"cannot run; remove them to convert")
+
+
+def _check_global_hooks():
+    registry = sys.modules.get("torch.nn.modules.module")
+    held = _hooks(registry, tuple(f"_global{kind}" for kind in _MODULE_HOOKS))
+    if held:
+        raise ValueError(f"from_torch: torch has {' and '.join(held)} registered for every "
+                         f"module, which fpsim cannot run; remove them to convert")
+
+
+def _check_one_mode(layer, path):
+    for name, module in layer.named_modules():
+        if module.training != layer.training:
+            _refuse(module, _join(path, name), f"training={module.training} inside a "
+                                               f"layer with training={layer.training}; "
+                                               f"fpsim's layer has one mode")
+
+
+def _owner(ours, name):
+    *modules, attr = name.split(".")
+    for part in modules:
+        ours = getattr(ours, part)
+    return ours, attr
+
+
+def _span(tensor):
+    """The bytes [start, end) the tensor's elements occupy."""
+    start = tensor.data_ptr()
+    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    return start, start + (last + 1) * tensor.element_size()
+
+
+def _check_memory(tensor, where, ctx):
+    """Two Parameters on one memory change together in PyTorch, never as fpsim's copies."""
+    if tensor.numel() == 0 or tensor.data_ptr() == 0:
+        return
+    start, end = _span(tensor)
+    for (other_start, other_end), other in ctx.memory.items():
+        if start < other_end and other_start < end:
+            raise ValueError(f"from_torch: {where!r} shares memory with {other!r} but is "
+                             f"another tensor; fpsim cannot alias two tensors (share the "
+                             f"Parameter itself to tie them)")
+    ctx.memory[(start, end)] = where
+
+
+def _adopt_tensors(ours, layer, path, ctx, own_only=False):
+    """Check the layer's parameters and buffers against what fpsim can hold (refusing frozen
+    parameters, hooks and shared buffers by name) and give a Parameter met before (tied
+    weights) the fpsim parameter made for it then."""
+    params = {id(p) for p in layer.parameters(recurse=not own_only)}
+    rename = _RENAMES.get(_name(layer), {})
+    for name, tensor in _state(layer, own_only).items():
+        where, name = _join(path, name), rename.get(name, name)
+        is_param = id(tensor) in params
+        if is_param and not tensor.requires_grad:
+            _refuse(layer, path, f"parameter {where!r} is frozen (requires_grad=False); "
+                                 f"fpsim's optimizers update every parameter")
+        held = _hooks(tensor, _TENSOR_HOOKS)
+        if held:
+            _refuse(layer, path, f"{where!r} has {' and '.join(held)}, which fpsim cannot "
+                                 f"run; remove them to convert")
+        seen = ctx.tensors.get(id(tensor))
+        if seen is None:
+            _check_memory(tensor, where, ctx)
+            owner, attr = _owner(ours, name)
+            ctx.tensors[id(tensor)] = (tensor, where, getattr(owner, attr))
+        elif not is_param:
+            _refuse(layer, path, f"buffer {where!r} is also {seen[1]!r}; fpsim does not "
+                                 f"share buffers")
+        else:
+            owner, attr = _owner(ours, name)
+            setattr(owner, attr, seen[2])       # tied: one parameter, both uses
 
 
 _CONVERTERS = {
@@ -187,14 +334,33 @@ _CONVERTERS = {
 
 
 def _convert(layer, path, ctx):
+    done = ctx.modules.get(id(layer))
+    if done is not None:
+        return done             # a module used twice: one fpsim module, used twice
     converter = _CONVERTERS.get(_name(layer))
     if converter is None:
         _refuse(layer, path)
-    ours = converter(layer, path, ctx)
-    return ours.train(bool(layer.training))
+    container = converter is _container
+    _check_module_hooks(layer, path, deep=not container)
+    if container:
+        ours = converter(layer, path, ctx)
+        _adopt_tensors(ours, layer, path, ctx, own_only=True)
+        ours.training = bool(layer.training)    # its children keep their own modes
+    else:
+        _check_one_mode(layer, path)
+        try:
+            ours = converter(layer, path, ctx)
+        except KeyError as err:     # load_state_dict: the layer holds more (or less) state
+            _refuse(layer, path, f"its parameters and buffers do not fit fpsim's: {err}")
+        _adopt_tensors(ours, layer, path, ctx)
+        ours.train(bool(layer.training))
+    ctx.modules[id(layer)] = ours
+    return ours
 
 
 def from_torch(module):
     """The fpsim ``Module`` equivalent to the ``torch.nn.Module`` ``module`` (module doc):
-    same structure, same parameter and buffer names and values, same training mode."""
+    same structure, same parameter and buffer names and values, same training modes, the
+    same sharing."""
+    _check_global_hooks()
     return _convert(module, "", _Context())
