@@ -26,16 +26,20 @@ RuntimeError: interrupted
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import socket
 from contextlib import contextmanager
 from pathlib import Path
 
 __all__ = ["atomic_file", "write_text", "write_bytes", "folder_lock", "FolderInUse",
-           "LOCK_NAME"]
+           "LOCK_NAME", "naming_file", "remove_stale_temporaries"]
 
 LOCK_NAME = ".fpsim.lock"
 _BINARY = getattr(os, "O_BINARY", 0)     # Windows: no newline translation
+_TOKEN_BYTES = 6
+# atomic_file's temporaries, and only they: ".NAME.<12 hex digits>.tmp"
+_TEMPORARY = re.compile(rf"\..+\.[0-9a-f]{{{2 * _TOKEN_BYTES}}}\.tmp")
 
 
 @contextmanager
@@ -49,21 +53,22 @@ def atomic_file(path: "str | os.PathLike", mode: str = "wb", encoding: "str | No
     directory = path.parent if str(path.parent) else Path(".")
     # The name is chosen before the file exists, so that a Ctrl-C arriving at any point after
     # it is created (even inside the call that creates it) still finds it to remove.
-    temp_name = directory / f".{path.name}.{secrets.token_hex(6)}.tmp"
-    try:
-        fd = os.open(temp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _BINARY, 0o644)
-        if mode == "w":
-            handle = os.fdopen(fd, "w", encoding=encoding or "utf-8", newline="")
-        else:
-            handle = os.fdopen(fd, "wb")
-        with handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp_name, path)
-    except BaseException:
-        Path(temp_name).unlink(missing_ok=True)
-        raise
+    temp_name = directory / f".{path.name}.{secrets.token_hex(_TOKEN_BYTES)}.tmp"
+    with naming_file(path):     # a full disk's error names the file it stopped
+        try:
+            fd = os.open(temp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _BINARY, 0o644)
+            if mode == "w":
+                handle = os.fdopen(fd, "w", encoding=encoding or "utf-8", newline="")
+            else:
+                handle = os.fdopen(fd, "wb")
+            with handle:
+                yield handle
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temp_name, path)
+        except BaseException:
+            Path(temp_name).unlink(missing_ok=True)
+            raise
 
 
 def write_text(path: "str | os.PathLike", text: str) -> None:
@@ -139,3 +144,27 @@ def _is_dead(pid: int, host: str) -> bool:
     except OSError:         # PermissionError: it runs, as another user
         return False
     return False
+
+
+@contextmanager
+def naming_file(path: "str | os.PathLike"):
+    """Within: an ``OSError`` that names no file is raised again naming ``path``. A write to a
+    full disk (``os.write`` on a descriptor) says only "No space left on device"."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is not None or err.errno is None:
+            raise
+        raise OSError(err.errno, err.strerror, str(path)) from err
+
+
+def remove_stale_temporaries(folder: "str | os.PathLike") -> list[str]:
+    """Delete the temporaries ``atomic_file`` left in ``folder`` when its process was killed
+    outright (kill -9, power loss), and return their names; no other file is touched. Call it
+    only while holding the folder's lock, so that no writer of ours is using one."""
+    removed = []
+    for entry in sorted(Path(folder).iterdir()):
+        if _TEMPORARY.fullmatch(entry.name) and entry.is_file() and not entry.is_symlink():
+            entry.unlink(missing_ok=True)
+            removed.append(entry.name)
+    return removed

@@ -30,6 +30,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..files import naming_file
 from .trace import split_torn_tail, strict_json
 
 __all__ = ["LAYERS_FILE", "LAYERS_FORMAT", "LAYERS_VERSION", "STATISTICS", "LayerStats",
@@ -91,13 +92,15 @@ class StepTableWriter:
         self.table, self.names = table, tuple(names)
         header = {"format": table.format, "version": table.version,
                   table.names_key: list(self.names)}
+        self._path = path
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         self._emit(json.dumps(header) + "\n" + "".join(_line(table, s) for s in kept))
 
     def _emit(self, text: str) -> None:
         data = text.encode("utf-8")
-        while data:
-            data = data[os.write(self._fd, data):]
+        with naming_file(self._path):
+            while data:
+                data = data[os.write(self._fd, data):]
 
     def write(self, stats) -> None:
         self._emit(_line(self.table, stats))

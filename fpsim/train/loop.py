@@ -39,6 +39,7 @@ from .data import Dataset
 from .fp8_stats import FP8_TABLE, collect as collect_fp8, tensor_names
 from .layer_stats import LAYERS, LayerStats, open_step_table
 from .losses import batch_inputs, resolve_loss
+from .run_folder import replacing_run, tidy_run_folder
 from .resume import (ADJUSTABLE_ON_RESUME, check_allowed_changes, check_same_config,
                      restore_checkpoint, run_identity, save_training_checkpoint)
 from .progress import progress_bar
@@ -205,6 +206,7 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler="r
                       batch_size, writer, out_dir, checkpoint_every, identity, kept, progress,
                       steps, loss_fn, layers, fp8)
         result.notes[:0] = notes
+        result.out = None if out is None else Path(out)     # not the folder it was built in
         if out_dir is not None:
             save_training_checkpoint(out_dir / "checkpoint.npz", model, optimizer,
                                      result.scaler_state, rng, steps, identity)
@@ -332,7 +334,7 @@ def _open_outputs(stack: contextlib.ExitStack, out, layout, settings, start, res
         raise ValueError(f"cannot write the output folder {out_dir}: "
                          f"{err.strerror or err}") from None
     taken_over = stack.enter_context(folder_lock(out_dir))
-    notes = [taken_over] if taken_over else []
+    notes = ([taken_over] if taken_over else []) + tidy_run_folder(out_dir)
     trace_path = out_dir / f"trace.{layout}"
     present = [name for name in RUN_FILES if (out_dir / name).exists()]
     kept: list[StepRecord] = []
@@ -342,10 +344,10 @@ def _open_outputs(stack: contextlib.ExitStack, out, layout, settings, start, res
         raise ValueError(f"{out_dir} already holds a run ({', '.join(present)}); {resume_hint}"
                          f"replace it with --overwrite (overwrite=True), or choose another "
                          f"--out")
-    if resume is None:
-        for name in present:
-            (out_dir / name).unlink()
-    else:
+    if resume is None and present:      # overwrite: the old run stays until the new is whole
+        out_dir = stack.enter_context(replacing_run(out_dir, present))
+        trace_path = out_dir / f"trace.{layout}"
+    elif resume is not None:
         _check_folder_run(out_dir, identity, allow_changes)
         if start > 0:
             kept, note = _kept_trace(trace_path, start)

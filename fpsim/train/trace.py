@@ -32,6 +32,8 @@ from typing import IO, NamedTuple
 
 import numpy as np
 
+from ..files import naming_file
+
 __all__ = ["StepRecord", "TraceWriter", "read_trace", "TraceError", "TRACE_VERSION",
            "format_record", "trace_header", "split_torn_tail", "strict_json", "check_steps"]
 
@@ -99,6 +101,7 @@ class TraceWriter:
         self.layout = layout
         self._fd: int | None = None
         self._stream: IO[str] | None = None
+        self._path = target
         if isinstance(target, (str, os.PathLike)):
             flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
             self._fd = os.open(target, flags, 0o644)
@@ -113,8 +116,9 @@ class TraceWriter:
             self._stream.flush()
             return
         data = line.encode("utf-8")
-        while data:     # one write() in practice; a short write happens only on a full disk
-            data = data[os.write(self._fd, data):]
+        with naming_file(self._path):
+            while data:     # one write() in practice; a short write only on a full disk
+                data = data[os.write(self._fd, data):]
 
     def write(self, record: StepRecord) -> None:
         self._emit(format_record(record, self.layout))
