@@ -61,6 +61,50 @@ def test_ctrl_c_while_fpsim_loads_is_one_line_and_status_130():
     assert done.returncode == 130 and done.stderr == "fpsim: interrupted (Ctrl-C)\n"
 
 
+# Stands in for NumPy, ahead of it on PYTHONPATH: a Ctrl-C lands while it loads, and a
+# KeyboardInterrupt there is what NumPy's compiled start-up makes of it (``import_array()``:
+# the traceback printed, then an ImportError that blames the install); loaded in peace, it
+# hands over to the real NumPy.
+FAKE_NUMPY = """
+import os, signal, sys, traceback
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(100000):     # the Python-level handler runs within these
+        pass
+except KeyboardInterrupt:
+    traceback.print_exc()
+    raise ImportError("IMPORTANT: PLEASE READ THIS FOR ADVICE ON HOW TO SOLVE THIS ISSUE! "
+                      "numpy._core.multiarray failed to import; reinstall numpy") from None
+sys.path.remove(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+del sys.modules["numpy"]
+import numpy
+"""
+
+
+def test_ctrl_c_inside_numpys_import_is_one_line_and_status_130(tmp_path):
+    (tmp_path / "numpy").mkdir()
+    (tmp_path / "numpy" / "__init__.py").write_text(FAKE_NUMPY)
+    env = dict(ENV, PYTHONPATH=os.pathsep.join([str(tmp_path), ENV["PYTHONPATH"]]))
+    done = subprocess.run([sys.executable, "-m", "fpsim_launcher", "formats"],
+                          capture_output=True, text=True, env=env, cwd=REPO)
+    assert (done.returncode, done.stderr, done.stdout) == (130, "fpsim: interrupted (Ctrl-C)\n",
+                                                            "")
+
+
+def test_a_second_ctrl_c_while_fpsim_loads_stops_at_once(tmp_path):
+    (tmp_path / "numpy").mkdir()
+    (tmp_path / "numpy" / "__init__.py").write_text(
+        "import os, signal\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "while True:\n"
+        "    pass\n")
+    env = dict(ENV, PYTHONPATH=os.pathsep.join([str(tmp_path), ENV["PYTHONPATH"]]))
+    done = subprocess.run([sys.executable, "-m", "fpsim_launcher", "formats"],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
+    assert (done.returncode, done.stderr) == (130, "fpsim: interrupted (Ctrl-C)\n")
+
+
 def test_the_launcher_runs_commands():
     done = launch("formats")
     assert done.returncode == 0 and done.stdout.startswith("name")
