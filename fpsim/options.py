@@ -56,3 +56,16 @@ def check_real(name: str, value, what: str = "a finite number") -> float:
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite ({what}), got {value!r}")
     return float(value)
+
+
+__all__ += ["check_count_between"]
+
+
+def check_count_between(name: str, value, low: int, high: int) -> int:
+    """An integer from ``low`` to ``high`` (as ``check_count``, bounded above too)."""
+    wanted = f"an integer from {low} to {high}"
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"{name} must be {wanted}, got {value!r}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be {wanted}, got {value!r}")
+    return int(value)

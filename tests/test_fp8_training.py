@@ -3,8 +3,10 @@ updates, the quantized linear's arithmetic by hand, fp8.jsonl, resume, the CLI's
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -12,9 +14,10 @@ import pytest
 from fpsim import nn
 from fpsim.autograd import Policy, Tensor, get_policy, linear, no_grad, use_policy
 from fpsim.autograd.ops_fp8 import ScalingSlots
-from fpsim.formats import E4M3FN
-from fpsim.quant.recipe import ScalingKind, get_recipe
-from fpsim.quant.tensor_scaling import scale_from_amax
+from fpsim.formats import E4M3FN, E5M2
+from fpsim.quant.recipe import MAX_HISTORY, MAX_MARGIN, Fp8Recipe, ScalingKind, get_recipe
+from fpsim.quant.tensor_scaling import (FLT_MAX, AmaxAlgorithm, fl32, init_delayed, record_amax,
+                                        scale_from_amax, update_delayed)
 from fpsim.rounding import round_to
 from fpsim.train import Dataset, train
 from fpsim.train.fp8_stats import FP8_TABLE
@@ -25,12 +28,18 @@ FP32_FP8 = Policy(matmul="fp32", fp8="fp8-delayed:history=3", name="fp8-delayed-
 
 @pytest.mark.parametrize("spec,message", [
     ("fp8-delayed:histroy=16", "did you mean 'history'"),
-    ("fp8-delayed:history=0", "history must be an integer >= 1"),
-    ("fp8-delayed:margin=-1", "margin must be an integer >= 0"),
+    ("fp8-delayed:history=0", "history must be an integer from 1 to 16384, got 0"),
+    ("fp8-delayed:history=100000000", "history must be an integer from 1 to 16384, got 1000"),
+    ("fp8-delayed:margin=-1", "margin must be an integer from 0 to 8, got -1"),
+    ("fp8-delayed:margin=150", "'fp8-delayed:margin=150': margin must be an integer from 0 "
+                               "to 8, got 150"),
+    ("fp8-delayed:margin=1.5", "margin must be an integer from 0 to 8, got '1.5'"),
     ("fp8-delayed:algo=mean", "algo must be max or most_recent"),
     ("fp8-current:format=e5m2", "format must be one of hybrid, e4m3"),
     ("fp8-current:power2=maybe", "power2 must be 1 or 0"),
-    ("fp8-current:epsilon=-1", "epsilon must be a finite number >= 0"),
+    ("fp8-current:epsilon=-1", "epsilon must be a number from 0 to 3.40282347e"),
+    ("fp8-current:epsilon=1e39", "epsilon must be a number from 0 to .*, got 1e"),
+    ("fp8-current:epsilon=nan", "epsilon must be .*, got nan"),
     ("mxfp8:history=4", "mxfp8 takes format, acc"),
     ("fp8-delayed:history=4,history=5", "sets 'history' twice"),
     ("fp8-delayed:history", "needs a value"),
@@ -39,6 +48,54 @@ FP32_FP8 = Policy(matmul="fp32", fp8="fp8-delayed:history=3", name="fp8-delayed-
 def test_bad_recipe_strings_say_what_is_accepted(spec, message):
     with pytest.raises(ValueError, match=message):
         get_policy(spec)
+
+
+@pytest.mark.parametrize("settings,error,message", [
+    ({"history": 10 ** 20}, ValueError, "history must be an integer from 1 to 16384"),
+    ({"history": 0}, ValueError, "history must be an integer from 1 to 16384, got 0"),
+    ({"history": 16.0}, TypeError, "history must be an integer"),
+    ({"margin": 150}, ValueError, "margin must be an integer from 0 to 8, got 150"),
+    ({"margin": True}, TypeError, "margin must be an integer from 0 to 8, got True"),
+    ({"epsilon": -1.0}, ValueError, "epsilon must be a number from 0"),
+    ({"epsilon": 1e39}, ValueError, "epsilon must be a number from 0"),
+    ({"epsilon": "0"}, TypeError, "epsilon must be a real number"),
+    ({"algorithm": "mean"}, ValueError, "algorithm must be max or most_recent"),
+    ({"power_2": 1}, TypeError, "power_2 must be True or False"),
+    ({"forward": "e4m3"}, TypeError, "forward must be an FP8 Format"),
+    ({"accumulation": "exact"}, TypeError, "accumulation must be an Accumulation"),
+])
+def test_the_recipe_class_checks_what_the_strings_check(settings, error, message):
+    with pytest.raises(error, match=message):
+        Fp8Recipe(ScalingKind.DELAYED, **settings)
+
+
+def test_the_recipe_class_keeps_python_numbers():
+    recipe = Fp8Recipe(ScalingKind.DELAYED, history=np.int64(4), margin=np.int32(2),
+                       algorithm="most_recent", epsilon=np.float32(0.5))
+    assert recipe.record()["history"] == 4 and type(recipe.history) is int
+    assert type(recipe.margin) is int and recipe.algorithm is AmaxAlgorithm.MOST_RECENT
+    assert json.dumps(recipe.record())      # run.json takes it
+
+
+@pytest.mark.parametrize("fmt", [E4M3FN, E5M2])
+def test_the_largest_margin_keeps_every_scale_and_its_inverse_finite(fmt):
+    """MAX_MARGIN is tight: at it, an amax at float32's largest still gives a scale > 0
+    whose inverse is finite; one more and e4m3fn's inverse overflows."""
+    def scale(margin: int) -> float:
+        state = record_amax(init_delayed(2), FLT_MAX)
+        return update_delayed(state, fmt, margin=margin).scale
+
+    assert scale(MAX_MARGIN) > 0 and math.isfinite(fl32(1.0 / scale(MAX_MARGIN)))
+    if fmt is E4M3FN:
+        assert not math.isfinite(fl32(1.0 / scale(MAX_MARGIN + 1)))
+
+
+def test_the_longest_history_is_quick():
+    state = init_delayed(MAX_HISTORY)
+    began = time.perf_counter()
+    for step in range(10):
+        state = update_delayed(record_amax(state, 1.0 + step), E4M3FN)
+    assert time.perf_counter() - began < 5.0      # about 0.05 s; 10**8 took minutes
 
 
 def test_recipe_policies():
@@ -164,13 +221,17 @@ def test_recipes_differ_from_bf16_and_each_other():
 
 
 @pytest.mark.host_only
-def test_cli_refuses_a_bad_recipe_before_writing(tmp_path):
+@pytest.mark.parametrize("policy,message", [
+    ("fp8-delayed:history=0", "history must be an integer from 1 to 16384, got 0"),
+    ("fp8-delayed:history=100000000", "history must be an integer from 1 to 16384, got 1"),
+    ("fp8-delayed:margin=150", "margin must be an integer from 0 to 8, got 150")])
+def test_cli_refuses_a_bad_recipe_before_writing(tmp_path, policy, message):
     out = tmp_path / "run"
     done = subprocess.run([sys.executable, "-m", "fpsim", "train", "--data", "teacher",
-                           "--policy", "fp8-delayed:history=0", "--steps", "2",
+                           "--policy", policy, "--steps", "2",
                            "--out", str(out)], capture_output=True, text=True)
     assert done.returncode == 2, done.stderr
-    assert "history must be an integer >= 1" in done.stderr
+    assert message in done.stderr and done.stderr.startswith("fpsim: error: ")
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
     assert not out.exists()
 
@@ -197,7 +258,7 @@ def test_a_sweep_cell_takes_a_recipe_and_keeps_its_fp8_stats():
         assert payload["row"]["status"] == "ok", payload["row"]
         header = json.loads(payload["files"]["fp8.jsonl"].splitlines()[0])
         assert header["tensors"][:3] == ["0.input", "0.weight", "0.grad_output"]
-    with pytest.raises(ValueError, match="history must be an integer >= 1"):
+    with pytest.raises(ValueError, match="history must be an integer from 1 to 16384"):
         parse_spec('[base]\ndata = "teacher"\n[grid]\npolicy = ["fp8-delayed:history=0"]\n')
 
 

@@ -37,13 +37,29 @@ from __future__ import annotations
 import difflib
 import enum
 import math
+import re
 from dataclasses import dataclass, field
 
 from ..exact.accumulation import Accumulation, ExactAccumulation, get_accumulation
 from ..formats import E4M3FN, E5M2, Format
-from .tensor_scaling import AmaxAlgorithm
+from ..options import check_count_between, check_flag, check_real
+from .tensor_scaling import FLT_MAX, AmaxAlgorithm
 
 __all__ = ["ScalingKind", "Fp8Recipe", "get_recipe", "is_recipe_string", "RECIPE_KINDS"]
+
+
+# The amax history is a tuple every quantized tensor rolls once a step (about 0.4 ms a tensor
+# at TE's default 1024, 5 ms at 2**14) and a checkpoint stores whole: 16 times TE's default
+# is generous (a window longer than the run is the whole run) and still quick.
+MAX_HISTORY = 2 ** 14
+# The scale is fl32(fl32(fp8_max * 2**-margin) / amax). Up to 8, every finite amax (up to
+# float32's largest, 2**128) gives e4m3fn (max 448) a scale > 0 whose inverse, which
+# dequantizes, is finite too; at 9 an amax near 2**128 makes that inverse overflow to inf
+# (the cast's values come back inf or NaN), and from 150 on 2**-margin is 0 in float32, so
+# every scale is 0 and its inverse a division by zero.
+MAX_MARGIN = 8
+# epsilon floors the amax as a C float: beyond float32's largest it cannot be one
+MAX_EPSILON = FLT_MAX
 
 
 class ScalingKind(str, enum.Enum):
@@ -70,6 +86,25 @@ class Fp8Recipe:
     epsilon: float = 0.0
     accumulation: Accumulation = field(default_factory=ExactAccumulation)
     name: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        """Every setting checked (as the recipe strings' are), numbers kept as Python's."""
+        if not isinstance(self.scaling, ScalingKind):
+            raise TypeError(f"scaling must be a ScalingKind, got {self.scaling!r}")
+        for name in ("forward", "backward"):
+            if not isinstance(getattr(self, name), Format):
+                raise TypeError(f"{name} must be an FP8 Format (E4M3FN, E5M2), got "
+                                f"{getattr(self, name)!r}")
+        if not isinstance(self.accumulation, Accumulation):
+            raise TypeError(f"accumulation must be an Accumulation (get_accumulation('exact')),"
+                            f" got {self.accumulation!r}")
+        checked = {"history": check_count_between("history", self.history, 1, MAX_HISTORY),
+                   "margin": check_count_between("margin", self.margin, 0, MAX_MARGIN),
+                   "algorithm": _algorithm(self.algorithm),
+                   "power_2": check_flag("power_2", self.power_2),
+                   "epsilon": _epsilon(self.epsilon)}
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
 
     def __str__(self) -> str:
         return self.name
@@ -152,36 +187,49 @@ def _fields(kind: ScalingKind, values: dict, default_format: str) -> dict:
         fields["power_2"] = True        # TE's default (use_f32_scales=False); the engine's
                                         # block GEMMs rely on exact power-of-two dequantization
     if "history" in values:
-        fields["history"] = _integer("history", values["history"], minimum=1)
+        fields["history"] = _integer("history", values["history"], 1, MAX_HISTORY)
     if "margin" in values:
-        fields["margin"] = _integer("margin", values["margin"], minimum=0)
+        fields["margin"] = _integer("margin", values["margin"], 0, MAX_MARGIN)
     if "algo" in values:
-        try:
-            fields["algorithm"] = AmaxAlgorithm(values["algo"].lower())
-        except ValueError:
-            raise ValueError(f"algo must be max or most_recent, got {values['algo']!r}") from None
+        fields["algorithm"] = _algorithm(values["algo"].lower(), "algo")
     if "power2" in values:
         if values["power2"].lower() not in _BOOLEANS:
             raise ValueError(f"power2 must be 1 or 0 (true/false), got {values['power2']!r}")
         fields["power_2"] = _BOOLEANS[values["power2"].lower()]
     if "epsilon" in values:
-        fields["epsilon"] = _nonnegative("epsilon", values["epsilon"])
+        fields["epsilon"] = _epsilon(_number("epsilon", values["epsilon"]))
     if "acc" in values:
         fields["accumulation"] = get_accumulation(values["acc"])
     return fields
 
 
-def _integer(name: str, text: str, *, minimum: int) -> int:
-    if not text.lstrip("-").isdigit() or int(text) < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {text!r}")
-    return int(text)
+def _integer(name: str, text: str, low: int, high: int) -> int:
+    if not re.fullmatch(r"[+-]?[0-9]+", text):
+        raise ValueError(f"{name} must be an integer from {low} to {high}, got {text!r}")
+    return check_count_between(name, int(text), low, high)
 
 
-def _nonnegative(name: str, text: str) -> float:
+def _number(name: str, text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {text!r}")
-    return value
+        raise ValueError(f"{name} must be a number from 0 to {MAX_EPSILON:.9g}, float32's "
+                         f"largest, got {text!r}") from None
+
+
+def _epsilon(value) -> float:
+    wanted = f"a number from 0 to {MAX_EPSILON:.9g}, float32's largest"
+    epsilon = check_real("epsilon", value, wanted)
+    if not 0.0 <= epsilon <= MAX_EPSILON:
+        raise ValueError(f"epsilon must be {wanted}, got {value!r}")
+    return epsilon
+
+
+def _algorithm(value, name: str = "algorithm") -> AmaxAlgorithm:
+    accepted = " or ".join(a.value for a in AmaxAlgorithm)
+    if not isinstance(value, str):      # an AmaxAlgorithm is a str too
+        raise TypeError(f"{name} must be {accepted} (an AmaxAlgorithm), got {value!r}")
+    try:
+        return AmaxAlgorithm(value)
+    except ValueError:
+        raise ValueError(f"{name} must be {accepted}, got {value!r}") from None
