@@ -75,6 +75,10 @@ BAD = [
     ([dict(GOOD, growth_tracker="3")], 2, "growth_tracker", "integer"),
     ([dict(GOOD, grad_stats=[1, 2])], 2, "grad_stats", "object"),
     ([dict(GOOD, grad_stats={"norm": "x"})], 2, "grad_stats.norm", "must be a number"),
+    ([dict(GOOD, grad_stats={"nonfinite": 1.5})], 2, "grad_stats.nonfinite", "whole number"),
+    ([dict(GOOD, grad_stats={"nonfinite": -1})], 2, "grad_stats.nonfinite", "whole number"),
+    ([dict(GOOD, grad_stats={"count": 2, "nonfinite": 3})], 2, "grad_stats.nonfinite",
+     "more than count 2.0"),
     ([GOOD, "{not json"], 3, None, "not valid JSON"),
     ([GOOD, "[1, 2]"], 3, None, "JSON object"),
 ]

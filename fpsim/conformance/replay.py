@@ -13,6 +13,11 @@ Python floats; NaN meets NaN)::
         else compare scale_after, skipped, and growth_tracker / hysteresis where recorded
         first difference -> Divergence (both sides, side by side); stop
 
+Before a step is fed to the reference, its ``found_inf`` is checked against its own
+``grad_stats``: ``found_inf=false`` with ``"nonfinite": n > 0`` means the framework missed an
+overflow (and applied inf/NaN gradients unless it skipped): a divergence of kind
+``"missed_overflow"``, the worst bug a scaler can have, reported before any scale compares.
+
 A preset name takes the trace header's ``params`` as overrides (the configuration the
 framework was given), then ``overrides`` on top; ``use_header_params=False`` ignores them.
 
@@ -29,6 +34,7 @@ import math
 from typing import NamedTuple
 
 from ..scaling import LossScaleMinimumError, ScalerState, preset
+from .expect import backoff_conventions
 from .trace import Trace, TraceStep, read_trace
 
 __all__ = ["replay", "Report", "Divergence", "reference_state", "COMPARED_FIELDS"]
@@ -46,6 +52,10 @@ class Divergence(NamedTuple):
     reference's (``None`` where the trace does not record it); ``fields`` names the fields
     that differ; ``reason`` is the reference's own account of its update (its
     ``Decision.reason``, or the error it raised); ``before`` are the last agreeing steps.
+    ``kind``: ``"mismatch"`` (the recorded values differ from the reference's) or
+    ``"missed_overflow"`` (``found_inf`` is false while the step's own ``grad_stats`` count
+    non-finite gradient elements; ``expected`` is then the reference's update with an
+    overflow).
     """
 
     step: int
@@ -55,6 +65,7 @@ class Divergence(NamedTuple):
     expected: dict
     reason: str
     before: tuple = ()
+    kind: str = "mismatch"
 
 
 class Report(NamedTuple):
@@ -68,6 +79,7 @@ class Report(NamedTuple):
     compared: tuple
     divergence: Divergence | None = None
     note: str = ""
+    backoff: str = ""
 
     def __str__(self) -> str:
         return render(self)
@@ -115,8 +127,15 @@ def replay(trace, reference, *, use_header_params: bool = True, **overrides) -> 
                          f" has no steps: nothing to compare (an empty comparison is not an "
                          f"agreement)")
     compared = _compared_fields(trace)
+    backoff = _backoff_line(trace.header.params, state.scaler)
     history: list[TraceStep] = []
     for index, recorded in enumerate(trace.steps):
+        missed = missed_overflow(recorded)
+        if missed:
+            divergence = _missed_overflow_divergence(state, recorded, trace.line_of(index),
+                                                     missed, history)
+            return Report(False, index, len(trace.steps), label, trace.header.source,
+                          compared, divergence, backoff=backoff)
         expected = {"found_inf": recorded.found_inf, "scale_before": state.scale}
         reason = ""
         try:
@@ -127,7 +146,8 @@ def replay(trace, reference, *, use_header_params: bool = True, **overrides) -> 
         if after is not None:
             expected.update(scale_after=after.scale, skipped=after.skipped,
                             growth_tracker=after.growth_tracker,
-                            hysteresis=after.hysteresis_left, error=None)
+                            hysteresis=after.hysteresis_left,
+                            error=None if recorded.error is None else "no error")
             reason = after.decision.reason
         shown = {name: getattr(recorded, name) for name in _SHOWN}
         if recorded.error is not None or after is None:
@@ -142,11 +162,55 @@ def replay(trace, reference, *, use_header_params: bool = True, **overrides) -> 
             divergence = Divergence(index, trace.line_of(index), differ, shown, expected, reason,
                                     tuple(history[-_CONTEXT_STEPS:]))
             return Report(False, index, len(trace.steps), label, trace.header.source,
-                          compared, divergence)
+                          compared, divergence, backoff=backoff)
         history.append(recorded)
         state = after
     return Report(True, len(trace.steps), len(trace.steps), label, trace.header.source,
                   compared)
+
+
+def _backoff_line(params: dict, scaler) -> str:
+    """Both sides' backoff in both conventions (torch and Megatron multiply by 0.5; DeepSpeed,
+    apex, Keras and jmp divide by 2.0), for the diverged report where a divisor is involved;
+    "" where both sides multiply (torch's convention, the reports as they always were)."""
+    factor, op = getattr(scaler, "backoff_factor", None), getattr(scaler, "backoff_op", None)
+    if factor is None or op is None:
+        return ""
+    line, divides = f"reference {backoff_conventions(factor, op)}", op == "divide"
+    recorded = params.get("backoff_factor")
+    if isinstance(recorded, (int, float)) and not isinstance(recorded, bool) \
+            and recorded > 0 and recorded != 1:
+        side = backoff_conventions(float(recorded), "multiply" if recorded < 1 else "divide")
+        line, divides = f"recorded backoff_factor={recorded!r}: {side}; {line}", \
+            divides or recorded > 1
+    return line if divides else ""
+
+
+def missed_overflow(step: TraceStep) -> int:
+    """How many non-finite gradient elements a step with ``found_inf=false`` recorded in its
+    ``grad_stats`` (0: none, or no ``nonfinite`` count, or the step found its overflow)."""
+    if step.found_inf or not step.grad_stats:
+        return 0
+    count = step.grad_stats.get("nonfinite", 0)
+    return int(count) if count > 0 else 0
+
+
+def _missed_overflow_divergence(state, recorded: TraceStep, line, count: int,
+                                history: list) -> Divergence:
+    shown = {name: getattr(recorded, name) for name in _SHOWN}
+    shown["nonfinite"] = count             # for the headline; the table shows _SHOWN only
+    expected = {"found_inf": True, "scale_before": state.scale}
+    try:
+        after = state.update(True)
+        expected.update(scale_after=after.scale, skipped=after.skipped,
+                        growth_tracker=after.growth_tracker, hysteresis=after.hysteresis_left)
+        decision = after.decision.reason
+    except LossScaleMinimumError as err:
+        expected.update(scale_after="raises", skipped="raises")
+        decision = f"raises LossScaleMinimumError: {err}"
+    reason = f"with the overflow the gradients show: {decision}"
+    return Divergence(recorded.step, line, ("found_inf",), shown, expected, reason,
+                      tuple(history[-_CONTEXT_STEPS:]), kind="missed_overflow")
 
 
 def _compared_fields(trace: Trace) -> tuple:
@@ -188,9 +252,20 @@ def render(report: Report) -> str:
         return text + (f"\n{report.note}" if report.note else "")
     d = report.divergence
     where = f" (trace line {d.line})" if d.line is not None else ""
-    lines = [f"DIVERGED at step {d.step}{where}, after {report.steps_compared} agreeing "
-             f"step{'s' if report.steps_compared != 1 else ''}",
-             f"  recorded:  {source}", f"  reference: {report.reference}", ""]
+    agreeing = (f"after {report.steps_compared} agreeing "
+                f"step{'s' if report.steps_compared != 1 else ''}")
+    headline = f"DIVERGED at step {d.step}{where}, {agreeing}"
+    if d.kind == "missed_overflow":
+        count = d.recorded["nonfinite"]
+        applied = "the step was skipped" if d.recorded["skipped"] else "the step applied them"
+        headline = (f"MISSED OVERFLOW at step {d.step}{where}, {agreeing}: found_inf=false "
+                    f"but grad_stats counts {count} non-finite gradient element"
+                    f"{'s' if count != 1 else ''}; {applied}")
+    lines = [headline,
+             f"  recorded:  {source}", f"  reference: {report.reference}"]
+    if report.backoff:
+        lines.append(f"  backoff:   {report.backoff}")
+    lines.append("")
     rows = [("field", "recorded", "reference", "")]
     for name in _SHOWN:
         if name == "error" and d.recorded.get(name) is None and d.expected.get(name) is None:

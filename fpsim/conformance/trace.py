@@ -31,8 +31,10 @@ skipped            yes       true/false: whether the optimizer step was skipped
 growth_tracker     no        the framework's clean-step counter after the update
 hysteresis         no        overflows still absorbed before a backoff, after the update
 grad_stats         no        object of numbers: ``count`` (gradient elements), ``nonfinite``
-                             (how many were inf/NaN), ``max_abs`` (largest finite magnitude),
-                             ``l2_norm`` (norm of the finite values); others are allowed
+                             (how many were inf/NaN; a step with ``found_inf`` false and
+                             ``nonfinite`` > 0 replays as a missed overflow), ``max_abs``
+                             (largest finite magnitude), ``l2_norm`` (norm of the finite
+                             values); others are allowed
 error              no (v2)   ``"ExceptionType: message"``: the framework's update raised
                              (DeepSpeed at its minimum scale); the run stopped there, so it is
                              the last step, and its other fields are what the trace saw before
@@ -199,9 +201,15 @@ class TraceWriter:
         self.close()
 
 
-def write_trace(target, steps: Iterable[TraceStep], *, source: str = "",
+def write_trace(target, steps: "Trace | Iterable[TraceStep]", *, source: str = "",
                 params: dict | None = None) -> None:
-    """Write a whole trace (header and ``steps``) to a path or text stream."""
+    """Write a whole trace (header and ``steps``) to a path or text stream. ``steps`` may be
+    a ``Trace`` (what ``record`` and ``read_trace`` return): its header's source and params
+    are written unless ``source``/``params`` are given."""
+    if isinstance(steps, Trace):
+        source = source or steps.header.source
+        params = steps.header.params if params is None else params
+        steps = steps.steps
     with TraceWriter(target, source=source, params=params) as writer:
         for step in steps:
             writer.write(step)
@@ -331,12 +339,26 @@ def _parse_step(row: dict, where: str, number: int, index: int, version: int) ->
             raise TraceFormatError(where, number, "grad_stats",
                                    f"must be an object of numbers, got {stats!r}")
         stats = {k: _number_in(v, where, number, f"grad_stats.{k}") for k, v in stats.items()}
+        _check_counts(stats, where, number)
     error = row.get("error")
     if error is not None and (not isinstance(error, str) or not error.strip()):
         raise TraceFormatError(where, number, "error", f"must be a non-empty string "
                                f"('ExceptionType: message'), got {error!r}")
     return TraceStep(step, flags["found_inf"], scales["scale_before"], scales["scale_after"],
                      flags["skipped"], grad_stats=stats, error=error, **extra)
+
+
+def _check_counts(stats: dict, where, number) -> None:
+    """``count`` and ``nonfinite`` are element counts (a replay checks ``found_inf`` against
+    ``nonfinite``): whole numbers >= 0, ``nonfinite`` at most ``count``."""
+    for key in ("count", "nonfinite"):
+        value = stats.get(key)
+        if value is not None and not (value >= 0 and float(value).is_integer()):
+            raise TraceFormatError(where, number, f"grad_stats.{key}",
+                                   f"must be a whole number >= 0 (elements), got {value!r}")
+    if stats.get("nonfinite", 0) > stats.get("count", math.inf):
+        raise TraceFormatError(where, number, "grad_stats.nonfinite",
+                               f"{stats['nonfinite']!r} is more than count {stats['count']!r}")
 
 
 def _integer(raw, where, number, field) -> int:
