@@ -141,3 +141,78 @@ def test_a_header_param_in_another_frameworks_convention_is_named_and_mapped(tmp
                  "backoff_factor=2.0", "--param", "hysteresis=1"]) == 1
     out = capsys.readouterr().out
     assert out.startswith("DIVERGED at step 0") and "growth_tracker  1" in out
+
+
+def test_a_planted_ignored_overflow_is_caught_in_one_line(tmp_path, capsys):
+    path = write_preset_trace(tmp_path / "t.jsonl", "torch", [False] * 3)
+    lines = path.read_text().splitlines()
+    row = json.loads(lines[2])                  # step 1: inf gradients, found_inf left false
+    row["grad_stats"] = {"count": 161, "nonfinite": 18}
+    lines[2] = json.dumps(row)
+    path.write_text("\n".join(lines) + "\n")
+    assert main(["check-scaler", str(path), "--preset", "torch"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ("MISSED OVERFLOW at step 1 (trace line 3), after 1 agreeing step: "
+                      "found_inf=false but grad_stats counts 18 non-finite gradient elements; "
+                      "the step applied them")
+
+
+def test_a_planted_misconfiguration_is_caught_by_expect(tmp_path, capsys):
+    """The header records the real scaler's growth_interval=7 and the replay applies it, so
+    the trace agrees with itself; --expect and --expect-preset say what was intended."""
+    path = write_preset_trace(tmp_path / "t.jsonl", "torch", FLAGS, growth_interval=7,
+                              backoff_factor=0.5)
+    base = ["check-scaler", str(path), "--preset", "torch"]
+    assert main(base) == 0
+    capsys.readouterr()
+    assert main(base + ["--expect", "growth_interval=2000"]) == 1
+    assert capsys.readouterr().out == ("MISCONFIGURED: the trace header records growth_interval=7"
+                                       ", expected 2000 (--expect)\n")
+    assert main(base + ["--expect-preset", "torch"]) == 1
+    assert capsys.readouterr().out == ("MISCONFIGURED: the trace header records growth_interval=7"
+                                       ", expected 2000 (preset torch)\n")
+    assert main(base + ["--expect-preset", "torch", "--expect", "growth_interval=7"]) == 0
+    assert capsys.readouterr().out.startswith("agree: 19 of 19")
+    # torch's multiplier 0.5 is DeepSpeed's divisor 2.0: the same backoff, not a mismatch
+    assert main(base + ["--expect", "backoff_factor=2.0", "--expect", "growth_interval=7"]) == 0
+    capsys.readouterr()
+    assert main(base + ["--expect", "min_scale=1"]) == 1
+    assert "does not record min_scale (expected min_scale=1.0)" in capsys.readouterr().out
+
+
+def test_expect_bad_input_exits_2_and_names_the_option(tmp_path, capsys):
+    path = write_preset_trace(tmp_path / "t.jsonl", "torch", FLAGS, growth_interval=7)
+    base = ["check-scaler", str(path), "--preset", "torch"]
+    cases = [(["--expect", "growth_interval"], "--expect 'growth_interval': write KEY=VALUE"),
+             (["--expect", "speed=3"], "--expect 'speed=3': unknown parameter 'speed'"),
+             (["--expect", "growth_interval=7", "--expect", "growth_interval=8"],
+              "growth_interval is already expected (7)"),
+             (["--expect-preset", "pytorch"], "(did you mean 'torch'?)")]
+    for extra, words in cases:
+        assert main(base + extra) == 2, extra
+        captured = capsys.readouterr()
+        assert captured.out == "" and len(captured.err.splitlines()) == 1
+        assert words in captured.err and captured.err.startswith("fpsim check-scaler: error:")
+
+
+def test_a_param_the_preset_cannot_take_is_blamed_not_the_header(tmp_path, capsys):
+    path = write_preset_trace(tmp_path / "d.jsonl", "deepspeed", FLAGS, growth_interval=3)
+    assert main(["check-scaler", str(path), "--preset", "deepspeed",
+                 "--param", "min_scale=none"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "header" not in err
+    assert err.startswith("fpsim check-scaler: error: --param min_scale=None: preset "
+                          "'deepspeed' cannot take it: raise_at_min=True needs a min_scale; "
+                          "add --param raise_at_min=false")
+    assert main(["check-scaler", str(path), "--preset", "deepspeed", "--param",
+                 "min_scale=none", "--param", "raise_at_min=false"]) == 0
+    capsys.readouterr()
+
+
+def test_a_diverged_report_shows_both_backoff_conventions(tmp_path, capsys):
+    path = write_preset_trace(tmp_path / "d.jsonl", "deepspeed", FLAGS, growth_interval=3,
+                              backoff_factor=2.0)
+    assert main(["check-scaler", str(path), "--preset", "deepspeed",
+                 "--param", "hysteresis=1"]) == 1
+    assert ("  backoff:   recorded backoff_factor=2.0: scale / 2.0 = scale x 0.5; reference "
+            "scale / 2.0 = scale x 0.5") in capsys.readouterr().out.splitlines()

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from hypothesis import find, given, settings
 
-from fpsim.conformance import (ReferenceAdapter, Trace, TraceHeader, TraceStep, compare, record,
-                               replay, standard_patterns)
+from fpsim.conformance import (ReferenceAdapter, Trace, TraceHeader, TraceStep, compare,
+                               read_trace, record, replay, standard_patterns, write_trace)
 from fpsim.conformance.adapters import AdapterError
 from fpsim.conformance.strategies import (bursts, clean_runs, collapses, growth_to_limit,
                                           overflow_patterns, random_flags)
@@ -324,3 +324,51 @@ def test_record_can_end_the_trace_with_the_adapters_error():
     assert not replay(trace, "deepspeed", raise_at_min=False).agree
     with pytest.raises(ValueError, match="errors must be"):
         record(Floor("deepspeed"), [True], errors="ignore")
+
+
+def test_a_missed_overflow_is_its_own_divergence_even_where_the_scales_agree():
+    """found_inf=false with no back-off agrees with any scaler's arithmetic; the step's own
+    grad_stats give it away: 18 inf/NaN gradient elements were applied."""
+    clean = TraceStep(0, False, 65536.0, 65536.0, False, grad_stats={"count": 40, "nonfinite": 0})
+    missed = TraceStep(1, False, 65536.0, 65536.0, False,
+                       grad_stats={"count": 40, "nonfinite": 18})
+    report = replay(Trace(TraceHeader(source="planted"), (clean, missed)), "torch")
+    assert not report.agree and report.steps_compared == 1
+    d = report.divergence
+    assert (d.kind, d.step, d.fields) == ("missed_overflow", 1, ("found_inf",))
+    assert d.expected["scale_after"] == 32768.0 and d.expected["skipped"] is True
+    assert str(report).splitlines()[0] == (
+        "MISSED OVERFLOW at step 1, after 1 agreeing step: found_inf=false but grad_stats "
+        "counts 18 non-finite gradient elements; the step applied them")
+    # an overflow the framework did find, and a plain scale mismatch, are not this kind
+    found = missed._replace(found_inf=True, scale_after=32768.0, skipped=True)
+    assert replay(Trace(TraceHeader(), (clean, found)), "torch").agree
+    wrong = replay(Trace(TraceHeader(), (clean, found._replace(scale_after=16384.0))), "torch")
+    assert wrong.divergence.kind == "mismatch"
+    assert str(wrong).startswith("DIVERGED at step 1")
+
+
+def test_compare_reports_a_raise_of_the_framework_alone_as_a_divergence():
+    class RaisesOnOverflow:
+        scale = 65536.0
+
+        def update(self, found_inf):
+            if found_inf:
+                raise RuntimeError("boom")
+            return 65536.0
+
+    report = compare(RaisesOnOverflow(), [False, True, False], "torch")
+    assert not report.agree and report.divergence.fields == ("error",)
+    assert report.divergence.recorded["error"] == "RuntimeError: boom"
+    assert report.divergence.expected["error"] == "no error"
+    text = str(report)
+    assert "recorded:  RaisesOnOverflow" in text and "reference: preset torch" in text
+
+
+def test_write_trace_takes_what_record_returns(tmp_path):
+    trace = record(ReferenceAdapter("deepspeed", growth_interval=3), [False, True, False])
+    write_trace(tmp_path / "t.jsonl", trace)
+    back = read_trace(tmp_path / "t.jsonl")
+    assert back.steps == trace.steps and back.header.source == "preset deepspeed (growth_interval=3)"
+    write_trace(tmp_path / "u.jsonl", trace, source="mine", params={"growth_interval": 3})
+    assert read_trace(tmp_path / "u.jsonl").header[:2] == ("mine", {"growth_interval": 3})

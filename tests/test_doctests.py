@@ -19,7 +19,8 @@ MODULES = ["fpsim.formats", "fpsim.files", "fpsim.rounding", "fpsim.encoding", "
            "fpsim.autograd.ops_loss", "fpsim.nn", "fpsim.nn.module", "fpsim.nn.init",
            "fpsim.nn.layers", "fpsim.nn.lstm", "fpsim.conformance", "fpsim.conformance.trace",
            "fpsim.conformance.replay", "fpsim.conformance.adapters",
-           "fpsim.conformance.patterns", "fpsim.conformance.cast_check"]
+           "fpsim.conformance.patterns", "fpsim.conformance.cast_check",
+           "fpsim.conformance.expect"]
 
 
 @pytest.mark.parametrize("name", MODULES)

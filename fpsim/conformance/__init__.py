@@ -2,7 +2,10 @@
 step and bit by bit.
 
 - ``trace``: the versioned JSON Lines scaler trace (``read_trace``, ``TraceWriter``).
-- ``replay(trace, "torch", **params)``: the first step where a recording and a preset part.
+- ``replay(trace, "torch", **params)``: the first step where a recording and a preset part
+  (a ``found_inf=false`` step whose ``grad_stats`` count inf/NaN: a missed overflow).
+- ``check_settings(trace.header.params, {"growth_interval": 2000}, preset="torch")``: the
+  recorded settings that are not the intended ones.
 - ``compare(adapter, found_infs, "torch", **params)``: drive any scaler given as an adapter
   (``update(found_inf) -> scale``, optional ``scale`` and ``state()``) and compare.
 - ``patterns`` (NumPy) and ``strategies`` (hypothesis) make overflow patterns.
@@ -21,6 +24,7 @@ step and bit by bit.
 agree: 3 of 3 steps match preset torch (growth_interval=2) (compared: scale_before, scale_after, skipped, growth_tracker, hysteresis)
 """
 from .adapters import AdapterError, ReferenceAdapter, ScalerAdapter, compare, record
+from .expect import check_settings
 from .patterns import (bursts, clean_runs, collapse, growth_to_limit, random_flags,
                        standard_patterns, steps_to_collapse, steps_to_limit)
 from .replay import COMPARED_FIELDS, Divergence, Report, replay
@@ -30,7 +34,7 @@ from .trace import (TRACE_FORMAT, TRACE_VERSION, Trace, TraceFormatError, TraceH
 __all__ = [
     "Trace", "TraceHeader", "TraceStep", "TraceWriter", "TraceFormatError", "read_trace",
     "write_trace", "TRACE_FORMAT", "TRACE_VERSION",
-    "replay", "Report", "Divergence", "COMPARED_FIELDS",
+    "replay", "Report", "Divergence", "COMPARED_FIELDS", "check_settings",
     "ScalerAdapter", "ReferenceAdapter", "AdapterError", "record", "compare",
     "random_flags", "bursts", "clean_runs", "collapse", "growth_to_limit",
     "steps_to_collapse", "steps_to_limit", "standard_patterns",

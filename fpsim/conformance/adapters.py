@@ -181,7 +181,8 @@ def compare(adapter, found_infs, reference, **overrides) -> Report:
     returned ``Report``.
 
     When the reference raises ``LossScaleMinimumError`` (DeepSpeed at its minimum) the run
-    stops there; the adapter agrees if it raises at the same step too.
+    stops there; the adapter agrees if it raises at the same step too. Where only the adapter
+    raises, the report diverges at that step: its ``error`` against the reference's none.
     """
     flags = [bool(f) for f in found_infs]
     start, _ = reference_state(reference, overrides)
@@ -192,7 +193,8 @@ def compare(adapter, found_infs, reference, **overrides) -> Report:
         except LossScaleMinimumError:
             stop = index
             break
-    trace = record(adapter, flags[:stop], initial_scale=start.scale)
+    # a raise of the adapter alone ends its trace as an error step: a divergence, not a crash
+    trace = record(adapter, flags[:stop], initial_scale=start.scale, errors="record")
     report = replay(trace, reference, **overrides)
     if not report.agree or stop == len(flags):
         return report

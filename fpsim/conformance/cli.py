@@ -1,11 +1,13 @@
 """The ``check-scaler`` and ``check-cast`` subcommands of ``fpsim``.
 
     fpsim check-scaler TRACE --preset NAME [--param KEY=VALUE ...] [--ignore-header-params]
+                       [--expect KEY=VALUE ...] [--expect-preset NAME]
     fpsim check-cast ARRAY.npy --format FMT --against OTHER.npy [--bits] [--mode MODE]
                      [--saturate] [--flush-subnormals] [--examples N]
 
 Exit status: 0 when the framework agrees with the reference, 1 when it does not (the first
-divergence, or the mismatches by class, are printed), 2 on bad input (a trace that breaks the
+divergence, or the mismatches by class, are printed; or a recorded setting is not the one
+``--expect``/``--expect-preset`` intended: one ``MISCONFIGURED`` line each), 2 on bad input (a trace that breaks the
 format, an unknown preset or parameter, a missing or unreadable array, a shape or dtype that
 does not fit).
 
@@ -24,7 +26,8 @@ from ..formats import get
 from ..rounding import MODES
 from ..scaling import DynamicScaler, preset, preset_names
 from .cast_check import check_cast, load_array
-from .replay import replay
+from .expect import check_settings
+from .replay import reference_state, replay
 from .trace import read_trace
 
 __all__ = ["register", "run", "main", "parse_param", "COMMANDS"]
@@ -55,6 +58,13 @@ def register(subparsers) -> None:
                              "trace header's params)")
     scaler.add_argument("--ignore-header-params", action="store_true",
                         help="do not apply the configuration recorded in the trace header")
+    scaler.add_argument("--expect", action="append", default=[], metavar="KEY=VALUE",
+                        help="the setting the real scaler was meant to have, e.g. "
+                             "growth_interval=2000 (repeatable): exit 1 when the trace header "
+                             "records another value, or none")
+    scaler.add_argument("--expect-preset", metavar="NAME",
+                        help="the settings the trace header records must be preset NAME's "
+                             "documented defaults (--expect values take precedence)")
     cast = subparsers.add_parser(
         "check-cast", help="compare a framework's cast of an array with fpsim's rounding",
         description="Round ARRAY (float32/float64 .npy) to FORMAT and compare with a "
@@ -80,10 +90,18 @@ def register(subparsers) -> None:
                       help="show the first N mismatches (default 10)")
 
 
-def parse_param(text: str) -> tuple[str, object]:
+def parse_param(text: str, option: str = "--param") -> tuple[str, object]:
     """``"growth_interval=100"`` -> ``("growth_interval", 100)``, typed by the
     ``DynamicScaler`` field: ints, floats (``65536``, ``2**16``, ``0x1p16``, ``inf``), bools
-    (true/false), ``none`` for min_scale/max_scale, and words for the choice fields."""
+    (true/false), ``none`` for min_scale/max_scale, and words for the choice fields.
+    ``option`` names the option in error messages (``--param``, ``--expect``)."""
+    try:
+        return _parse_param(text)
+    except UsageError as err:
+        raise UsageError(str(err).replace("--param ", f"{option} ", 1)) from None
+
+
+def _parse_param(text: str) -> tuple[str, object]:
     key, sep, raw = text.partition("=")
     key, raw = key.strip(), raw.strip()
     if not sep or not key:
@@ -138,13 +156,48 @@ def header_param_mapping(params: dict, preset_name: str, overrides: dict) -> dic
     return mapped
 
 
+def _expectations(args) -> dict:
+    """The ``--expect`` settings (a key given twice is refused), after ``--expect-preset``
+    is known to name a preset."""
+    if args.expect_preset is not None:
+        preset(args.expect_preset)
+    expected: dict = {}
+    for text in args.expect:
+        key, value = parse_param(text, "--expect")
+        if key in expected:
+            raise UsageError(f"--expect {text!r}: {key} is already expected "
+                             f"({expected[key]!r}); give each setting once")
+        expected[key] = value
+    return expected
+
+
+def _check_overrides_alone(preset_name: str, overrides: dict) -> None:
+    """Refuse ``--param`` values the preset cannot take even without the trace header, naming
+    them (not the header): ``min_scale=none`` with a preset that raises at its minimum."""
+    try:
+        reference_state(preset_name, overrides)
+    except (ValueError, TypeError) as err:
+        given = " ".join(f"--param {k}={v!r}" for k, v in overrides.items())
+        hint = ("; add --param raise_at_min=false (no floor, so nothing to raise at)"
+                if "raise_at_min" in str(err) and "raise_at_min" not in overrides else "")
+        raise UsageError(f"{given}: preset {preset_name!r} cannot take it: {err}{hint}") \
+            from None
+
+
 def _check_scaler(args) -> int:
     preset(args.preset)           # an unknown name is refused as such, before the trace is read
     overrides = dict(parse_param(p) for p in args.param)
+    expected = _expectations(args)
+    _check_overrides_alone(args.preset, overrides)
     try:
         trace = read_trace(args.trace)
     except FileNotFoundError as err:
         raise UsageError(str(err)) from None
+    if expected or args.expect_preset is not None:
+        misconfigured = check_settings(trace.header.params, expected, preset=args.expect_preset)
+        if misconfigured:
+            print("\n".join(misconfigured))
+            return 1
     try:
         report = replay(trace, args.preset, use_header_params=not args.ignore_header_params,
                         **overrides)
