@@ -216,3 +216,18 @@ def test_a_diverged_report_shows_both_backoff_conventions(tmp_path, capsys):
                  "--param", "hysteresis=1"]) == 1
     assert ("  backoff:   recorded backoff_factor=2.0: scale / 2.0 = scale x 0.5; reference "
             "scale / 2.0 = scale x 0.5") in capsys.readouterr().out.splitlines()
+
+
+@pytest.mark.parametrize("twice", [["growth_interval=2", "growth_interval=5"],
+                                   ["init_scale=2**10", "init_scale=0x1p10"]])
+def test_a_param_given_twice_is_refused(tmp_path, capsys, twice):
+    good = write_preset_trace(tmp_path / "g.jsonl", "torch", FLAGS)
+    argv = ["check-scaler", str(good), "--preset", "torch"]
+    for text in twice:
+        argv += ["--param", text]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    key = twice[0].partition("=")[0]
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
+    assert captured.err.startswith(f"fpsim check-scaler: error: --param {twice[1]!r}: {key} is "
+                                   f"already set")

@@ -184,9 +184,22 @@ def _check_overrides_alone(preset_name: str, overrides: dict) -> None:
             from None
 
 
+def _overrides(texts) -> dict:
+    """The ``--param`` settings; a parameter given twice is refused (the last would win
+    without a word)."""
+    overrides: dict = {}
+    for text in texts:
+        key, value = parse_param(text)
+        if key in overrides:
+            raise UsageError(f"--param {text!r}: {key} is already set ({overrides[key]!r}); "
+                             f"give each parameter once")
+        overrides[key] = value
+    return overrides
+
+
 def _check_scaler(args) -> int:
     preset(args.preset)           # an unknown name is refused as such, before the trace is read
-    overrides = dict(parse_param(p) for p in args.param)
+    overrides = _overrides(args.param)
     expected = _expectations(args)
     _check_overrides_alone(args.preset, overrides)
     try:
