@@ -198,3 +198,48 @@ def test_quantized_linear_matches_torchao_float8_linear():
         np.testing.assert_array_equal(y.data, ty.detach().numpy(), err_msg=f"trial {trial}")
         np.testing.assert_array_equal(xt.grad.data, tx.grad.numpy())
         np.testing.assert_array_equal(ours.weight.grad.data, model[0].weight.grad.numpy())
+
+
+def test_torchao_rule_differs_from_te_on_three_documented_classes():
+    """The module docstring's three classes, pinned: a power-of-two scale just below 2**k, an
+    infinite amax, an amax below torchao's 1e-12 floor (0 included)."""
+    just_above_3_5 = float(np.nextafter(np.float32(3.5), np.float32(4)))   # 448/amax: 2 ulps below 128
+    assert scale_from_amax(just_above_3_5, E4M3FN, power_2=True) == 64.0
+    assert scale_from_amax(just_above_3_5, E4M3FN, power_2=True, rule="torchao") == 128.0
+    assert scale_from_amax(math.inf, E4M3FN) == 1.0
+    assert scale_from_amax(math.inf, E4M3FN, rule="torchao") == 0.0
+    q = quantize(np.array([math.inf, 2.0], np.float32), 0.0, E4M3FN)
+    assert math.isnan(q.values[0]) and q.values[1] == 0.0 and q.scale_inv == math.inf
+    assert scale_from_amax(0.0, E4M3FN) == 1.0
+    assert scale_from_amax(0.0, E4M3FN, rule="torchao") == float(np.float32(448e12))
+    assert scale_from_amax(1e-13, E4M3FN) == float(np.float32(448 / np.float64(np.float32(1e-13))))
+    assert scale_from_amax(1e-13, E4M3FN, rule="torchao") == float(np.float32(448e12))
+    assert math.isnan(scale_from_amax(math.nan, E4M3FN, rule="torchao"))
+    # elsewhere the two agree
+    assert scale_from_amax(3.0, E5M2, rule="torchao") == scale_from_amax(3.0, E5M2)
+    with pytest.raises(ValueError, match="epsilon is Transformer Engine's"):
+        scale_from_amax(1.0, E4M3FN, epsilon=1e-6, rule="torchao")
+    with pytest.raises(ValueError, match="unknown current-scaling rule 'ao'; accepted"):
+        scale_from_amax(1.0, E4M3FN, rule="ao")
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+def test_torchao_rule_matches_amax_to_scale_at_every_power_of_two(fmt):
+    """amaxes a few float32 ulps either side of max/2**k, and the special amaxes, through
+    torchao's own amax_to_scale: rule='torchao' is it bit for bit, power_2 included."""
+    _torchao()
+    import torch
+    from torchao.float8.float8_utils import amax_to_scale
+    dtype = {"e4m3fn": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[fmt.name]
+    centres = np.float32(fmt.max_finite) / np.exp2(np.arange(-20, 40)).astype(np.float32)
+    bits = centres.view(np.int32)[:, None] + np.arange(-6, 7, dtype=np.int32)
+    amaxes = np.concatenate([bits.view(np.float32).ravel(),
+                             np.float32([0, 1e-13, 2.0 ** -149, np.inf, np.nan])])
+    twice_te = 0
+    for value in amaxes:
+        for power_2 in (False, True):
+            theirs = float(amax_to_scale(torch.tensor(value), dtype, power_2))
+            ours = scale_from_amax(float(value), fmt, power_2=power_2, rule="torchao")
+            assert ours == theirs or (math.isnan(ours) and math.isnan(theirs)), (value, power_2)
+            twice_te += power_2 and theirs == 2 * scale_from_amax(float(value), fmt, power_2=True)
+    assert twice_te > 0

@@ -22,6 +22,21 @@ tensor's own amax, ``scale = fl32(fp8_max / max(amax, epsilon))``; amax 0, inf o
 scale 1; a scale that overflows float32 becomes FLT_MAX; ``power_2`` keeps only the scale's
 sign and exponent bits (rounds it down to a power of two).
 
+**torchao 0.18** (``torchao/float8/float8_utils.py`` ``amax_to_scale``, which
+``hp_tensor_to_float8_dynamic`` calls) agrees with this for every finite amax >= 1e-12 and
+differs on three classes of input, pinned in ``tests/test_quant_tensor.py``;
+``scale_from_amax(..., rule="torchao")`` follows torchao where a run is checked against it:
+
+- ``power_2``: torchao takes ``exp2(floor(log2(scale)))`` with ``log2`` in float32, which
+  rounds up to ``k`` for a scale just below ``2**k`` (448/amax a few float32 ulps under a
+  power of two): torchao's scale is then ``2**k``, twice TE's ``2**(k-1)``.
+- amax = inf: torchao's ``448 / inf`` is a scale of 0, and the cast's ``inf * 0`` makes the
+  infinite elements NaN (finite ones 0); TE's scale is 1. (A NaN amax -- torchao's
+  ``torch.max`` keeps a NaN, where TE's ``fmaxf`` skips it -- gives torchao a NaN scale.)
+- amax < 1e-12, 0 included: torchao divides by ``max(amax, 1e-12)`` (``EPS``, in float64):
+  a scale of 448e12 for e4m3fn; TE's default ``epsilon`` is 0, so its scale is
+  ``448 / amax`` (FLT_MAX where that overflows) and 1 for amax 0.
+
 **Delayed scaling** (``DelayedScaling``; ``common/recipe/delayed_scaling.cu``, the fused
 ``kernel_bulk`` that PyTorch's ``reduce_and_update_fp8_tensors`` launches by default): the cast
 uses the scale computed *before* this step; the cast records the tensor's amax into slot 0
@@ -56,12 +71,15 @@ from typing import NamedTuple
 
 from ..backend import astype, errstate, round_to, scalar, size, xp
 from ..formats import FP32, Format, get
+from ..options import check_choice
 
 __all__ = ["AmaxAlgorithm", "amax", "scale_from_amax", "quantize", "Quantized",
-           "count_saturated",
+           "count_saturated", "SCALE_RULES", "TORCHAO_EPS",
            "DelayedScalingState", "init_delayed", "record_amax", "update_delayed", "FLT_MAX", "fl32"]
 
 FLT_MAX = 3.4028234663852886e38
+SCALE_RULES = ("transformer_engine", "torchao")   # whose current-scaling rule (module doc)
+TORCHAO_EPS = 1e-12                               # torchao.float8.float8_utils.EPS
 
 
 class AmaxAlgorithm(str, enum.Enum):
@@ -96,10 +114,17 @@ def amax(x) -> float:
 
 
 def scale_from_amax(amax_value: float, fmt, *, power_2: bool = False,
-                    epsilon: float = 0.0) -> float:
+                    epsilon: float = 0.0, rule: str = "transformer_engine") -> float:
     """Current scaling's scale for a tensor of this amax (module doc; TE
-    ``compute_scale_from_amax`` with ``value_for_inf = FLT_MAX``)."""
+    ``compute_scale_from_amax`` with ``value_for_inf = FLT_MAX``). ``rule="torchao"``:
+    torchao 0.18's ``amax_to_scale`` instead, whose fixed floor 1e-12 replaces ``epsilon``."""
+    check_choice("current-scaling rule", rule, SCALE_RULES)
     fmt = get(fmt)
+    if rule == "torchao":
+        if epsilon != 0.0:
+            raise ValueError(f"epsilon is Transformer Engine's; rule='torchao' divides by "
+                             f"max(amax, {TORCHAO_EPS}) always, got epsilon={epsilon!r}")
+        return _torchao_scale(float(amax_value), fmt, power_2)
     value, floor = fl32(amax_value), fl32(epsilon)      # both are C floats in TE
     if value < floor:                         # NaN compares false and stays NaN
         value = floor
@@ -110,6 +135,16 @@ def scale_from_amax(amax_value: float, fmt, *, power_2: bool = False,
         scale = FLT_MAX
     if power_2:
         scale = _power_of_two_below(scale)
+    return scale
+
+
+def _torchao_scale(amax_value: float, fmt: Format, power_2: bool) -> float:
+    """``fl32(max_finite / max(float64(amax), 1e-12))``; with ``power_2``
+    ``exp2(floor(fl32(log2(scale))))`` (torch's float32 log2, correctly rounded here)."""
+    floored = amax_value if math.isnan(amax_value) else max(amax_value, TORCHAO_EPS)
+    scale = fl32(fmt.max_finite / floored)        # the float64 quotient, rounded once
+    if power_2 and scale > 0 and math.isfinite(scale):
+        scale = 2.0 ** math.floor(fl32(math.log2(scale)))
     return scale
 
 
@@ -156,7 +191,8 @@ def quantize(x, scale: float, fmt) -> Quantized:
     values = round_to(scaled, fmt, saturate=True)
     saturated = count_saturated(scaled, fmt)
     flushed = int(xp.sum((values == 0) & (scaled != 0) & ~xp.isnan(scaled)))
-    return Quantized(values, float(scale), fl32(1.0 / scale), saturated, flushed)
+    inverse = math.inf if scale == 0 else 1.0 / scale     # torchao's scale 0 (amax inf)
+    return Quantized(values, float(scale), fl32(inverse), saturated, flushed)
 
 
 class DelayedScalingState(NamedTuple):
