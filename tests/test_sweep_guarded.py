@@ -153,6 +153,22 @@ def test_absurd_worker_counts_and_grids_are_refused(tmp_path, capsys, no_cluster
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+@pytest.mark.parametrize("address", ["garbage", "tcp://garbage", "localhost:port",
+                                     "http://host:8786", "host:70000", "tcp://:8786"])
+def test_a_scheduler_address_of_the_wrong_form_is_refused_before_any_work(tmp_path, capsys,
+                                                                          no_cluster, address):
+    spec = tmp_path / "spec.toml"
+    spec.write_text(TINY)
+    began = time.perf_counter()
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "out"), "--scheduler",
+                 address]) == 2
+    line = one_error_line(capsys)
+    assert f"--scheduler {address!r} is not a Dask scheduler address: give HOST:PORT or " \
+           f"PROTOCOL://HOST:PORT (tcp, tls" in line and "leave --scheduler out" in line
+    assert time.perf_counter() - began < 5      # no wait for a connection
+    assert not (tmp_path / "out").exists()
+
+
 def test_workers_started_never_outnumber_the_cells(tmp_path, capsys):
     spec = tmp_path / "spec.toml"
     spec.write_text(TINY.replace("lr = [0.1, 0.2]", ""))

@@ -8,6 +8,7 @@ The whole spec is checked before anything runs; a problem is one line and exit s
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from ..train.cli import add_backend_option
@@ -18,6 +19,11 @@ from .spec import load_spec
 __all__ = ["register", "run", "COMMANDS"]
 
 COMMANDS = ("sweep", "sweep-plot")
+SCHEDULER_PROTOCOLS = ("tcp", "tls", "ws", "wss", "ucx")
+# [PROTOCOL://]HOST:PORT, HOST a name, an IPv4 address or an IPv6 one in brackets
+_SCHEDULER_ADDRESS = re.compile(r"(?:(?P<protocol>[a-z]+)://)?"
+                                r"(?P<host>[A-Za-z0-9][A-Za-z0-9._-]*|\[[0-9A-Fa-f:.]+\])"
+                                r":(?P<port>[0-9]{1,5})")
 
 
 def register(commands) -> None:
@@ -55,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
                                 facet=args.facet, out=args.out)
         print("wrote " + ", ".join(str(p) for p in written))
         return 0
+    scheduler = None if args.scheduler is None else check_scheduler_address(args.scheduler)
     spec = load_spec(args.spec)
 
     def announce(line: str) -> None:
@@ -65,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
             print(line, flush=True)
 
     try:
-        summary = run_sweep(spec, args.out, workers=args.workers, scheduler=args.scheduler,
+        summary = run_sweep(spec, args.out, workers=args.workers, scheduler=scheduler,
                             progress=False if args.quiet else None, announce=announce,
                             backend_name=args.backend)
     except KeyboardInterrupt:
@@ -75,3 +82,15 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(summary.line())
     return 1 if summary.not_run else 0
+
+
+def check_scheduler_address(text: str) -> str:
+    """``text`` if it has the form of a Dask scheduler's address, else a ValueError saying
+    which forms are accepted (before any work: Dask's own message comes after a wait)."""
+    found = _SCHEDULER_ADDRESS.fullmatch(text.strip())
+    if found is None or found["protocol"] not in (None, *SCHEDULER_PROTOCOLS) or \
+            not 1 <= int(found["port"]) <= 65535:
+        raise ValueError(f"--scheduler {text!r} is not a Dask scheduler address: give HOST:PORT "
+                         f"or PROTOCOL://HOST:PORT ({', '.join(SCHEDULER_PROTOCOLS)}; e.g. "
+                         f"tcp://10.0.0.5:8786), or leave --scheduler out for a local cluster")
+    return text.strip()
