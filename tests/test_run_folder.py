@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from fpsim import experiments
 from fpsim.cli import main
+from fpsim.experiments import Experiment, Result
 from fpsim.train import trace as trace_module
 from fpsim.train.run_folder import tidy_run_folder
 from child_env import child_env
@@ -194,3 +196,66 @@ def test_an_unfinished_replacement_left_by_kill_9_is_deleted(finished_run):
     assert notes == [f"deleted {out / '.fpsim-new-0123456789ab'}, an unfinished run that was "
                      f"to replace the one there (it was stopped)"]
     assert files_of(out) == before
+
+
+def _figure_experiment(name, fails_in_quick=False):
+    def run(ctx):
+        if fails_in_quick and ctx.quick:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(ctx.out / f"{name}.png"))
+        (ctx.out / f"{name}.png").write_bytes(f"{name} {'quick' if ctx.quick else 'full'}".encode())
+        return Result(name, f"The {name} experiment", {"quick": ctx.quick}, [f"{name}.png"],
+                      f"What {name} shows.")
+    return run
+
+
+@pytest.fixture
+def full_figures(tmp_path, monkeypatch):
+    """A finished full run of two stand-in experiments (beta fails when run quick), and a
+    file of the user's beside it."""
+    experiments.names()
+    monkeypatch.setattr(experiments, "BROKEN", {})
+    monkeypatch.setattr(experiments, "_module_names", lambda: [])
+    monkeypatch.setattr(experiments, "REGISTRY", {
+        "alpha": Experiment("alpha", "The alpha experiment", _figure_experiment("alpha")),
+        "beta": Experiment("beta", "The beta experiment", _figure_experiment("beta", True))})
+    out = tmp_path / "figures"
+    experiments.reproduce(out)
+    (out / "notes.txt").write_text("mine\n")
+    return out, files_of(out)
+
+
+def test_a_failed_reproduce_overwrite_keeps_the_old_figures(full_figures, capsys):
+    out, before = full_figures
+    assert main(["reproduce", "--quick", "--overwrite", "--out", str(out), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"fpsim reproduce: 1 experiment(s) failed (the other 1 ran but "
+                          f"nothing was replaced: {out} keeps its previous run):\n  beta: ")
+    assert files_of(out) == before
+
+
+def test_a_full_disk_while_reproduce_overwrites_keeps_the_old_figures(full_figures, capsys,
+                                                                      monkeypatch):
+    out, before = full_figures
+    experiments.REGISTRY.pop("beta")
+
+    def disk_full(path, text):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(experiments, "write_text", disk_full)
+    assert main(["reproduce", "--quick", "--overwrite", "--out", str(out), "--quiet"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"fpsim: error: the new run could not be written (summary.json: "
+        f"{os.strerror(errno.ENOSPC)}); nothing was replaced: {out} keeps its previous run "
+        f"and the unfinished new run was removed"]
+    assert files_of(out) == before
+
+
+def test_a_complete_reproduce_overwrite_replaces_what_it_rewrites(full_figures):
+    out, before = full_figures
+    experiments.REGISTRY.pop("beta")
+    experiments.reproduce(out, quick=True, overwrite=True)
+    after = files_of(out)
+    assert sorted(after) == sorted(before)          # no hidden folder left, nothing lost
+    assert after["alpha.png"] == b"alpha quick" and after["notes.txt"] == b"mine\n"
+    assert after["beta.png"] == before["beta.png"]   # not rerun: left as it was
+    assert '"mode": "quick"' in after["summary.json"].decode()

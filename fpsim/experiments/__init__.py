@@ -14,13 +14,14 @@ import json
 import signal
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from .. import backend
 from ..files import folder_lock, write_text
+from ..train.run_folder import replacing_run, tidy_run_folder
 
 __all__ = ["Context", "Result", "Experiment", "ExperimentsFailed", "REGISTRY", "BROKEN",
            "register", "reproduce", "names"]
@@ -73,13 +74,16 @@ def register(name: str, title: str):
 
 class ExperimentsFailed(RuntimeError):
     """Some experiments could not be imported or raised while running. ``failures`` maps each
-    name to its error message; the others ran and their outputs are written."""
+    name to its error message; the others ran and their outputs are written, unless they were
+    to replace a run (``kept``: the folder that keeps it)."""
 
-    def __init__(self, failures: dict[str, str], done: list[str]):
+    def __init__(self, failures: dict[str, str], done: list[str], kept: "Path | None" = None):
         self.failures, self.done = failures, done
         lines = [f"  {name}: {message}" for name, message in failures.items()]
-        super().__init__(f"{len(failures)} experiment(s) failed (the other {len(done)} ran and "
-                         f"their outputs are written):\n" + "\n".join(lines))
+        outcome = ("and their outputs are written" if kept is None else
+                   f"but nothing was replaced: {kept} keeps its previous run")
+        super().__init__(f"{len(failures)} experiment(s) failed (the other {len(done)} ran "
+                         f"{outcome}):\n" + "\n".join(lines))
 
 
 # Experiment modules that failed to import, name -> message: one broken module must not take
@@ -138,7 +142,10 @@ def reproduce(out: "str | Path" = "figures", *, quick: bool = False,
     full), or summaries that do not read back, is refused before anything runs, so numbers of
     the two modes never mix.
 
-    A folder holding a run of the other mode is refused unless ``overwrite``.
+    A folder holding a run of the other mode is refused unless ``overwrite``. With
+    ``overwrite``, a folder's finished run (its ``summary.json``) is kept until the new one is
+    complete: the new one is written into a hidden folder inside ``out`` and its files moved
+    in only when every experiment ran (``fpsim.train.run_folder``).
 
     An experiment that fails to import or raises does not stop the others: they run, their
     outputs and summaries are written, and then ``ExperimentsFailed`` names every failure."""
@@ -157,12 +164,16 @@ def reproduce(out: "str | Path" = "figures", *, quick: bool = False,
     except OSError as err:
         raise ValueError(f"cannot write the output folder {out}: {err.strerror or err}") from None
     report = progress or (lambda message: None)
+    replacing = overwrite and (out / "summary.json").is_file()
     with folder_lock(out) as taken_over:     # a second reproduce into ``out`` is refused
-        if taken_over:
-            (on_note or report)(f"note: {taken_over}")
-        with _noting_ctrl_c() as interrupted:
-            results, failures = _run_chosen(Context(out, quick, report), chosen, kept, on_start,
-                                            interrupted)
+        for note in ([taken_over] if taken_over else []) + tidy_run_folder(out):
+            (on_note or report)(f"note: {note}")
+        with _noting_ctrl_c() as interrupted, \
+                (replacing_run(out, None) if replacing else nullcontext(out)) as target:
+            results, failures = _run_chosen(Context(target, quick, report), chosen, kept,
+                                            on_start, interrupted)
+            if failures and replacing:      # an incomplete new run replaces nothing
+                raise ExperimentsFailed(failures, [r.name for r in results], kept=out)
     if failures:
         raise ExperimentsFailed(failures, [r.name for r in results])
     return results

@@ -30,11 +30,12 @@ _OURS = re.compile(r"\.fpsim-(new|in|old)-([0-9a-f]{12})")
 
 
 @contextmanager
-def replacing_run(out_dir: Path, old_names: list):
+def replacing_run(out_dir: Path, old_names: "list | None"):
     """Yield a hidden folder inside ``out_dir`` to write the new run into. On a clean exit the
-    new run replaces the old one (``old_names``: its files in ``out_dir``); on any exception
-    the hidden folder is deleted and the old run kept as it was; an ``OSError`` is raised
-    again saying which file failed and what was kept."""
+    new run replaces the old one (``old_names``: its files in ``out_dir``; None: those the new
+    run writes again, as ``fpsim reproduce`` replaces figures); on any exception the hidden
+    folder is deleted and the old run kept as it was; an ``OSError`` is raised again saying
+    which file failed and what was kept."""
     token = secrets.token_hex(6)
     staging = out_dir / f"{NEW}{token}"
     try:
@@ -50,6 +51,8 @@ def replacing_run(out_dir: Path, old_names: list):
 
 def _swap_in(out_dir: Path, token: str, old_names: list) -> None:
     staging, moving, aside = (out_dir / f"{kind}{token}" for kind in (NEW, MOVING_IN, OLD))
+    if old_names is None:
+        old_names = sorted(e.name for e in staging.iterdir() if (out_dir / e.name).exists())
     try:
         aside.mkdir()
         for name in old_names:
@@ -87,9 +90,10 @@ def _old_run_kept(err: OSError, out_dir: Path, staging: Path, old_names: list) -
         where = f"{failed.name}: "
     else:
         where = f"{failed}: "
+    kept = f" ({', '.join(old_names)})" if old_names else ""
     return OSError(err.errno, f"the new run could not be written ({where}{err.strerror or err}); "
-                              f"nothing was replaced: {out_dir} keeps its previous run "
-                              f"({', '.join(old_names)}) and the unfinished new run was removed")
+                              f"nothing was replaced: {out_dir} keeps its previous run{kept} "
+                              f"and the unfinished new run was removed")
 
 
 def tidy_run_folder(out_dir: Path) -> list[str]:
