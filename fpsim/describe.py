@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import Decimal
+from numbers import Real
 
 import numpy as np
 
 from .encoding import encode
 from .formats import Format, get
+from .options import check_instance, described
 from .rounding import round_to
 
 __all__ = ["describe", "Description"]
@@ -60,12 +62,19 @@ class Description:
 
 
 def describe(value: float, fmt: "Format | str", mode: str = "nearest_even") -> Description:
-    """Round ``value`` into ``fmt`` (once, with ``mode``) and take the result apart."""
+    """Round ``value`` (one real number: inf and NaN too) into ``fmt`` (once, with ``mode``)
+    and take the result apart."""
+    check_instance("value", value, Real, "one real number (a Python or NumPy scalar; inf and "
+                                         "nan too)")
+    try:
+        given = float(value)
+    except OverflowError:       # an integer like 10**400: float('inf') is how to ask for inf
+        raise ValueError(f"value must be within float64's range (up to about 1.8e308), got "
+                         f"{described(value)}") from None
     fmt = get(fmt)
     if mode == "stochastic":
         raise ValueError("describe shows one deterministic rounding; pick a mode other than "
                          "'stochastic'")
-    given = float(value)
     stored = round_to(given, fmt, mode)
     bits = int(encode(stored, fmt))
     sign = bits >> (fmt.bits - 1)

@@ -17,9 +17,12 @@ TypeError: hidden size must be a positive integer, got 8.9
 from __future__ import annotations
 
 import math
+import os
 from numbers import Integral, Real
+from pathlib import Path
 
-__all__ = ["check_choice", "check_flag", "check_count", "check_real"]
+__all__ = ["check_choice", "check_flag", "check_count", "check_real",
+           "check_instance", "check_path", "described"]
 
 
 def check_choice(what: str, value, choices: tuple):
@@ -56,6 +59,35 @@ def check_real(name: str, value, what: str = "a finite number") -> float:
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite ({what}), got {value!r}")
     return float(value)
+
+
+def check_instance(name: str, value, types, wanted: str):
+    """``value`` if it is an instance of ``types``, else a TypeError saying ``wanted``; a bool
+    only where ``types`` names bool (to Python True is the integer 1)."""
+    named = types if isinstance(types, tuple) else (types,)
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in named):
+        raise TypeError(f"{name} must be {wanted}, got {described(value)}")
+    return value
+
+
+def check_path(name: str, value) -> Path:
+    """A file or folder name (a str or an os.PathLike, not blank) as a ``Path``."""
+    check_instance(name, value, (str, os.PathLike), "a file or folder name (a str or an "
+                                                     "os.PathLike)")
+    if not str(os.fspath(value)).strip():
+        raise ValueError(f"{name} must be a file or folder name, got the empty name "
+                         f"{value!r}")
+    return Path(value)
+
+
+def described(value, limit: int = 60) -> str:
+    """``value`` as an error message shows it: its type and a repr cut at ``limit``
+    characters (a class is named as one: ``SGD`` where ``SGD(lr=0.1)`` was meant)."""
+    if isinstance(value, type):
+        return f"the class {value.__name__}"
+    shown = repr(value)
+    shown = shown if len(shown) <= limit else shown[:limit - 3] + "..."
+    return f"{type(value).__name__} {shown}"
 
 
 __all__ += ["check_count_between"]

@@ -39,7 +39,7 @@ array([2., 4., 6.], dtype=float32)
 from __future__ import annotations
 
 from .. import backend
-from ..options import check_flag
+from ..options import check_flag, described
 from ..backend import xp
 from ..exact import underflow
 from .context import current_policy, is_grad_enabled
@@ -82,7 +82,11 @@ class Tensor:
         fmt = policy.input if fmt is None else resolve(fmt)
         if isinstance(data, Tensor):
             data = data.data
-        array = xp.asarray(data)
+        try:
+            array = xp.asarray(data)
+        except ValueError:      # a ragged list: NumPy's "inhomogeneous shape after 1 dimensions"
+            raise ValueError(f"Tensor data must be real numbers in a rectangular array (nested "
+                             f"lists of equal lengths), got {described(data)}") from None
         if not (backend.isdtype(array.dtype, "numeric") or backend.isdtype(array.dtype, "bool")):
             raise TypeError(f"Tensor data must be real numbers, got dtype {array.dtype}")
         if array.dtype not in (xp.float32, xp.float64):

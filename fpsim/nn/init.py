@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 from ..backend import host_rng, is_generator, xp
+from ..options import check_instance
 
 __all__ = ["as_rng", "uniform", "normal", "zeros", "ones", "fan_in_uniform", "xavier_uniform"]
 
@@ -26,12 +27,13 @@ def as_rng(rng):
     (seed 0). Initial weights are drawn on the host for every backend (``backend.host_rng``)."""
     if rng is None:
         return host_rng(0)
-    if isinstance(rng, (int, xp.integer)) and not isinstance(rng, bool):
-        return host_rng(int(rng))
     if is_generator(rng):
         return rng
-    raise TypeError(f"rng must be a numpy.random.Generator or an int seed, "
-                    f"got {type(rng).__name__}")
+    wanted = "a numpy.random.Generator or an int seed >= 0"
+    check_instance("rng", rng, (int, xp.integer), wanted)
+    if rng < 0:                                 # NumPy's seeds are non-negative
+        raise ValueError(f"rng must be {wanted}, got {rng!r}")
+    return host_rng(int(rng))
 
 
 def uniform(rng, shape, bound: float) -> xp.ndarray:

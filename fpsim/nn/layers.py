@@ -17,8 +17,11 @@ when they run says (``fpsim.autograd.policy``).
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from .. import backend
-from ..options import check_choice, check_count, check_real
+from ..options import (check_choice, check_count, check_instance, check_real,
+                       described)
 from ..backend import xp
 
 from .. import autograd as ag
@@ -146,7 +149,9 @@ class Dropout(Module):
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"Dropout: p must be in [0, 1], got {p}")
         self.p = p
-        self.seed = int(seed)
+        self.seed = check_count("seed", seed, 0)
+        if self.seed >= 2 ** 64:            # the masks' Philox key is 64 bits
+            raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
         self.offset = 0
 
     def forward(self, x):
@@ -221,6 +226,10 @@ def MLP(sizes, activation: str = "relu", *, rng=None, bias: bool = True,
     """Linear layers ``sizes[0] -> sizes[1] -> ... -> sizes[-1]`` with ``activation`` between
     them (none after the last). One Generator (``rng``: seed or Generator) draws every layer's
     weights in order, so a seed fixes the whole model."""
+    wanted = "a list of positive integers such as [16, 32, 4]"
+    check_instance("MLP sizes", sizes, Iterable, wanted)
+    if isinstance(sizes, (str, bytes)):        # '16,4' would be the sizes '1', '6', ','...
+        raise TypeError(f"MLP sizes must be {wanted}, got {described(sizes)}")
     sizes = list(sizes)
     if len(sizes) < 2:
         raise ValueError(f"MLP needs at least two sizes (inputs, outputs), got {sizes}")

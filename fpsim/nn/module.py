@@ -34,10 +34,11 @@ module and every sub-module, as PyTorch's do (``Dropout`` and ``BatchNorm2d`` re
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from .. import backend
 from ..backend import xp
+from ..options import check_instance
 
 from ..autograd import ScalingSlots, Tensor
 from ..autograd.numerics import container_of, round_array
@@ -203,6 +204,7 @@ class Module:
         return state
 
     def load_state_dict(self, state: dict, strict: bool = True) -> None:
+        check_instance("state", state, Mapping, "a dict of name -> array, as state_dict gives")
         own = dict(self.named_parameters())
         own.update(self.named_buffers())
         missing = [k for k in own if k not in state]

@@ -34,11 +34,14 @@ NaNs of opposite signs.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Iterable, NamedTuple
 
 from ..autograd import Tensor
 from ..backend import isdtype, scalar, xp
 from ..formats import FP32, Format, get
+from ..options import check_flag, check_instance, described
+from ..scaling import ScalerState
 from .flat import join, rejoin, together_format
 from .transforms import (ApplyRule, RuleState, StepData, Params, WriteBack, WriteBackState,
                          apply_rule, chain, clip_by_global_norm, count_lost_updates,
@@ -90,10 +93,11 @@ class Optimizer:
         self.named = _named(params)
         if not self.named:
             raise ValueError("the optimizer got no parameters")
+        _check_rule(rule)
         clipping = [] if clip_norm is None else [clip_by_global_norm(clip_norm)]
         self.rule = rule
         self.clip_norm = clip_norm
-        self.master_fmt = None if master is None else get(master)
+        self.master_fmt = _master_format(master)
         for name, p in self.named:
             _check_format(name, p)
         self.transform = chain(find_overflow(), skip_on_overflow(), unscale_gradients(),
@@ -127,6 +131,11 @@ class Optimizer:
     def step(self, scaler_state=None, *, per_parameter: bool = False) -> StepReport:
         """One step (the chain in the module doc); ``per_parameter`` also counts updates and
         lost ones for each parameter (``StepReport.lost_by_parameter``)."""
+        if scaler_state is not None:
+            check_instance("scaler_state", scaler_state, ScalerState,
+                           "None or a ScalerState (a scaler's init(), then each step's "
+                           "report.scaler_state)")
+        per_parameter = check_flag("per_parameter", per_parameter)
         tensors = self._tensors
         grads = tuple(_grad_array(p) for p in tensors)
         states = self.chain_state
@@ -177,6 +186,7 @@ class Optimizer:
         """Load what ``state_dict`` gave. Every array is checked (names, shapes, float dtypes,
         a non-negative integer step count) before anything changes; ``ValueError`` names the
         first that does not fit."""
+        check_instance("arrays", arrays, Mapping, "a dict of name -> array, as state_dict gives")
         expected = self._expected_state()
         unknown = sorted(set(arrays) - set(expected))
         if unknown:
@@ -222,6 +232,29 @@ class Optimizer:
         return expected
 
 
+def _check_rule(rule) -> None:
+    """An update rule is an object with ``init`` and ``apply`` (``SGD(lr=0.1)``, not ``SGD``
+    or ``"sgd"``): caught here, not as a missing attribute in the first step."""
+    if isinstance(rule, type) or not all(callable(getattr(rule, method, None))
+                                         for method in ("init", "apply")):
+        raise TypeError(f"rule must be an update rule such as SGD(lr=0.1) or Adam(lr=1e-3) "
+                        f"(an object with init and apply), got {described(rule)}")
+
+
+def _master_format(master) -> "Format | None":
+    """The master copy's format; the error names the argument and says that None (not
+    'none') keeps no master copy."""
+    if master is None or isinstance(master, Format):
+        return master
+    check_instance("master", master, str, "a format (a Format or its name) or None for no "
+                                          "master copy")
+    try:
+        return get(master)
+    except ValueError as err:
+        raise ValueError(f"master: {err}; or None (not {master!r}) for no master copy") \
+            from None
+
+
 def _check_format(name: str, p: Tensor) -> None:
     if not isinstance(p.fmt, Format):
         raise ValueError(f"parameter {name!r} is in {p.fmt}, not a number format; the "
@@ -238,8 +271,16 @@ def _grad_array(p: Tensor) -> xp.ndarray:
 def _named(params) -> list[tuple[str, Tensor]]:
     if hasattr(params, "named_parameters"):
         return list(params.named_parameters())
+    wanted = "a Module, a Tensor or an iterable of Tensors or of (name, Tensor) pairs"
+    if not isinstance(params, Tensor):
+        check_instance("params", params, Iterable, wanted)
+        if isinstance(params, (str, bytes, Mapping)):     # iterable, but of names
+            raise TypeError(f"params must be {wanted}, got {described(params)}")
     named = []
     for i, item in enumerate(params if isinstance(params, Iterable) else [params]):
+        if isinstance(item, tuple) and len(item) != 2:
+            raise TypeError(f"params[{i}] must be a Tensor or a (name, Tensor) pair, got "
+                            f"{described(item)}")
         name, tensor = item if isinstance(item, tuple) else (str(i), item)
         if not isinstance(tensor, Tensor):
             raise TypeError(f"parameter {name!r} is a {type(tensor).__name__}, not a Tensor")

@@ -32,6 +32,7 @@ from .. import backend
 from .._version import __version__
 from ..train.progress import progress_bar
 from ..files import LOCK_NAME, folder_lock, write_text
+from ..options import check_instance, check_path
 from .baseline import find_baselines, judge
 from .cells import Cell, cell_count, expand, run_cell
 from .record import SWEEP_FORMAT, cell_row_text, read_cell_row, read_sweep_record
@@ -289,6 +290,9 @@ def run_sweep(spec: SweepSpec, out: "str | Path", *, workers: int | None = None,
         raise ValueError(f"--workers must be an integer from 1 to {limit} ({WORKERS_PER_CORE} "
                          f"per CPU core of this machine), got {workers!r}; for more workers "
                          f"start a Dask cluster and give --scheduler ADDRESS")
+    check_instance("spec", spec, SweepSpec, "a SweepSpec (load_spec(path) reads one from a "
+                                            "sweep file, parse_spec(text) from TOML)")
+    out = check_path("out", out)
     count = cell_count(spec)
     if count > MAX_CELLS:
         raise ValueError(f"{spec.source}: the sweep has {count:,} cells, more than the "
@@ -299,7 +303,6 @@ def run_sweep(spec: SweepSpec, out: "str | Path", *, workers: int | None = None,
     problem = backend_problem(backend_name) if scheduler is None else None
     if problem:
         raise ValueError(problem)
-    out = Path(out)
     cells = expand(spec)
     baselines = find_baselines({cell.index: cell.config for cell in cells})
     check_folder(spec, out, backend_name)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import formats, nn
+from ..options import check_instance, check_path
 from ..autograd import get_policy
 from ..train import DATASETS, LOSSES, resolve_scaler
 from ..train.factories import MODELS, is_factory, parse_arguments
@@ -95,7 +96,7 @@ def train_defaults() -> argparse.Namespace:
 
 def load_spec(path: "str | Path") -> SweepSpec:
     """Read and check a sweep file."""
-    path = Path(path)
+    path = check_path("path", path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -106,6 +107,8 @@ def load_spec(path: "str | Path") -> SweepSpec:
 
 
 def parse_spec(text: str, source: str = "<spec>") -> SweepSpec:
+    check_instance("text", text, str, "the sweep's TOML as a str (load_spec reads a file; "
+                                      "bytes.decode() gives a str)")
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:

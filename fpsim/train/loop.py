@@ -26,13 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import backend
-from ..options import check_count
+from ..options import check_choice, check_count, check_flag, check_instance, check_path
 from ..backend import xp
 
 from .._version import __version__ as _fpsim_version
 from ..files import folder_lock, write_text
 from ..autograd import Tensor, get_policy, no_grad, use_policy
 from ..exact.underflow import UnderflowCount, count_gradient_underflow, count_per_tensor
+from ..nn import Module
 from ..optim import SGD, Optimizer
 from ..scaling import NoScaler, ScalerState, StaticScaler, preset
 from .data import Dataset
@@ -143,7 +144,7 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler="r
     ``trace.jsonl`` (or ``.csv``), and ``checkpoint.npz`` every ``checkpoint_every`` steps and
     at the end, holding ``out/.fpsim.lock`` meanwhile (a second writer is refused). A folder
     that already holds a run is refused unless ``resume`` continues it or ``overwrite=True``
-    replaces it; the old run is kept until the new one is complete (``run_folder``).
+    replaces it.
 
     ``resume``: a checkpoint written by an earlier run with the same configuration (every
     field but ``steps``; ``allow_changes`` may name fields of ``ADJUSTABLE_ON_RESUME`` that
@@ -151,14 +152,21 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler="r
     ``out`` must hold every step before the checkpoint's; steps after it (and a last line
     torn by a crash) are dropped, as ``TrainResult.notes`` says.
     """
+    check_instance("model", model, Module, "an fpsim.nn.Module (e.g. nn.MLP([16, 32, 4]))")
+    seed = check_count("seed", seed, 0)
+    for name, path in (("out", out), ("resume", resume)):
+        if path is not None:
+            check_path(name, path)
+    check_flag("per_layer", per_layer)
+    if progress is not None:
+        check_flag("progress", progress)
     check_count("steps", steps, 1)
     check_count("batch_size", batch_size, 1)
     if checkpoint_every is not None:
         check_count("checkpoint_every", checkpoint_every, 1)
     if not isinstance(data, Dataset):
         raise TypeError(f"data must be an fpsim.train.Dataset, got {type(data).__name__}")
-    if trace_layout not in ("jsonl", "csv"):
-        raise ValueError(f"trace_layout must be 'jsonl' or 'csv', got {trace_layout!r}")
+    check_choice("trace_layout", trace_layout, ("jsonl", "csv"))
     allow_changes = check_allowed_changes(allow_changes)
     policy = get_policy(policy)
     recipe = recipe_for(policy)
