@@ -144,7 +144,7 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler="r
     ``trace.jsonl`` (or ``.csv``), and ``checkpoint.npz`` every ``checkpoint_every`` steps and
     at the end, holding ``out/.fpsim.lock`` meanwhile (a second writer is refused). A folder
     that already holds a run is refused unless ``resume`` continues it or ``overwrite=True``
-    replaces it.
+    replaces it; the old run is kept until the new one is complete (``run_folder``).
 
     ``resume``: a checkpoint written by an earlier run with the same configuration (every
     field but ``steps``; ``allow_changes`` may name fields of ``ADJUSTABLE_ON_RESUME`` that
