@@ -93,6 +93,40 @@ SHAPES = {"a list": "[1]", "a string": '"run"', "null": "null", "config a list":
           "deeply nested": "[" * 100000 + "]" * 100000}
 
 
+SUMMARIES = {"steps a string": ({"steps": "2"}, "summary.steps must be an integer >= 0, got '2'"),
+             "steps a bool": ({"steps": True}, "summary.steps must be an integer >= 0"),
+             "final_loss a word": ({"final_loss": "low"}, "summary.final_loss must be a number"),
+             "skipped_steps negative": ({"skipped_steps": -1}, "summary.skipped_steps must be"),
+             "loss_sha256 short": ({"loss_sha256": "abc"}, "summary.loss_sha256 must be a "
+                                                           "SHA-256 in hex"),
+             "nonfinite_loss_steps strings": ({"nonfinite_loss_steps": ["1"]},
+                                              "summary.nonfinite_loss_steps must be a list"),
+             "final_scale null": ({"final_scale": None}, "summary.final_scale must be a number"),
+             "steps not the trace's": ({"steps": 5}, "summary.steps is 5, but ")}
+
+
+@pytest.mark.parametrize("summary", SUMMARIES)
+@pytest.mark.parametrize("command", ["compare", "plot"])
+def test_a_run_json_summary_field_of_the_wrong_kind_is_named(tmp_path, capsys, summary,
+                                                              command):
+    fields, expected = SUMMARIES[summary]
+    bad = run_folder(tmp_path / "bad", range(2), {"config": {}, "summary": fields})
+    good = run_folder(tmp_path / "good", range(2))
+    argv = ([command, str(good), str(bad)] if command == "compare"
+            else [command, str(bad), "--out", str(tmp_path / "f.png")])
+    assert main(argv) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"fpsim: error: {bad / 'run.json'}: ") and expected in line
+    assert not (tmp_path / "f.png").exists()
+
+
+def test_a_whole_summary_as_training_writes_it_is_read(tmp_path):
+    summary = {"steps": 2, "final_loss": 0.5, "loss_sha256": "0" * 64, "skipped_steps": 0,
+               "nonfinite_loss_steps": [], "final_scale": "inf"}
+    run = open_run(run_folder(tmp_path / "run", range(2), {"config": {}, "summary": summary}))
+    assert run.complete and run.config["summary"] == summary
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("command", ["compare", "plot"])
 def test_a_run_json_of_the_wrong_shape_is_named(tmp_path, capsys, shape, command):

@@ -131,6 +131,7 @@ def load_run(path: "str | os.PathLike") -> Run:
         raise ValueError(f"{trace_path} holds no steps: there is nothing to draw or compare")
     expected = info.get("config", {}).get("steps")
     complete = "summary" in info if info else not torn
+    _check_summary_steps(info_path, info.get("summary", {}), trace_path, records)
     label = run_label(info) or trace_path.parent.name or str(trace_path)
     if not complete:
         label += f" (interrupted after step {records[-1].step})"
@@ -139,6 +140,15 @@ def load_run(path: "str | os.PathLike") -> Run:
     columns = {name: tuple(getattr(r, name) for r in records) for name in TRAINING_COLUMNS}
     return Run(label, str(path), "training", tuple(r.step for r in records), columns, info,
                expected, complete, notes)
+
+
+def _check_summary_steps(info_path: Path, summary: dict, trace_path: Path, records) -> None:
+    """A finished run's trace holds the steps its summary counts: fewer is a trace cut
+    short (or another run's), which would draw and compare as if it were whole."""
+    if "steps" in summary and summary["steps"] != len(records):
+        raise ValueError(f"{info_path}: summary.steps is {summary['steps']}, but {trace_path} "
+                         f"holds {len(records)} step(s): the trace is not this finished run's "
+                         f"whole trace")
 
 
 def _ends_torn(path: Path) -> bool:
@@ -187,7 +197,38 @@ def _read_info(path: Path) -> dict:
     for key in ("policy", "scaler_name", "scaler"):
         if config.get(key) is not None and not isinstance(config[key], str):
             raise ValueError(f"{path}: config.{key} must be a string, got {config[key]!r}")
+    _check_summary(path, info.get("summary", {}))
     return info
+
+
+# run.json's summary (fpsim.train.loop writes it at a run's end): each field and what it holds
+_COUNT, _NUMBER = "an integer >= 0", "a number or 'nan', 'inf', '-inf'"
+SUMMARY_FIELDS = {"steps": _COUNT, "skipped_steps": _COUNT, "final_loss": _NUMBER,
+                  "final_scale": _NUMBER, "loss_sha256": "a SHA-256 in hex (64 digits)",
+                  "nonfinite_loss_steps": "a list of integers >= 0"}
+
+
+def _check_summary(path: Path, summary: dict) -> None:
+    """Each summary field present holds what a run writes there; the first that does not
+    is named with what it holds."""
+    for key, wanted in SUMMARY_FIELDS.items():
+        if key in summary and not _summary_value_ok(wanted, summary[key]):
+            raise ValueError(f"{path}: summary.{key} must be {wanted}, got "
+                             f"{str(summary[key])[:60]!r}")
+
+
+def _summary_value_ok(wanted: str, value) -> bool:
+    def count(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    if wanted == _COUNT:
+        return count(value)
+    if wanted == _NUMBER:
+        return value in ("nan", "inf", "-inf") if isinstance(value, str) else \
+            isinstance(value, (int, float)) and not isinstance(value, bool)
+    if wanted == SUMMARY_FIELDS["loss_sha256"]:
+        return isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value) is not None
+    return isinstance(value, list) and all(count(v) for v in value)
 
 
 @dataclass(frozen=True)
