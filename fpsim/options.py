@@ -21,7 +21,7 @@ import os
 from numbers import Integral, Real
 from pathlib import Path
 
-__all__ = ["check_choice", "check_flag", "check_count", "check_real",
+__all__ = ["check_choice", "check_flag", "check_count", "check_real", "check_between",
            "check_instance", "check_path", "described"]
 
 
@@ -59,6 +59,18 @@ def check_real(name: str, value, what: str = "a finite number") -> float:
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite ({what}), got {value!r}")
     return float(value)
+
+
+def check_between(name: str, value, low: float, high: float = math.inf, *,
+                  low_open: bool = False) -> float:
+    """A finite real number in [low, high] ((low, high] with ``low_open``), as a float."""
+    interval = (f"{'(' if low_open else '['}{low:g}, {high:g}]" if high != math.inf else
+                f"{'>' if low_open else '>='} {low:g}")
+    wanted = f"a number {'in ' if high != math.inf else ''}{interval}"
+    number = check_real(name, value, wanted)
+    if number < low or number > high or (low_open and number == low):
+        raise ValueError(f"{name} must be {wanted}, got {value!r}")
+    return number
 
 
 def check_instance(name: str, value, types, wanted: str):

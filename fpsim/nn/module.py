@@ -14,8 +14,10 @@ For optimizers (master weights, loss scaling) the contract is:
 - ``zero_grad()`` sets every ``.grad`` to ``None``.
 - ``state_dict()`` returns ``{name: copy of p.data}`` (host NumPy arrays on every backend)
   for every parameter and buffer, in PyTorch's order; ``load_state_dict(d)`` rounds each array into the
-  parameter's (buffer's) format; unknown or missing names and wrong shapes are errors
-  (``strict=False`` allows missing and unknown names).
+  parameter's (buffer's) format; unknown or missing names, wrong shapes, NaN/inf values,
+  values beyond the format's range and values a layer refuses (``check_loaded``: a negative
+  running variance) are errors, all checked before anything changes (``check_state_dict``
+  checks without loading; ``strict=False`` allows missing and unknown names).
 
 Buffers (``register_buffer``) are tensors that are state but not trained, such as
 ``BatchNorm2d``'s running statistics: in ``state_dict`` (so checkpoints that save the
@@ -203,7 +205,23 @@ class Module:
                     state[f"{module_name}.{name}" if module_name else name] = t.numpy()
         return state
 
+    def check_loaded(self, name: str, values) -> None:
+        """Refuse ``values`` (finite, rounded) for this module's own parameter or buffer
+        ``name`` before ``load_state_dict`` changes anything: nothing here; a layer whose
+        state has a range (``BatchNorm2d``'s ``running_var`` >= 0) overrides it."""
+
     def load_state_dict(self, state: dict, strict: bool = True) -> None:
+        """Load ``state`` (``check_state_dict`` checks all of it first)."""
+        loaded = self.check_state_dict(state, strict)
+        own = dict(self.named_parameters())
+        own.update(self.named_buffers())
+        for name, values in loaded.items():
+            own[name].data = values
+
+    def check_state_dict(self, state: dict, strict: bool = True) -> dict:
+        """``{name: the array load_state_dict would assign}`` (rounded into each tensor's
+        format); changes nothing. Refuses missing or unknown names (``strict``), wrong shapes,
+        NaN/inf values and values beyond the format's range, naming the first."""
         check_instance("state", state, Mapping, "a dict of name -> array, as state_dict gives")
         own = dict(self.named_parameters())
         own.update(self.named_buffers())
@@ -217,14 +235,38 @@ class Module:
                 raise ValueError(f"load_state_dict: {name!r} has shape "
                                  f"{tuple(xp.shape(state[name]))}, the parameter has shape "
                                  f"{param.shape}")
+        owners = {(f"{path}.{name}" if path else name): (module, name)
+                  for path, module in self.named_modules()
+                  for name in list(module._params) + list(module._buffers)}
+        loaded = {}
         for name, param in own.items():
-            if name not in state:
-                continue
-            values = xp.asarray(state[name])
-            if values.dtype not in (xp.float32, xp.float64):
-                values = backend.astype(values, xp.float64)
-            param.data = xp.array(round_array(values, param.fmt), container_of(param.fmt))
+            if name in state:
+                loaded[name] = _rounded(name, state[name], param.fmt)
+                module, own_name = owners[name]
+                try:
+                    module.check_loaded(own_name, loaded[name])
+                except ValueError as err:
+                    raise ValueError(f"load_state_dict: {name!r}: {err}") from None
+        return loaded
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{n}={type(c).__name__}" for n, c in self._children.items())
         return f"{type(self).__name__}({inner})"
+
+
+def _rounded(name: str, given, fmt):
+    """``given`` rounded into ``fmt``'s container; refused where it holds NaN/inf or values
+    that round beyond the format's range (a NaN weight would spread through every step)."""
+    values = xp.asarray(given)
+    if values.dtype not in (xp.float32, xp.float64):
+        values = backend.astype(values, xp.float64)
+    bad = xp.count_nonzero(xp.logical_not(xp.isfinite(values)))
+    if bad:
+        raise ValueError(f"load_state_dict: {name!r} holds {int(bad)} NaN/inf value(s); "
+                         f"parameters and buffers must be finite")
+    rounded = xp.array(round_array(values, fmt), container_of(fmt))
+    beyond = xp.count_nonzero(xp.logical_not(xp.isfinite(rounded)))
+    if beyond:
+        raise ValueError(f"load_state_dict: {name!r} holds {int(beyond)} value(s) beyond the "
+                         f"range of {fmt} (largest magnitude {float(xp.max(xp.abs(values)))})")
+    return rounded

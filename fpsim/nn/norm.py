@@ -24,7 +24,8 @@ batch norm). Its running statistics are buffers: in ``state_dict``, not ``parame
 from __future__ import annotations
 
 from .. import autograd as ag
-from ..options import check_count, check_flag, check_real
+from ..backend import xp
+from ..options import check_between, check_count, check_flag
 from . import init
 from .module import Module, parameter
 
@@ -34,7 +35,7 @@ __all__ = ["LayerNorm", "BatchNorm2d"]
 class LayerNorm(Module):
     """Normalises over the trailing ``normalized_shape`` axes; ``weight`` ones and ``bias``
     zeros (PyTorch's init), both omitted with ``elementwise_affine=False``, the bias alone
-    with ``bias=False``."""
+    with ``bias=False``; ``eps`` is a number > 0 (0 would divide a constant row by 0)."""
 
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
                  bias: bool = True):
@@ -42,7 +43,7 @@ class LayerNorm(Module):
         shape = ((normalized_shape,) if not isinstance(normalized_shape, (tuple, list))
                  else tuple(normalized_shape))
         self.normalized_shape = tuple(check_count("normalized_shape", n, 1) for n in shape)
-        self.eps = check_real("eps", eps)
+        self.eps = check_between("eps", eps, 0.0, low_open=True)
         self.weight = parameter(init.ones(shape)) if elementwise_affine else None
         self.bias = parameter(init.zeros(shape)) if elementwise_affine and bias else None
 
@@ -60,17 +61,18 @@ class BatchNorm2d(Module):
     ``affine=False``); buffers ``running_mean`` (zeros) and ``running_var`` (ones) in the
     parameter format (omitted with ``track_running_stats=False``, which then normalises with
     batch statistics in eval mode too). Training mode updates the buffers with ``momentum``
-    (a number; PyTorch's cumulative average, momentum=None, is not offered)."""
+    (a number in [0, 1]; PyTorch's cumulative average, momentum=None, is not offered);
+    ``eps`` is a number > 0."""
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1,
                  affine: bool = True, track_running_stats: bool = True):
         super().__init__()
         self.num_features = check_count("num_features", num_features, 1)
-        self.eps = check_real("eps", eps)
+        self.eps = check_between("eps", eps, 0.0, low_open=True)
         if momentum is None:
             raise ValueError("BatchNorm2d: momentum=None (a cumulative average) is not "
                              "supported; give a number")
-        self.momentum = check_real("momentum", momentum)
+        self.momentum = check_between("momentum", momentum, 0.0, 1.0)     # torch's meaning
         affine = check_flag("affine", affine)
         self.track_running_stats = check_flag("track_running_stats", track_running_stats)
         shape = (self.num_features,)
@@ -80,6 +82,12 @@ class BatchNorm2d(Module):
         fmt = ag.current_policy().param
         self.register_buffer("running_mean", ag.Tensor(init.zeros(shape), fmt) if stats else None)
         self.register_buffer("running_var", ag.Tensor(init.ones(shape), fmt) if stats else None)
+
+    def check_loaded(self, name: str, values) -> None:
+        """A loaded ``running_var`` is a variance: a negative one would give NaN outputs."""
+        if name == "running_var" and xp.any(values < 0):
+            raise ValueError(f"running_var is a variance and must be >= 0, got "
+                             f"{float(xp.min(values))}")
 
     def forward(self, x):
         x = ag.as_tensor(x)
