@@ -191,7 +191,7 @@ def test_values_float32_turns_into_refused_ones_are_refused(tmp_path, capsys, fl
     (lambda: nn.LSTM(4, 2.0), "hidden_size must be a positive integer"),
     (lambda: Tensor([1.0], requires_grad="yes"), "requires_grad must be True or False"),
     (lambda: Dataset(np.zeros((2, 2), np.float32), np.zeros(2, int), 2.5),
-     "classes must be a positive integer, got 2.5"),
+     "classes must be an integer >= 2, got 2.5"),
 ])
 def test_python_does_not_coerce_constructor_arguments(make, words):
     with pytest.raises((ValueError, TypeError)) as err:

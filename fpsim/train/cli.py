@@ -78,7 +78,9 @@ def register(commands) -> None:
                         "apex, deepspeed, deepspeed-fp16, megatron, tf-keras, keras3, jmp "
                         "(default: the recipe's: dynamic for 16-mixed, none otherwise)")
     p.add_argument("--steps", type=int, default=200, help="training steps")
-    p.add_argument("--batch-size", type=int, default=64, help="batch size")
+    p.add_argument("--batch-size", type=int, default=64,
+                   help="samples per step, drawn with replacement; at most the data's sample "
+                        "count (a larger batch is refused)")
     p.add_argument("--seed", type=int, default=0, help="seed for data, weights and batches")
     p.add_argument("--out", default=None,
                    help="folder for run.json, the trace and checkpoint.npz (default: write "
@@ -172,6 +174,9 @@ def _train_as_told(args: argparse.Namespace) -> int:
     data_arguments = parse_arguments(args.data_arg, "--data-arg")
     data = build_data(args.data, data_arguments, samples=args.samples, features=args.features,
                       classes=args.classes, seed=args.seed)
+    if args.batch_size > len(data):
+        raise ValueError(f"--batch-size must be at most the {len(data)} samples of the data "
+                         f"(batches are drawn from them with replacement), got {args.batch_size}")
     rule_kwargs = dict(lr=args.lr, weight_decay=args.weight_decay)
     if args.optimizer == "sgd":
         rule_kwargs["momentum"] = args.momentum

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..options import check_count
+
 __all__ = ["Dataset", "make_dataset", "DATASETS"]
 
 
@@ -44,10 +46,23 @@ class Dataset:
             raise ValueError(f"{self.name}: labels/targets must have shape ({x.shape[0]},) or "
                              f"({x.shape[0]}, ...) to match inputs {x.shape}, got {y.shape}")
         object.__setattr__(self, "x", _inputs(self.name, x))
+        object.__setattr__(self, "y", self._targets(y))
+
+    def _targets(self, y: np.ndarray) -> np.ndarray:
         if self.classes is None:
-            object.__setattr__(self, "y", _regression_targets(self.name, y))
-        else:
-            object.__setattr__(self, "y", _labels(self.name, y, self.classes))
+            return _regression_targets(self.name, y)
+        return _labels(self.name, y, self.classes)
+
+    def check(self) -> "Dataset":
+        """Check the arrays again as construction did, and return self: they are NumPy
+        arrays, so a NaN or a label written into them later would pass unseen (``train``
+        calls this before its first step; one pass over the data, no copy)."""
+        try:
+            _inputs(self.name, self.x)
+            self._targets(self.y)
+        except (ValueError, TypeError) as err:
+            raise type(err)(f"{err} (written into the Dataset after it was built)") from None
+        return self
 
     @property
     def features(self) -> int:
@@ -73,6 +88,11 @@ def _first_bad(bad: np.ndarray) -> str:
 
 def _inputs(name: str, x: np.ndarray) -> np.ndarray:
     if x.dtype.kind in "iu":
+        too_large = x > np.iinfo(np.int64).max if x.dtype == np.uint64 else None
+        if too_large is not None and too_large.any():      # int64 would wrap them negative
+            raise ValueError(f"{name}: integer inputs are token ids and must fit int64 (at most "
+                             f"2**63 - 1); {int(too_large.sum())} value(s) are larger, "
+                             f"{_first_bad(too_large)}")
         if x.size and x.min() < 0:
             raise ValueError(f"{name}: integer inputs are token ids and must be >= 0; "
                              f"{int((x < 0).sum())} negative value(s), {_first_bad(x < 0)}")
@@ -96,9 +116,11 @@ def _finite_float32(name: str, values: np.ndarray, what: str) -> np.ndarray:
 
 
 def _labels(name: str, y: np.ndarray, classes) -> np.ndarray:
-    if isinstance(classes, bool) or not isinstance(classes, (int, np.integer)) or classes < 1:
-        raise ValueError(f"{name}: classes must be a positive integer, got {classes!r} (or "
-                         f"None for regression targets)")
+    try:
+        check_count(f"{name}: classes", classes, 2)
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"{err} (a classification needs two classes or more; give "
+                        f"classes=None for regression targets)") from None
     if y.dtype.kind not in "iu":
         raise TypeError(f"{name}: labels must be integers (or give classes=None for float "
                         f"regression targets), got {y.dtype}")

@@ -131,6 +131,12 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler="r
     regression targets. Integer inputs (token ids) reach the model as an integer array, float
     inputs as a ``Tensor`` in the policy's input format.
 
+    Each step draws ``batch_size`` samples with replacement (seeded); a ``batch_size`` above
+    ``len(data)`` is refused (PyTorch's DataLoader would give one batch of all samples; here
+    it would only repeat samples). ``data`` is checked again (``Dataset.check``): its arrays
+    may have been written into after it was built. The model's parameters must be in the
+    policy's ``param`` format: build the model under ``use_policy(policy)``.
+
     ``per_layer``: also record, per parameter and step, the fraction of its gradient values
     that underflowed, of its updates that were lost, and its gradient's largest magnitude
     (``TrainResult.layers``; ``layers.jsonl`` with ``out``; ``fpsim.train.layer_stats``).
@@ -166,9 +172,15 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler="r
         check_count("checkpoint_every", checkpoint_every, 1)
     if not isinstance(data, Dataset):
         raise TypeError(f"data must be an fpsim.train.Dataset, got {type(data).__name__}")
+    data.check()         # its arrays may have been written into since it was built
+    if batch_size > len(data):
+        raise ValueError(f"batch_size must be at most the {len(data)} samples of data "
+                         f"{data.name!r} (batches are drawn from them with replacement), got "
+                         f"{batch_size}")
     check_choice("trace_layout", trace_layout, ("jsonl", "csv"))
     allow_changes = check_allowed_changes(allow_changes)
     policy = get_policy(policy)
+    _check_parameter_formats(model, policy)
     recipe = recipe_for(policy)
     with use_policy(policy):
         optimizer = (optimizer if optimizer is not None
@@ -296,6 +308,17 @@ def _lost_fractions(report, count: int) -> tuple:
     if not report.lost_by_parameter:            # a skipped step moved nothing
         return (0.0,) * count
     return tuple(lost / moved if moved else 0.0 for moved, lost in report.lost_by_parameter)
+
+
+def _check_parameter_formats(model, policy) -> None:
+    """Each parameter carries the format it was built in; the policy computes as if it held
+    the policy's ``param`` format, and nothing converts them."""
+    for name, p in model.named_parameters():
+        if p.fmt != policy.param:
+            raise ValueError(f"model parameter {name!r} is stored in {p.fmt} but policy "
+                             f"{policy.name} keeps parameters in {policy.param}; build the "
+                             f"model under use_policy({policy.name!r}) (as fpsim train does), "
+                             f"or train it under a policy whose parameters are {p.fmt}")
 
 
 def _check_optimizer_fits(model, optimizer) -> None:

@@ -5,7 +5,8 @@ A training checkpoint holds the model's parameters (``param/...``), the optimize
 the run's configuration (``run_identity``). ``restore_checkpoint`` checks all of it against
 the run being resumed before it changes anything: the configuration field by field (a
 difference is refused, naming the fields, unless it is in ``ADJUSTABLE_ON_RESUME`` and
-allowed), the metadata keys and types, and every array's name, shape and dtype.
+allowed), the metadata keys and types, every array's name, shape and dtype, and the values
+(finite weights and master copies, the weights the rounding of their master copies).
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import math
 from pathlib import Path
 
 from .. import backend
+from ..autograd.numerics import round_array
+from ..backend import xp
 from ..optim import Optimizer
 from ..scaling import ScalerState
 from .checkpoint import (CheckpointError, check_step_counts, load_checkpoint,
@@ -125,6 +128,11 @@ def restore_checkpoint(path, model, optimizer: Optimizer, scaler_cfg, rng, ident
     check_step_counts(f"checkpoint {path}", step, state.step, state.total_skips,
                       optim.get("step_count"))
     try:
+        model.check_state_dict(params)     # finite weights, a running variance >= 0, ...
+    except ValueError as err:
+        raise bad(str(err).replace("load_state_dict: ", "parameter ")) from None
+    _check_masters(model, optimizer, params, optim, bad)
+    try:
         optimizer.load_state_dict(optim)     # checks every array before it changes anything
     except (KeyError, ValueError, TypeError) as err:
         raise bad(f"optimizer state does not fit: {err}") from None
@@ -146,6 +154,31 @@ def restore_checkpoint(path, model, optimizer: Optimizer, scaler_cfg, rng, ident
         modules[name].set_extra_state(values)
     rng.bit_generator.state = meta["rng"]
     return step, state
+
+
+def _check_masters(model, optimizer: Optimizer, params: dict, optim: dict, bad) -> None:
+    """Every master copy is finite, and the checkpoint's weights are their roundings into the
+    weights' formats, as every step writes them: anything else was edited, or put together
+    from two runs, and would resume silently wrong. A master the optimizer will refuse for
+    its shape or dtype is left to that check, which names it."""
+    if optimizer.master_fmt is None:
+        return
+    weight_names = {id(p): name for name, p in model.named_parameters()}
+    for name, p in optimizer.named:
+        master = optim.get(f"master/{name}")
+        if master is None or master.shape != tuple(p.shape) or master.dtype.kind != "f":
+            continue
+        master = xp.array(master, xp.float32)
+        nonfinite = xp.count_nonzero(xp.logical_not(xp.isfinite(master)))
+        if nonfinite:
+            raise bad(f"the master copy of {name!r} holds {int(nonfinite)} NaN/inf value(s); "
+                      f"a run cannot continue from it")
+        weight = xp.asarray(params[weight_names[id(p)]])
+        differ = xp.count_nonzero(xp.not_equal(round_array(master, p.fmt), weight))
+        if differ:
+            raise bad(f"parameter {weight_names[id(p)]!r} is not its master copy rounded to "
+                      f"{p.fmt} ({int(differ)} of its {backend.size(master)} values differ); "
+                      f"the weights and master copies come from different states")
 
 
 def check_same_config(what: str, saved, identity: dict, allow_changes: frozenset) -> None:
