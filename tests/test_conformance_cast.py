@@ -6,9 +6,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from fpsim import backend
 from fpsim.conformance import cli
 from fpsim.conformance.cast_check import CLASSES, check_cast, result_values
 from fpsim.formats import get
+from fpsim.quant.blocks import mx_quantize
 
 
 def sources(seed=0, n=60_000):
@@ -186,3 +188,87 @@ def test_cli_exit_codes_and_output(tmp_path, capsys):
     assert run(["check-cast", str(tmp_path / "short.npy"), "-f", "fp16", "--against",
                 str(tmp_path / "good.npy")]) == 2
     assert "shapes differ" in capsys.readouterr().err
+
+
+def test_an_in_range_value_that_rounds_to_the_maximum_stays_normal_under_saturation():
+    """449 and 463 round to e4m3fn's 448 with or without saturation: normal; 465 rounds to
+    480, which e4m3fn lacks: an overflow that saturation turns into 448."""
+    src = np.float32([449.0, 463.0, 465.0, 1e6])
+    theirs = np.float32([448.0, 448.0, 448.0, 448.0])
+    report = check_cast(src, theirs, get("e4m3fn").replace(saturate=True))
+    assert report.agree
+    assert (report.counts["normal"], report.counts["overflow"]) == (2, 2)
+
+
+def _torchao_to_mx():
+    mx_tensor = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor",
+                                    reason="torchao (0.18's MX reference to_mx) is not installed")
+    from torchao.prototype.mx_formats.config import ScaleCalculationMode
+    import torch
+    return mx_tensor.to_mx, ScaleCalculationMode, torch
+
+
+def mx_source(seed=0):
+    """Blocks of 32 over a wide range of magnitudes, rounding midpoints and saturating
+    values; no block below 2**-100 (torchao's FLOOR treats code-0 blocks differently) and no
+    NaN (RCEIL's NaN blocks differ by design: fpsim.quant.blocks)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((400, 32)) * np.exp2(rng.integers(-100, 100, (400, 1)))
+    x[::7, 0] *= 1.9                                         # amaxes off the power of two
+    return x.astype(np.float32)
+
+
+@pytest.mark.parametrize("fmt,rule,mode", [("e4m3fn", "spec", "FLOOR"), ("e5m2", "spec", "FLOOR"),
+                                           ("e4m3fn", "rceil", "RCEIL")])
+def test_mx_mode_checks_scales_and_elements_against_torchao(tmp_path, capsys, fmt, rule, mode):
+    to_mx, modes, torch = _torchao_to_mx()
+    x = mx_source()
+    dtype = {"e4m3fn": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[fmt]
+    scales, data = to_mx(torch.from_numpy(x), dtype, 32, modes[mode])
+    codes = scales.view(torch.uint8).numpy()
+    if rule == "rceil":            # torchao's float32 log2 one code low, by design: drop them
+        ours = backend.to_numpy(mx_quantize(x, fmt, scale_rule="rceil").scale_codes)
+        keep = (codes == ours).all(axis=1)
+        x, codes, data = x[keep], codes[keep], data[torch.from_numpy(keep)]
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "codes.npy", codes)
+    np.save(tmp_path / "data.npy", data.float().numpy())
+    argv = ["check-cast", str(tmp_path / "x.npy"), "-f", fmt, "--against",
+            str(tmp_path / "data.npy"), "--mx-scales", str(tmp_path / "codes.npy"),
+            "--mx-rule", rule]
+    assert cli.main(argv) == 0, capsys.readouterr().out
+    assert "all match" in capsys.readouterr().out.splitlines()[0]
+    planted = codes.copy()
+    planted[5, 0] += 1                           # an off-by-one scale choice in one block
+    np.save(tmp_path / "codes.npy", planted)
+    assert cli.main(argv) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == f"  scales (e8m0 codes): 1 of {codes.size} blocks differ"
+    assert out[2].startswith(f"    block (5, 0): amax ") and out[3] == (
+        "  elements: 32 values in those blocks not compared")
+
+
+def test_mx_mode_bad_input_exits_2_and_writes_nothing(tmp_path, capsys):
+    x = mx_source()[:2]
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "data.npy", x)
+    np.save(tmp_path / "codes.npy", np.full((2, 1), 127, np.uint8))
+    np.save(tmp_path / "short.npy", np.full(2, 127, np.uint8))
+    np.save(tmp_path / "wide.npy", np.full((2, 1), 127, np.uint16))
+    base = ["check-cast", str(tmp_path / "x.npy"), "--against", str(tmp_path / "data.npy")]
+    cases = [(["-f", "fp16", "--mx-scales", str(tmp_path / "codes.npy")], "MX elements are"),
+             (["-f", "e4m3fn", "--mx-scales", str(tmp_path / "short.npy")],
+              "the scales' shape is (2,); one code per block"),
+             (["-f", "e4m3fn", "--mx-scales", str(tmp_path / "wide.npy")], "uint8 E8M0 codes"),
+             (["-f", "e4m3fn", "--mx-scales", str(tmp_path / "codes.npy"), "--mode",
+               "toward_zero"], "rounds to nearest even"),
+             (["-f", "e4m3fn", "--mx-scales", str(tmp_path / "codes.npy"), "--block", "0"],
+              "--block must be >= 1"),
+             (["-f", "e4m3fn", "--mx-scales", str(tmp_path / "none.npy")], "does not exist")]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for extra, words in cases:
+        assert cli.main(base + extra) == 2, extra
+        captured = capsys.readouterr()
+        assert captured.out == "" and len(captured.err.splitlines()) == 1, captured.err
+        assert words in captured.err, captured.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

@@ -15,7 +15,8 @@ step and bit by bit.
   Lightning ``Callback`` and a Hugging Face ``TrainerCallback`` writing a Trainer's fp16
   scaler trace; ``megatron_recorder``: Megatron-core's fp16 optimizer's trace from a
   training loop (optional deps).
-- ``check_cast(source, result, "fp16")``: a framework's cast against ``round_to``, by class.
+- ``check_cast(source, result, "fp16")``: a framework's cast against ``round_to``, by class;
+  ``mx_check.check_mx_cast``: an MX cast's E8M0 scale per block, then its elements.
 - ``cli``: ``fpsim check-scaler`` and ``fpsim check-cast``.
 
 >>> report = compare(ReferenceAdapter("torch", growth_interval=2), [False, False, True], "torch",

@@ -17,7 +17,8 @@ are compared exactly (NaN meets NaN; zeros compare with their signs)::
     nan        the source is NaN
     infinity   the source is +-inf
     overflow   a finite source whose rounded value is inf or NaN (or, with saturation,
-               the largest finite value from beyond it)
+               the largest finite value where the unsaturated rounding overflows; a value
+               above the largest finite that rounds down to it is normal)
     zero       our value is +-0
     subnormal  0 < |ours| < min_normal
     normal     the rest
@@ -42,7 +43,8 @@ from ..formats import Format, get
 from ..rounding import MODES, round_to
 from ..train.checkpoint import load_npy
 
-__all__ = ["check_cast", "CastReport", "CLASSES", "result_values", "load_array"]
+__all__ = ["check_cast", "CastReport", "CLASSES", "result_values", "load_array",
+           "compare_values"]
 
 CLASSES = ("normal", "subnormal", "zero", "overflow", "infinity", "nan")
 
@@ -140,7 +142,8 @@ def _is_ml_float(dtype: np.dtype) -> bool:
     return True
 
 
-def classify(source: np.ndarray, ours: np.ndarray, fmt: Format) -> np.ndarray:
+def classify(source: np.ndarray, ours: np.ndarray, fmt: Format,
+             mode: str = "nearest_even") -> np.ndarray:
     """Index into ``CLASSES`` for every element (see the module docstring)."""
     src, out = source.astype(np.float64), ours.astype(np.float64)
     cls = np.zeros(src.shape, np.int8)
@@ -149,8 +152,9 @@ def classify(source: np.ndarray, ours: np.ndarray, fmt: Format) -> np.ndarray:
     cls[out == 0] = 2
     finite = np.isfinite(src)
     overflow = finite & ~np.isfinite(out)
-    if fmt.saturate:
-        overflow |= finite & (np.abs(src) > fmt.max_finite) & (magnitude == fmt.max_finite)
+    if fmt.saturate:            # saturated where the format's own rounding would overflow
+        unsaturated = round_to(source, fmt.replace(saturate=False), mode)
+        overflow |= finite & ~np.isfinite(unsaturated)
     cls[overflow] = 3
     cls[np.isinf(src)] = 4
     cls[np.isnan(src)] = 5
@@ -178,21 +182,34 @@ def check_cast(source, result, fmt: "Format | str", *, mode: str = "nearest_even
                          "not an agreement)")
     theirs = result_values(result, fmt, bits=bits)
     with np.errstate(invalid="ignore"):     # signalling NaNs in float32 data
-        ours = round_to(source, fmt, mode).astype(np.float64)
-        cls = classify(source, ours, fmt)
+        ours = round_to(source, fmt, mode)
+    return compare_values(source, ours, theirs, fmt, mode, max_examples)
+
+
+def compare_values(source, ours, theirs, fmt: Format, mode: str, max_examples: int,
+                   where=None) -> CastReport:
+    """The ``CastReport`` of ``ours`` (fpsim's rounding of ``source`` to ``fmt``) against
+    ``theirs`` (float64 values), by class; only the elements ``where`` is True (all if None)
+    are counted. ``check_cast`` and the MX check share it."""
+    ours = np.asarray(ours).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        cls = classify(source, ours, fmt, mode)
     nan_ours, nan_theirs = np.isnan(ours), np.isnan(theirs)
     same = (ours == theirs) & (np.signbit(ours) == np.signbit(theirs))
     same |= nan_ours & nan_theirs
-    counts = {name: int(np.count_nonzero(cls == i)) for i, name in enumerate(CLASSES)}
-    mismatches = {name: int(np.count_nonzero((cls == i) & ~same))
+    counted = np.ones(source.shape, bool) if where is None else where
+    counts = {name: int(np.count_nonzero((cls == i) & counted))
+              for i, name in enumerate(CLASSES)}
+    mismatches = {name: int(np.count_nonzero((cls == i) & ~same & counted))
                   for i, name in enumerate(CLASSES)}
     examples = []
-    for flat in np.flatnonzero(~same)[:max_examples]:
+    for flat in np.flatnonzero(~same & counted)[:max_examples]:
         index = np.unravel_index(flat, source.shape)
         index = tuple(int(i) for i in index) if source.ndim != 1 else int(index[0])
         examples.append((index, CLASSES[cls.reshape(-1)[flat]], float(source.reshape(-1)[flat]),
                          float(ours.reshape(-1)[flat]), float(theirs.reshape(-1)[flat])))
-    return CastReport(fmt.name, mode, int(source.size), counts, mismatches, tuple(examples))
+    return CastReport(fmt.name, mode, int(np.count_nonzero(counted)), counts, mismatches,
+                      tuple(examples))
 
 
 def _native(array: np.ndarray) -> np.ndarray:

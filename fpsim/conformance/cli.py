@@ -4,6 +4,7 @@
                        [--expect KEY=VALUE ...] [--expect-preset NAME]
     fpsim check-cast ARRAY.npy --format FMT --against OTHER.npy [--bits] [--mode MODE]
                      [--saturate] [--flush-subnormals] [--examples N]
+                     [--mx-scales CODES.npy [--mx-rule spec|rceil] [--block N]]
 
 Exit status: 0 when the framework agrees with the reference, 1 when it does not (the first
 divergence, or the mismatches by class, are printed; or a recorded setting is not the one
@@ -27,6 +28,7 @@ from ..rounding import MODES
 from ..scaling import DynamicScaler, preset, preset_names
 from .cast_check import check_cast, load_array
 from .expect import check_settings
+from .mx_check import check_mx_cast
 from .replay import reference_state, replay
 from .trace import read_trace
 
@@ -88,6 +90,16 @@ def register(subparsers) -> None:
                       help="subnormal results flush to zero (a flush-to-zero framework)")
     cast.add_argument("--examples", type=int, default=10, metavar="N",
                       help="show the first N mismatches (default 10)")
+    cast.add_argument("--mx-scales", metavar="CODES.npy",
+                      help="MX mode: the framework's E8M0 scale codes (uint8, one per block "
+                           "of the last axis; torchao: scale.view(torch.uint8)); the scale of "
+                           "every block is checked, then the elements (OTHER) of the blocks "
+                           "whose scales agree")
+    cast.add_argument("--mx-rule", default="spec", choices=("spec", "rceil"),
+                      help="MX scale rule: spec (OCP floor; torchao's FLOOR, the default) or "
+                           "rceil (Transformer Engine's MXFP8)")
+    cast.add_argument("--block", type=int, default=32, metavar="N",
+                      help="MX block size (default 32)")
 
 
 def parse_param(text: str, option: str = "--param") -> tuple[str, object]:
@@ -228,8 +240,19 @@ def _check_scaler(args) -> int:
     return 0 if report.agree else 1
 
 
+def _check_mx_options(args) -> None:
+    """MX casts round to nearest even with saturation, in blocks; refuse what does not fit."""
+    if args.mode != "nearest_even" or args.flush_subnormals:
+        raise UsageError("--mx-scales: an MX cast rounds to nearest even with saturation; "
+                         "drop --mode and --flush-subnormals")
+    if args.block < 1:
+        raise UsageError(f"--block must be >= 1, got {args.block}")
+
+
 def _check_cast(args) -> int:
     fmt = get(args.format)
+    if args.mx_scales is not None:
+        _check_mx_options(args)
     if args.saturate:
         fmt = fmt.replace(saturate=True)
     if args.flush_subnormals:
@@ -239,8 +262,14 @@ def _check_cast(args) -> int:
     try:
         source = load_array(args.array, "source")
         result = load_array(args.against, "--against")
+        codes = None if args.mx_scales is None else load_array(args.mx_scales, "--mx-scales")
     except FileNotFoundError as err:
         raise UsageError(str(err)) from None
+    if codes is not None:
+        report = check_mx_cast(source, result, codes, fmt, rule=args.mx_rule, block=args.block,
+                               bits=args.bits, max_examples=args.examples)
+        print(report)
+        return 0 if report.agree else 1
     report = check_cast(source, result, fmt, mode=args.mode, bits=args.bits,
                         max_examples=args.examples)
     print(report)
