@@ -37,7 +37,7 @@ from ..backend import xp
 from .numerics import FP64, round_array
 from ..exact import cr_exp, cr_gelu, cr_log, cr_sigmoid, cr_silu, cr_tanh, silu64
 from ..exact.correctly_rounded import (GELU_TANH_KAPPA, TWO_SQRT_2_OVER_PI, cr_gelu_tanh,
-                                      gelu_tanh64, gelu_tanh_parts)
+                                      gelu_tanh64, gelu_tanh_parts, nan_as_input)
 from ..exact import elementary
 from .accumulate import accumulation_model as _model
 from .accumulate import sum_to_shape as _unbroadcast
@@ -157,7 +157,12 @@ def _unary(op, x, category, forward, grad, *, exact=False, correctly_rounded=Non
 
     def backward(g, g_fmt):
         with xp.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-            return (_grad_array(grad(g, x.data, out), g_fmt, x, exact),)
+            if exact:
+                return (_grad_array(grad(g, x.data, out), g_fmt, x, exact),)
+            # a NaN g comes back as itself, whatever NaN the formula makes of x beside it
+            # (which of two NaNs a product returns is left open: ``nan_as_input``)
+            value = nan_as_input(_f64(g), grad(g, x.data, out))
+            return (_grad_array(value, g_fmt, x, exact),)
 
     return record(out, fmt, (x,), backward, op)
 
@@ -245,7 +250,7 @@ def silu(x) -> Tensor:
     sigmoid (within 2**-48), in float64, rounded once."""
     def grad(g, d, o):
         s = elementary.sigmoid(d)
-        return _f64(g) * s * (1.0 + _f64(d) * (1.0 - s))
+        return nan_as_input(_f64(d), _f64(g) * s * (1.0 + _f64(d) * (1.0 - s)))
 
     return _unary("silu", x, "elementwise", silu64, grad, correctly_rounded=cr_silu)
 
@@ -271,17 +276,22 @@ def gelu(x, approximate: str = "none") -> Tensor:
                       correctly_rounded=cr_gelu_tanh)
     if approximate != "none":
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    return _unary("gelu", x, "elementwise", elementary.gelu,
-                  lambda g, d, o: _f64(g) * (elementary.normal_cdf(d)
-                                             + _f64(d) * elementary.normal_pdf(d)),
+    return _unary("gelu", x, "elementwise", elementary.gelu, _gelu_grad,
                   correctly_rounded=cr_gelu)
+
+
+# A NaN x gives x's own NaN as gradient (``nan_as_input``: the formulas would make it meet
+# the NaN its normal_pdf or sigmoid derives, and which of two NaNs returns is left open).
+def _gelu_grad(g, d, o):
+    d = _f64(d)
+    return nan_as_input(d, _f64(g) * (elementary.normal_cdf(d) + d * elementary.normal_pdf(d)))
 
 
 def _gelu_tanh_grad(g, d, o):
     d = _f64(d)
     y, s = gelu_tanh_parts(d)
     slope = TWO_SQRT_2_OVER_PI * (1.0 + (3.0 * GELU_TANH_KAPPA) * (d * d))
-    return _f64(g) * (s + d * s * (1.0 - s) * slope)
+    return nan_as_input(d, _f64(g) * (s + d * s * (1.0 - s) * slope))
 
 
 register(add, sub, mul, div, neg, pow, exp, log, sqrt, tanh, sigmoid, silu, relu, gelu)

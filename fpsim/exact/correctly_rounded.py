@@ -34,7 +34,7 @@ from .odd_rounding import round_to_odd
 __all__ = ["certified", "settle", "enclosure", "forced_fallback", "cr_exp", "cr_log", "cr_tanh",
            "cr_sigmoid", "cr_silu", "cr_gelu", "gelu_bound", "silu64", "SILU_BOUND",
            "cr_gelu_tanh", "gelu_tanh64", "gelu_tanh_parts", "gelu_tanh_bound",
-           "TWO_SQRT_2_OVER_PI", "GELU_TANH_KAPPA", "FALLBACK_COUNT"]
+           "TWO_SQRT_2_OVER_PI", "GELU_TANH_KAPPA", "FALLBACK_COUNT", "nan_as_input"]
 
 FALLBACK_COUNT = {"elements": 0}   # how many elements ``settle`` decided (tests read it)
 _FORCED = {"on": False}            # the test switch of ``forced_fallback``
@@ -171,10 +171,19 @@ def silu64(x):
     """x sigmoid(x) in float64, within ``SILU_BOUND`` relative: ``elementary.sigmoid`` times
     the exact x. Below x = -400 (``elementary``'s clamp of exp) the bound does not hold, but
     |x sigmoid(x)| is below 2**-560 and the float64 value below 2**-440: both round to -0
-    in every format. silu(-inf) = -inf * 0 is NaN, as PyTorch gives."""
+    in every format. silu(-inf) = -inf * 0 is NaN, as PyTorch gives; NaN -> itself
+    (``nan_as_input``)."""
     x = xp.asarray(x, xp.float64)
     with xp.errstate(invalid="ignore"):        # -inf * 0
-        return x * elementary.sigmoid(x)
+        return nan_as_input(x, x * elementary.sigmoid(x))
+
+
+def nan_as_input(x, value):
+    """``value`` with x's own NaN where x is NaN. A formula like x * sigmoid(x) makes a NaN
+    x meet a second NaN (sigmoid's -|x|), and which of two NaNs an operation returns is left
+    open: NumPy's choice varies with its SIMD path and the array's length, torch's add
+    returns its second operand's. Selecting x's fixes the bits on every backend."""
+    return xp.where(xp.isnan(x), x, value)
 
 
 def cr_silu(x, fmt):
@@ -224,7 +233,7 @@ def gelu_tanh64(x):
     rounded to odd (the odd one of the two), which rounds like it into every format. Where
     y <= -300, |value| <= |x| e**-300 < 2**-300 for |x| < 2**128 (float32 inputs): returned
     as -2**-1000, which rounds like it (to -0) into every format. inf -> inf, -inf -> NaN
-    (-inf * 0, as PyTorch's 0.5 x (1 + tanh) gives), NaN -> NaN."""
+    (-inf * 0, as PyTorch's 0.5 x (1 + tanh) gives), NaN -> itself (``nan_as_input``)."""
     x = xp.asarray(x, xp.float64)
     y, s = gelu_tanh_parts(x)
     with xp.errstate(invalid="ignore"):
@@ -232,7 +241,7 @@ def gelu_tanh64(x):
     big = xp.isfinite(x) & (y >= 40.0)
     out = xp.where(big, round_to_odd(x, xp.where(big, -1.0, 0.0)), out)
     out = xp.where(xp.isfinite(x) & (y <= -300.0), -(2.0 ** -1000), out)
-    return xp.where(x == xp.inf, xp.inf, out)
+    return nan_as_input(x, xp.where(x == xp.inf, xp.inf, out))
 
 
 def gelu_tanh_bound(x):
