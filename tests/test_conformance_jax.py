@@ -67,3 +67,7 @@ def test_keras3_on_jax_flushes_the_scale_where_the_preset_goes_subnormal(keras):
     assert report.divergence.recorded["scale_after"] == 0.0
     assert report.divergence.expected["scale_after"] == 2.0 ** -127
     assert np.float32(2.0 ** -126) * np.float32(0.5) == np.float32(2.0 ** -127)
+    # the preset option that models XLA's flush agrees all the way
+    assert compare(KerasLossScaleAdapter(initial_scale=2.0 ** -120), flags, "keras3",
+                   init_scale=2.0 ** -120, precision="float32_ftz").agree
+

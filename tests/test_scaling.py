@@ -106,6 +106,23 @@ def test_keras3_and_jmp_by_hand():
     assert after.scale == K and after.growth_tracker == 0
 
 
+def test_float32_ftz_models_xla_cpu_flushing_the_collapsing_scale():
+    """Keras 3 on jax (and jmp, eager with a low minimum) halve 2**-126 to 0, not 2**-127:
+    XLA on CPU flushes subnormal results. float32_ftz does; float32 walks the subnormals."""
+    flags = [T] * 8
+    xla = scales("keras3", flags, init_scale=2.0 ** -120, precision="float32_ftz")
+    plain = scales("keras3", flags, init_scale=2.0 ** -120)
+    assert xla[5] == plain[5] == 2.0 ** -126
+    assert xla[6:] == [0.0, 0.0] and plain[6:] == [2.0 ** -127, 2.0 ** -128]
+    jmp = scales("jmp", flags, init_scale=2.0 ** -120, min_scale=2.0 ** -125,
+                 precision="float32_ftz")
+    assert jmp[-1] == 2.0 ** -125                       # a normal minimum: nothing to flush
+    with pytest.raises(ValueError, match="min_scale must be > 0 and finite in float32_ftz"):
+        preset("jmp", min_scale=2.0 ** -130, precision="float32_ftz")
+    assert scales("keras3", [F, T, F], growth_interval=2, precision="float32_ftz") == \
+        scales("keras3", [F, T, F], growth_interval=2)
+
+
 def test_float32_arithmetic_per_precision():
     """1000.1 is rounded to float32 by float32 scalers; a 1.3 factor is applied in float64 then
     rounded (torch) or as float32 times float32 (Megatron): 1300.1300048828125 vs

@@ -34,6 +34,10 @@ in per framework. The algorithm, for one update::
 ``"float32"``
     Megatron, tf-keras, Keras 3, jmp: the factor is rounded to float32 and the product is a
     float32 operation. The initial, minimum and maximum scales are rounded to float32 too.
+``"float32_ftz"``
+    ``"float32"`` on XLA's CPU backend (Keras 3 on jax, jmp eager), which flushes subnormal
+    results to zero: a scale halved from 2**-126 becomes 0, not 2**-127 (no preset's default;
+    ``preset("keras3", precision="float32_ftz")``).
 ``"float64"``
     apex and DeepSpeed keep the scale in a Python float.
 
@@ -61,7 +65,8 @@ from .state import Decision, LossScaleMinimumError, ScalerState
 
 __all__ = ["DynamicScaler", "PRECISIONS", "trajectory"]
 
-PRECISIONS = ("float64_to_float32", "float32", "float64")
+PRECISIONS = ("float64_to_float32", "float32", "float64", "float32_ftz")
+_FLT_MIN_NORMAL = 2.0 ** -126
 BACKOFF_OPS = ("multiply", "divide")
 GROWTH_COMPARES = ("eq", "ge")
 HYSTERESIS_REFILLS = ("growth", "clean")
@@ -154,7 +159,8 @@ class DynamicScaler:
         if self.precision == "float64":
             return float(value)
         with xp.errstate(over="ignore"):
-            return float(backend.scalar(value, xp.float32))
+            stored = float(backend.scalar(value, xp.float32))
+        return _flushed(stored) if self.precision == "float32_ftz" else stored
 
     @property
     def min_value(self) -> float | None:
@@ -251,11 +257,17 @@ def _combine(scale: float, factor: float, op: str, precision: str) -> float:
     with xp.errstate(over="ignore", under="ignore"):
         if precision == "float64":
             return scale * factor if op == "multiply" else scale / factor
-        if precision == "float32":
+        if precision in ("float32", "float32_ftz"):
             a, b = backend.scalar(scale, xp.float32), backend.scalar(factor, xp.float32)
-            return float(a * b if op == "multiply" else a / b)
+            result = float(a * b if op == "multiply" else a / b)
+            return _flushed(result) if precision == "float32_ftz" else result
         wide = scale * float(factor) if op == "multiply" else scale / float(factor)
         return float(backend.scalar(wide, xp.float32))
+
+
+def _flushed(value: float) -> float:
+    """A subnormal float32 value flushed to a zero of its sign (XLA CPU's FTZ)."""
+    return math.copysign(0.0, value) if 0 < abs(value) < _FLT_MIN_NORMAL else value
 
 
 def _validate(cfg: DynamicScaler) -> None:

@@ -264,6 +264,9 @@ def _keras3(**kw) -> DynamicScaler:
       by 0 (NaN) and ``0 * 2.0`` keeps the scale at 0 for ever.
     - ``check_finite`` tests the *scaled* gradients; the finite branch then unscales with
       ``ops.divide(g, scale)``: a division, not a reciprocal multiply (``unscale_op="divide"``).
+    - On the jax backend XLA's CPU code flushes subnormal results to zero, so the collapsing
+      scale goes 2**-126 -> 0 where float32 gives 2**-127 (pinned by the optional test):
+      ``precision="float32_ftz"`` models it (``preset("keras3", precision="float32_ftz")``).
     """
     return DynamicScaler(**{**dict(
         init_scale=2.0 ** 15, growth_factor=2.0, backoff_factor=2.0, backoff_op="divide",
@@ -289,6 +292,12 @@ def _jmp(**kw) -> DynamicScaler:
       ``counter = ((counter + 1) % period) * grads_finite`` (``tracker_wraps=True``).
     - ``grads_finite`` is computed by the user with ``jmp.all_finite`` on the gradients after
       ``loss_scale.unscale`` (multiplication by ``1 / loss_scale``): ``check_unscaled=True``.
+    - XLA on CPU flushes subnormal float32 results to zero, as Keras 3 on jax shows: a scale
+      halved from 2**-126 is 0, not 2**-127. With jmp's default minimum 1 the scale never
+      gets there; without a floor (a custom ``min_loss_scale``, eager only: under jit it is
+      forgotten, see ``jax_adapters``) ``precision="float32_ftz"`` models it
+      (``preset("jmp", precision="float32_ftz", min_scale=None)``; that precision takes no
+      subnormal minimum). Not run against jmp here: jax is not installed by CI.
     """
     return DynamicScaler(**{**dict(
         init_scale=2.0 ** 15, growth_factor=2.0, backoff_factor=2.0, backoff_op="divide",
