@@ -166,7 +166,8 @@ def _check_masters(model, optimizer: Optimizer, params: dict, optim: dict, bad) 
     weight_names = {id(p): name for name, p in model.named_parameters()}
     for name, p in optimizer.named:
         master = optim.get(f"master/{name}")
-        if master is None or master.shape != tuple(p.shape) or master.dtype.kind != "f":
+        if (master is None or master.shape != tuple(p.shape)
+                or not str(master.dtype).startswith("float")):
             continue
         master = xp.array(master, xp.float32)
         nonfinite = xp.count_nonzero(xp.logical_not(xp.isfinite(master)))
