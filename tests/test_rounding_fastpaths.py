@@ -1,7 +1,9 @@
 """``round_to``'s fast route and the magic kernel against the general route and the float64
 every-mode kernel: same bits for every format setting, both containers, every size class
 (the one-chunk call, several chunks, the small-array clip), and the special values (signed
-zeros, subnormals, overflow, inf, NaN payloads of both signs)."""
+zeros, subnormals, overflow, inf, NaN payloads of both signs). These are the NumPy kernels:
+every test here runs with the compiled loops switched off (``tests/test_rounding_compiled.py``
+compares those with these)."""
 import numpy as np
 import pytest
 
@@ -13,6 +15,14 @@ from fpsim.rounding._kernels import Rules, magic_applies, round_any_mode
 
 from bit_patterns import same_bits
 from child_env import child_env
+
+@pytest.fixture(autouse=True)
+def numpy_kernels():
+    """round_to on its NumPy kernels, whether Numba is installed or not."""
+    previous = rounding.use_compiled(False)
+    yield
+    rounding.use_compiled(previous)
+
 
 FORMATS = ["fp16", "bf16", "e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz", "tf32", "e2m1", "e5m21",
            "e3m20", "e5m22", "e8m22"]
@@ -119,7 +129,7 @@ def test_fast_route_leaves_other_inputs_to_the_general_route():
         assert same_bits(round_to(strided, "fp16"), round_to(strided.copy(), "fp16"))
         assert same_bits(round_to(swapped, "fp16"), round_to(x, "fp16"))
         assert same_bits(round_to(np.float32(70000.0), "fp16"), np.float32(np.inf))
-    assert rounding._default_kernel(FP16, np.dtype(np.float16)) is None
+    assert rounding._default_kernel(FP16, np.dtype(np.float16), False) is None
     with pytest.raises(TypeError):
         round_to(x, ["fp16"])
     with pytest.raises(ValueError, match="unknown format"):

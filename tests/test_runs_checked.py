@@ -13,6 +13,8 @@ import pytest
 from fpsim.cli import main
 from fpsim.plots.runs import distinguishing_labels, open_run
 from fpsim.train import StepRecord, TraceWriter
+from fpsim.train.fp8_stats import FP8_TABLE, Fp8Stats
+from fpsim.train.layer_stats import LAYERS, LayerStats, StepTableWriter
 from fpsim.train.runs import compare_runs, shown_apart
 
 
@@ -163,3 +165,56 @@ def test_compare_shows_where_long_values_differ(tmp_path):
     line = next(line for line in text.splitlines() if line.startswith("  platform:"))
     assert "-A'" in line and "-B'" in line
     assert shown_apart("same", "same") == ("'same'", "'same'")
+
+
+def with_layers(folder: Path, rows: int, grad_max: float = 1.0, table=LAYERS) -> Path:
+    """``folder`` with a record file of ``rows`` steps of two columns (``layers.jsonl``, or
+    ``fp8.jsonl`` with ``table=FP8_TABLE``); the last step's first value ``grad_max``."""
+    row = LayerStats if table is LAYERS else Fp8Stats
+    writer = StepTableWriter(table, folder / table.file, ["fc.weight", "fc.bias"])
+    for step in range(rows):
+        last = grad_max if step == rows - 1 else 1.0
+        writer.write(row(step, (0.0, 0.0), (0.5, 0.5), (last, 2.0)))
+    writer.close()
+    return folder
+
+
+def test_compare_compares_the_record_files_bit_for_bit(tmp_path, capsys):
+    a = with_layers(run_folder(tmp_path / "a", range(3)), 3, grad_max=0.0)
+    b = with_layers(run_folder(tmp_path / "b", range(3)), 3, grad_max=0.0)
+    assert main(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("bit-identical: 3 steps, every value of loss, ")
+    assert "and of layers.jsonl (wall_time not compared)" in out
+    c = with_layers(run_folder(tmp_path / "c", range(3)), 3, grad_max=-0.0)   # 0.0's sign
+    assert main(["compare", str(a), str(c)]) == 1
+    assert capsys.readouterr().out.startswith(
+        "differ first at step 2, field layers.jsonl grad_max[fc.weight] (after 2 bit-identical "
+        "steps)")
+    d = with_layers(run_folder(tmp_path / "d", range(3)), 2)
+    assert main(["compare", str(a), str(d)]) == 1
+    assert "A's layers.jsonl has 1 more step(s) than the other" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("garbage", ["not json\n", "", '{"step": 0, "grad_max": "x"}\n'])
+def test_a_malformed_record_file_is_never_identical(tmp_path, capsys, garbage):
+    a = with_layers(run_folder(tmp_path / "a", range(3)), 3)
+    b = run_folder(tmp_path / "b", range(3))
+    header = (a / "layers.jsonl").read_text().splitlines()[0] + "\n"
+    (b / "layers.jsonl").write_text(header + garbage if garbage.startswith("{") else garbage)
+    for argv in (["compare", str(a), str(b)], ["compare", str(b), str(a)]):
+        assert main(argv) == 2
+        captured = capsys.readouterr()
+        lines = captured.err.strip().splitlines()
+        assert captured.out == "" and len(lines) == 1, captured
+        assert lines[0].startswith(f"fpsim: error: {b / 'layers.jsonl'}")
+
+
+def test_what_was_not_compared_is_said(tmp_path, capsys):
+    a = with_layers(run_folder(tmp_path / "a", range(2)), 2, table=FP8_TABLE)
+    b = run_folder(tmp_path / "b", range(2))
+    (a / "checkpoint.npz").write_bytes(b"")
+    assert main(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "note: fp8.jsonl not compared: only A has one" in out
+    assert "note: checkpoint.npz not compared" in out

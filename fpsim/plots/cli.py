@@ -44,8 +44,9 @@ def register(commands) -> None:
         description="Compare two runs step by step and print the first step and field whose "
                     "values differ in their bits (both values with their bits and the whole "
                     "step side by side), or that the runs are bit-identical. Wall time is "
-                    "not compared. Exit status 0: bit-identical; 1: they differ; 2: bad "
-                    "input.")
+                    "not compared; the runs' layers.jsonl and fp8.jsonl are, value by value "
+                    "(a malformed one is bad input). Exit status 0: bit-identical; 1: they "
+                    "differ; 2: bad input.")
     compare.add_argument("run_a", metavar="RUN_A", help="run folder or trace file")
     compare.add_argument("run_b", metavar="RUN_B", help="run folder or trace file")
 

@@ -11,8 +11,11 @@ Where the rounding happens, and how:
 - Round to nearest, ties to even, on float32 input is the hot path of every simulation; it runs
   the magic-number kernel in ``_kernels`` (or ml_dtypes' exact bfloat16 cast for plain bf16),
   chunk by chunk in cache, on up to two threads. Every other case takes the float64 kernel
-  that handles every mode. Both give the same bits; the tests check them against each other,
-  against MPFR, Berkeley TestFloat, numpy.float16 and ml_dtypes.
+  that handles every mode: NumPy passes, or, where Numba is installed (``fpsim[fast]``), the
+  same arithmetic compiled into one loop with the Philox draw inside (``compiled``; stochastic
+  rounding about ten times faster; ``use_compiled`` chooses). All give the same bits; the
+  tests check them against each other, against MPFR, Berkeley TestFloat, numpy.float16 and
+  ml_dtypes.
 - Other array libraries: ``portable.round_to_portable`` and ``philox_uniforms_portable``
   compute the same bits from a backend's array namespace and kernels only (no unsigned
   arithmetic), so a new backend gets every mode by construction; these NumPy kernels are the
@@ -41,14 +44,17 @@ from numbers import Rational, Real
 import numpy as np
 
 from ..formats import BF16, FP16, Format, get
-from ..options import check_choice
+from ..options import check_choice, check_flag
 from ._kernels import (Rules, magic_applies, round_any_mode, round_nearest_even_magic,
                        thread_scratch)
 from ._philox import check_seed, philox4x32, philox_uniforms
+from .compiled import available as compiled_available
+from .compiled import round_compiled
 from .environment import check_environment
 from .rational import float64_round_to_odd
 
-__all__ = ["round_to", "MODES", "philox_uniforms", "philox4x32", "float64_round_to_odd"]
+__all__ = ["round_to", "MODES", "philox_uniforms", "philox4x32", "float64_round_to_odd",
+           "use_compiled"]
 
 MODES = ("nearest_even", "nearest_away", "toward_zero", "up", "down", "stochastic")
 
@@ -114,7 +120,7 @@ def round_to(x, fmt: "Format | str", mode: str = "nearest_even", *, seed=None, o
             and saturate is None and daz is False and seed is None and offset is None
             and rng is None and x.flags.c_contiguous):
         # the common call (format's own rules, native float32/float64 array), resolved once
-        kernel = _default_kernel(fmt, x.dtype)
+        kernel = _default_kernel(fmt, x.dtype, _compiled_enabled)
         if kernel is not None and x.size < _PARALLEL_MIN:
             out = np.empty(x.shape, x.dtype)
             kernel(x.reshape(-1), out.reshape(-1))
@@ -124,11 +130,17 @@ def round_to(x, fmt: "Format | str", mode: str = "nearest_even", *, seed=None, o
     array, wrap = _as_container(x, mode)
     rules, kernel = _plan(fmt, fmt.subnormals if subnormals is None else bool(subnormals),
                           fmt.saturate if saturate is None else bool(saturate), bool(daz),
-                          array.dtype, mode)
+                          array.dtype, mode, _compiled_enabled)
     out = np.empty_like(array, order="C")
     flat_in = np.ascontiguousarray(array).reshape(-1)
     flat_out = out.reshape(-1)
-    if kernel == "bf16":
+    if mode == "stochastic" and offset + flat_in.size > 2**64:
+        raise ValueError(f"offset + x.size must not pass 2**64 (offset={offset})")
+    if kernel == "compiled":
+        # threads get global element indices, so the bits do not depend on the split
+        _run_parallel(lambda src, dst, start: round_compiled(
+            src, dst, rules, mode, seed or 0, (offset or 0) + start), flat_in, flat_out)
+    elif kernel == "bf16":
         _run_parallel(lambda src, dst, start: _bf16_via_ml_dtypes(src, dst), flat_in, flat_out)
     elif kernel == "magic":
         _run_parallel(lambda src, dst, start: _magic_chunks(src, dst, rules), flat_in, flat_out)
@@ -138,9 +150,6 @@ def round_to(x, fmt: "Format | str", mode: str = "nearest_even", *, seed=None, o
         _run_parallel(lambda src, dst, start: _magic_chunks(src, dst, rules, widen=True),
                       flat_in, flat_out)
     else:
-        if mode == "stochastic" and offset + flat_in.size > 2**64:
-            raise ValueError(f"offset + x.size must not pass 2**64 (offset={offset})")
-        # Threads get global element indices, so the bits do not depend on the split.
         _run_parallel(lambda src, dst, start: _any_mode_chunks(
             src, dst, rules, mode, seed, None if offset is None else offset + start),
             flat_in, flat_out)
@@ -148,14 +157,18 @@ def round_to(x, fmt: "Format | str", mode: str = "nearest_even", *, seed=None, o
 
 
 @functools.lru_cache(maxsize=512)
-def _plan(fmt: Format, subnormals: bool, saturate: bool, daz: bool, dtype, mode: str):
+def _plan(fmt: Format, subnormals: bool, saturate: bool, daz: bool, dtype, mode: str,
+          compiled: bool):
     """(rules, kernel) for one kind of call, resolved once: the kernel is "bf16" (ml_dtypes'
-    cast), "magic" (the branch-free kernel in the container), "magic64" (widened to
-    float64 first) or "any" (the every-mode kernel). A call costs a few microseconds of
-    Python besides the kernels; this resolution used to cost more than that."""
+    cast), "compiled" (the Numba loops, every mode, where ``use_compiled`` is on),
+    "magic" (the branch-free kernel in the container), "magic64" (widened to float64
+    first) or "any" (the every-mode kernel). A call costs a few microseconds of Python
+    besides the kernels; this resolution used to cost more than that."""
     rules = Rules.of(fmt, subnormals=subnormals, saturate=saturate, daz=daz)
     if mode == "nearest_even" and _is_plain_bf16(fmt, rules, dtype):
-        return rules, "bf16"
+        return rules, "bf16"     # ml_dtypes' cast is faster than the compiled loop here
+    if compiled:
+        return rules, "compiled"
     if mode == "nearest_even" and magic_applies(rules, dtype):
         return rules, "magic"
     if mode == "nearest_even" and magic_applies(rules, np.float64):
@@ -164,7 +177,7 @@ def _plan(fmt: Format, subnormals: bool, saturate: bool, daz: bool, dtype, mode:
 
 
 @functools.lru_cache(maxsize=512)
-def _default_kernel(fmt: "Format | str", dtype):
+def _default_kernel(fmt: "Format | str", dtype, compiled: bool):
     """The one-thread kernel ``round_to(x, fmt)`` runs on a native C-ordered ``dtype`` array
     with every option at its default, as ``kernel(flat_src, flat_dst)``; None where that
     call takes the general route (other dtypes, the every-mode kernel). Same plan as
@@ -172,7 +185,10 @@ def _default_kernel(fmt: "Format | str", dtype):
     if dtype not in (np.float32, np.float64):
         return None
     fmt = get(fmt)
-    rules, kernel = _plan(fmt, fmt.subnormals, fmt.saturate, False, dtype, "nearest_even")
+    rules, kernel = _plan(fmt, fmt.subnormals, fmt.saturate, False, dtype, "nearest_even",
+                          compiled)
+    if kernel == "compiled":
+        return functools.partial(round_compiled, rules=rules)
     if kernel == "bf16":
         return _bf16_via_ml_dtypes
     if kernel in ("magic", "magic64"):
@@ -332,6 +348,24 @@ def _any_mode_chunks(src, dst, rules: Rules, mode: str, seed, offset) -> None:
             uniforms = (philox_uniforms(seed, offset + lo, hi - lo) if mode == "stochastic"
                         else None)
             round_any_mode(src[lo:hi].astype(np.float64), dst[lo:hi], rules, mode, uniforms)
+
+
+_compiled_enabled = compiled_available()
+
+
+def use_compiled(enabled: bool) -> bool:
+    """Choose the every-mode kernel ``round_to`` runs (stochastic and directed modes, and
+    nearest-even where the magic kernel does not apply): the compiled loop (``compiled``,
+    the default where Numba is installed) or the NumPy passes (the reference; the default
+    without Numba). Both give the same bits; the tests force each. Returns the previous
+    choice, so that a caller can restore it."""
+    global _compiled_enabled
+    enabled = check_flag("enabled", enabled)
+    if enabled and not compiled_available():
+        raise ValueError("use_compiled(True) needs Numba, which is not installed; "
+                         "pip install 'fpsim[fast]'")
+    previous, _compiled_enabled = _compiled_enabled, enabled
+    return previous
 
 
 def _run_parallel(kernel, src: np.ndarray, dst: np.ndarray) -> None:

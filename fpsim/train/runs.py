@@ -12,7 +12,9 @@ to the last step written.
 ``compare_runs(a, b)`` walks both runs step by step and returns the first step and field whose
 values differ bit for bit (floats by their IEEE bits, the loss by its float32 bits; NaN equals
 NaN of the same bits, -0.0 differs from 0.0), or says the runs are bit-identical.
-``wall_time`` is never compared: it is the one column that differs between equal runs.
+``wall_time`` is never compared: it is the one column that differs between equal runs. The
+record files beside the traces (``layers.jsonl``, ``fp8.jsonl``) are read, checked and
+compared too (``fpsim.train.run_records``).
 
 >>> import io, json, tempfile
 >>> from pathlib import Path
@@ -37,6 +39,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .run_records import check_summary, check_summary_steps, compare_records, run_folder
 from .trace import read_trace, strict_json
 
 __all__ = ["Run", "load_run", "compare_runs", "Comparison", "Difference", "run_label",
@@ -131,7 +134,7 @@ def load_run(path: "str | os.PathLike") -> Run:
         raise ValueError(f"{trace_path} holds no steps: there is nothing to draw or compare")
     expected = info.get("config", {}).get("steps")
     complete = "summary" in info if info else not torn
-    _check_summary_steps(info_path, info.get("summary", {}), trace_path, records)
+    check_summary_steps(info_path, info.get("summary", {}), trace_path, records)
     label = run_label(info) or trace_path.parent.name or str(trace_path)
     if not complete:
         label += f" (interrupted after step {records[-1].step})"
@@ -140,15 +143,6 @@ def load_run(path: "str | os.PathLike") -> Run:
     columns = {name: tuple(getattr(r, name) for r in records) for name in TRAINING_COLUMNS}
     return Run(label, str(path), "training", tuple(r.step for r in records), columns, info,
                expected, complete, notes)
-
-
-def _check_summary_steps(info_path: Path, summary: dict, trace_path: Path, records) -> None:
-    """A finished run's trace holds the steps its summary counts: fewer is a trace cut
-    short (or another run's), which would draw and compare as if it were whole."""
-    if "steps" in summary and summary["steps"] != len(records):
-        raise ValueError(f"{info_path}: summary.steps is {summary['steps']}, but {trace_path} "
-                         f"holds {len(records)} step(s): the trace is not this finished run's "
-                         f"whole trace")
 
 
 def _ends_torn(path: Path) -> bool:
@@ -197,38 +191,8 @@ def _read_info(path: Path) -> dict:
     for key in ("policy", "scaler_name", "scaler"):
         if config.get(key) is not None and not isinstance(config[key], str):
             raise ValueError(f"{path}: config.{key} must be a string, got {config[key]!r}")
-    _check_summary(path, info.get("summary", {}))
+    check_summary(path, info.get("summary", {}))
     return info
-
-
-# run.json's summary (fpsim.train.loop writes it at a run's end): each field and what it holds
-_COUNT, _NUMBER = "an integer >= 0", "a number or 'nan', 'inf', '-inf'"
-SUMMARY_FIELDS = {"steps": _COUNT, "skipped_steps": _COUNT, "final_loss": _NUMBER,
-                  "final_scale": _NUMBER, "loss_sha256": "a SHA-256 in hex (64 digits)",
-                  "nonfinite_loss_steps": "a list of integers >= 0"}
-
-
-def _check_summary(path: Path, summary: dict) -> None:
-    """Each summary field present holds what a run writes there; the first that does not
-    is named with what it holds."""
-    for key, wanted in SUMMARY_FIELDS.items():
-        if key in summary and not _summary_value_ok(wanted, summary[key]):
-            raise ValueError(f"{path}: summary.{key} must be {wanted}, got "
-                             f"{str(summary[key])[:60]!r}")
-
-
-def _summary_value_ok(wanted: str, value) -> bool:
-    def count(v) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-
-    if wanted == _COUNT:
-        return count(value)
-    if wanted == _NUMBER:
-        return value in ("nan", "inf", "-inf") if isinstance(value, str) else \
-            isinstance(value, (int, float)) and not isinstance(value, bool)
-    if wanted == SUMMARY_FIELDS["loss_sha256"]:
-        return isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value) is not None
-    return isinstance(value, list) and all(count(v) for v in value)
 
 
 @dataclass(frozen=True)
@@ -300,6 +264,8 @@ class Comparison:
     difference: Difference | None
     identical_steps: int
     config_differences: dict
+    records: tuple = ()         # RecordComparison of each record file both runs have
+    record_notes: tuple = ()    # what was not compared, or was torn
 
     @property
     def lengths(self) -> tuple:
@@ -307,13 +273,17 @@ class Comparison:
 
     @property
     def identical(self) -> bool:
-        """True when every step of both runs agrees bit for bit in every compared field."""
-        return self.difference is None and self.lengths[0] == self.lengths[1]
+        """True when every step of both runs agrees bit for bit in every compared field and
+        record file."""
+        return self.difference is None and self.lengths[0] == self.lengths[1] and \
+            all(r.identical for r in self.records)
 
     def __str__(self) -> str:
         names = "\n".join(f"{which} = {run.source} ({_described(run)})"
                           for which, run in (("A", self.a), ("B", self.b)))
         compared = ", ".join(self.fields)
+        if self.records:
+            compared += f" and of {' and '.join(r.file for r in self.records)}"
         if self.identical:
             lines = [f"bit-identical: {self.lengths[0]} steps, every value of {compared} "
                      f"({', '.join(NOT_COMPARED)} not compared)", names]
@@ -326,12 +296,16 @@ class Comparison:
                      f"  {'B':<{width}}{show_value(d.field, d.b)}"]
             lines += self._row(d.step)
         else:
-            shorter, longer = sorted(self.lengths)
-            which = "A" if self.lengths[0] > self.lengths[1] else "B"
-            lines = [f"the first {shorter} steps are bit-identical in {compared}; {which} has "
-                     f"{longer - shorter} more step(s) than the other", names]
+            uneven = [(f"'s {r.file}", r.rows) for r in self.records if r.rows[0] != r.rows[1]]
+            what, counts = ("", self.lengths) if self.lengths[0] != self.lengths[1] \
+                else uneven[0]
+            shorter, longer = sorted(counts)
+            which = "A" if counts[0] > counts[1] else "B"
+            lines = [f"the first {shorter} steps are bit-identical in {compared}; {which}{what} "
+                     f"has {longer - shorter} more step(s) than the other", names]
         lines += [f"note: {which}: {note}" for which, run in (("A", self.a), ("B", self.b))
                   for note in run.notes]
+        lines += [f"note: {note}" for note in self.record_notes]
         if self.config_differences:
             lines.append("configuration differences (A | B):")
             for key, (va, vb) in list(self.config_differences.items())[:12]:
@@ -342,6 +316,8 @@ class Comparison:
 
     def _row(self, step: int) -> list[str]:
         """Every compared field of both runs at ``step``, the differing ones marked."""
+        if step not in self.a.steps or step not in self.b.steps:
+            return []
         ia, ib = self.a.steps.index(step), self.b.steps.index(step)
         lines = [f"  at step {step}:"]
         width = max(len(name) for name in self.fields)
@@ -382,8 +358,19 @@ def compare_runs(a: "Run | str | os.PathLike", b: "Run | str | os.PathLike") -> 
         if difference is not None:
             break
         same += 1
+    records, notes = _compare_record_files(run_a, run_b)
+    first = [d for d in [difference] + [Difference(*r.first) for r in records if r.first] if d]
+    difference = min(first, key=lambda d: d.step, default=None)     # the trace's on a tie
+    same = same if difference is None else min(same, difference.step)
     return Comparison(run_a, run_b, fields, difference, same,
-                      _config_differences(run_a.config, run_b.config))
+                      _config_differences(run_a.config, run_b.config), records, notes)
+
+
+def _compare_record_files(run_a: Run, run_b: Run) -> tuple[tuple, tuple]:
+    """The record files beside two training runs read from disk, compared (run_records)."""
+    if not all(r.kind == "training" and Path(r.source).exists() for r in (run_a, run_b)):
+        return (), ()
+    return compare_records(run_folder(run_a.source), run_folder(run_b.source))
 
 
 _IGNORED_CONFIG = ("summary", "resumed_at")
