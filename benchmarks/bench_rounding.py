@@ -7,7 +7,11 @@ ml_dtypes' casts), and every one of our values is checked against that cast: ``w
 
     python benchmarks/bench_rounding.py [--n 4194304] [--repeat 7]
 
-Targets (2 cores): fp16 >= 10x numpy's float16 cast; bf16 and fp8 >= 1x ml_dtypes' casts.
+Targets (2 cores): fp16 >= 10x numpy's float16 cast; bf16 and fp8 >= 1x ml_dtypes' casts;
+e4m3fn >= 0.9x e5m2 (both ours, nearest even); stochastic fp16 >= 0.5x nearest-even fp16;
+fp16 >= 0.5x a plain copy. Each row runs on the kernels ``round_to`` chooses (the compiled
+loops where Numba is installed) and again on the NumPy kernels alone (``numpy kernels``), so
+the table shows what the optional ``fpsim[fast]`` buys.
 """
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ import numpy as np
 
 from _timing import best_seconds
 from fpsim import round_to
+from fpsim.rounding import use_compiled
+from fpsim.rounding.compiled import available as compiled_available
 
 CASES = [  # (fpsim format, oracle dtype, oracle name, target ratio)
     ("fp16", np.float16, "numpy float16", 10.0),
@@ -43,9 +49,23 @@ def count_wrong(ours: np.ndarray, reference: np.ndarray) -> int:
 
 def run(n: int, repeat: int) -> list[dict]:
     x = gradient_like(n)
-    rows = []
     copy_s = best_seconds(lambda: x.copy(), repeat)
-    rows.append(dict(case="copy (ceiling)", melems=n / copy_s / 1e6))
+    rows = [dict(case="copy (ceiling)", melems=n / copy_s / 1e6)]
+    for label, compiled in kernel_choices():
+        use_compiled(compiled)
+        rows += library_rows(x, repeat, label) + ratio_rows(x, repeat, label, copy_s)
+    return rows
+
+
+def kernel_choices() -> list[tuple[str, bool]]:
+    if compiled_available():
+        return [("", True), (" [numpy kernels]", False)]
+    return [(" [numpy kernels; Numba not installed]", False)]
+
+
+def library_rows(x: np.ndarray, repeat: int, label: str) -> list[dict]:
+    """Each format against the library cast that does the same job; every value checked."""
+    rows = []
     for fmt, dtype, oracle, target in CASES:
         def cast(dtype=dtype):
             return x.astype(dtype).astype(np.float32)
@@ -55,9 +75,30 @@ def run(n: int, repeat: int) -> list[dict]:
             reference = cast()
         ours_s = best_seconds(lambda fmt=fmt: round_to(x, fmt), repeat)
         wrong = count_wrong(round_to(x, fmt), reference)
-        rows.append(dict(case=f"{fmt} vs {oracle}", melems=n / ours_s / 1e6,
-                         oracle_melems=n / oracle_s / 1e6, ratio=oracle_s / ours_s,
+        rows.append(dict(case=f"{fmt} vs {oracle}{label}", melems=x.size / ours_s / 1e6,
+                         oracle_melems=x.size / oracle_s / 1e6, ratio=oracle_s / ours_s,
                          target=target, wrong=wrong))
+    return rows
+
+
+def ratio_rows(x: np.ndarray, repeat: int, label: str, copy_s: float) -> list[dict]:
+    """Our own kernels against each other (and fp16 against a copy): e4m3fn's NaN rule,
+    stochastic rounding's Philox draw. ``wrong`` is not counted here (the library rows and
+    the tests check the values)."""
+    def seconds(fmt, mode="nearest_even"):
+        options = {"seed": 0} if mode == "stochastic" else {}
+        return best_seconds(lambda: round_to(x, fmt, mode, **options), repeat)
+
+    fp16_s = seconds("fp16")
+    rows = []
+    for case, ours_s, base_s, base, target in (
+            ("e4m3fn vs e5m2", seconds("e4m3fn"), seconds("e5m2"), "e5m2", 0.9),
+            ("fp16 stochastic vs fp16 nearest", seconds("fp16", "stochastic"), fp16_s,
+             "fp16 nearest", 0.5),
+            ("fp16 nearest vs copy", fp16_s, copy_s, "copy", 0.5)):
+        rows.append(dict(case=case + label, melems=x.size / ours_s / 1e6,
+                         oracle_melems=x.size / base_s / 1e6, ratio=base_s / ours_s,
+                         target=target, wrong=0))
     return rows
 
 
@@ -68,14 +109,14 @@ def main() -> None:
     args = parser.parse_args()
     rows = run(args.n, args.repeat)
     print(f"{args.n} float32 values N(0,1)*2^k, k in [-30,18), seed 0; best of {args.repeat}")
-    print(f"{'case':34} {'fpsim Melem/s':>14} {'baseline Melem/s':>17} {'ratio':>7} "
+    print(f"{'case':56} {'fpsim Melem/s':>14} {'baseline Melem/s':>17} {'ratio':>7} "
           f"{'target':>7} {'wrong':>6}")
     for row in rows:
         if "ratio" not in row:
-            print(f"{row['case']:34} {row['melems']:14.0f}")
+            print(f"{row['case']:56} {row['melems']:14.0f}")
             continue
         verdict = "ok" if row["ratio"] >= row["target"] and row["wrong"] == 0 else "MISS"
-        print(f"{row['case']:34} {row['melems']:14.0f} {row['oracle_melems']:17.0f} "
+        print(f"{row['case']:56} {row['melems']:14.0f} {row['oracle_melems']:17.0f} "
               f"{row['ratio']:6.1f}x {row['target']:6.1f}x {row['wrong']:6d}  {verdict}")
 
 
