@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import difflib
 import enum
-import math
 import re
 from dataclasses import dataclass, field
 
