@@ -13,8 +13,8 @@ step and bit by bit.
   GradScaler, jmp, Keras 3, DeepSpeed (DynamicLossScaler, FP16_Optimizer) and Megatron-core
   (DynamicGradScaler) adapters; ``lightning_recorder`` and ``transformers_recorder``: a
   Lightning ``Callback`` and a Hugging Face ``TrainerCallback`` writing a Trainer's fp16
-  scaler trace; ``megatron_recorder``: Megatron-core's fp16 optimizer's trace from a
-  training loop (optional deps).
+  scaler trace; ``megatron_recorder`` and ``deepspeed_recorder``: Megatron-core's and
+  DeepSpeed's fp16 optimizers' traces from a training loop (optional deps).
 - ``check_cast(source, result, "fp16")``: a framework's cast against ``round_to``, by class;
   ``mx_check.check_mx_cast``: an MX cast's E8M0 scale per block, then its elements.
 - ``cli``: ``fpsim check-scaler`` and ``fpsim check-cast``.

@@ -1,14 +1,15 @@
 """DeepSpeed's loss scalers behind the adapter protocol, run on CPU.
 
 Optional dependency, not needed by fpsim: DeepSpeed beside an installed torch, without
-letting pip pull another torch (``pip install --no-deps deepspeed==0.19.6 hjson einops``;
-``.ci/run`` does this). Checked against DeepSpeed 0.19.6.
+letting pip pull another torch (``pip install --no-deps deepspeed==0.19.6 hjson einops
+py-cpuinfo && pip install pydantic``; ``.ci/run`` does this). Checked against DeepSpeed 0.19.6.
 
 ``DynamicLossScalerAdapter``
     ``deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler``, the scaler of the ZeRO
     optimizers: ``update(found_inf)`` calls its ``update_scale(found_inf)``. Reports the
     hysteresis counter (``cur_hysteresis``) and the growth tracker in fpsim's convention,
-    derived from DeepSpeed's iteration counters (see ``_tracker``). Preset ``deepspeed``.
+    derived from DeepSpeed's iteration counters (see ``growth_tracker_of``). Preset
+    ``deepspeed``.
 ``FP16OptimizerAdapter``
     The non-ZeRO ``deepspeed.runtime.fp16.fused_optimizer.FP16_Optimizer`` around a
     one-element fp16 parameter and ``torch.optim.SGD(lr=0)``: every ``update(found_inf)``
@@ -33,7 +34,7 @@ import sys
 import tempfile
 
 __all__ = ["DynamicLossScalerAdapter", "FP16OptimizerAdapter", "single_process_group",
-           "deepspeed_version"]
+           "deepspeed_version", "growth_tracker_of"]
 
 
 def _deepspeed():
@@ -41,7 +42,8 @@ def _deepspeed():
         import deepspeed
     except ImportError as err:
         raise ImportError("the DeepSpeed adapters need deepspeed beside torch: pip install "
-                          "--no-deps deepspeed==0.19.6 hjson einops") from err
+                          "--no-deps deepspeed==0.19.6 hjson einops py-cpuinfo && pip "
+                          "install pydantic") from err
     return deepspeed
 
 
@@ -69,7 +71,7 @@ def single_process_group() -> None:
         backend_module.build_shm_op = build
 
 
-def _tracker(cur_iter: int, last_overflow_iter: int, scale_window: int) -> int:
+def growth_tracker_of(cur_iter: int, last_overflow_iter: int, scale_window: int) -> int:
     """fpsim's growth tracker from DeepSpeed's counters, read after an update.
 
     DeepSpeed grows when ``stable = cur_iter - last_overflow_iter - 1`` (taken before
@@ -115,7 +117,8 @@ class DynamicLossScalerAdapter:
 
     def state(self) -> dict:
         s = self.scaler
-        return {"growth_tracker": _tracker(s.cur_iter, s.last_overflow_iter, s.scale_window),
+        return {"growth_tracker": growth_tracker_of(s.cur_iter, s.last_overflow_iter,
+                                                    s.scale_window),
                 "hysteresis": s.cur_hysteresis}
 
 
@@ -164,5 +167,6 @@ class FP16OptimizerAdapter:
 
     def state(self) -> dict:
         c = self.optimizer.loss_scale_config
-        return {"growth_tracker": _tracker(c.cur_iter, c.last_overflow_iter, c.scale_window),
+        return {"growth_tracker": growth_tracker_of(c.cur_iter, c.last_overflow_iter,
+                                                    c.scale_window),
                 "skipped": self._skipped}

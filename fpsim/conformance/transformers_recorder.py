@@ -3,7 +3,7 @@
 Optional dependency, not needed by fpsim nor installed by its CI: transformers and accelerate
 beside an installed torch, without letting pip pull another torch (``pip install --no-deps
 transformers==5.23.0 accelerate==1.15.0 tokenizers==0.23.3 safetensors==0.8.0
-huggingface-hub==2.4.0 && pip install httpx2``; PyYAML, regex, tqdm, packaging and psutil
+huggingface-hub==2.4.0 && pip install httpx2 regex``; PyYAML, tqdm, packaging and psutil
 come with fpsim's other dependencies). Checked with transformers 5.23.0, accelerate 1.15.0
 and torch 2.13.0 on CPU.
 
@@ -48,7 +48,7 @@ except ImportError as err:
     raise ImportError("the transformers recorder needs transformers and accelerate beside "
                       "torch: pip install --no-deps transformers==5.23.0 accelerate==1.15.0 "
                       "tokenizers==0.23.3 safetensors==0.8.0 huggingface-hub==2.4.0 && pip "
-                      "install httpx2") from err
+                      "install httpx2 regex") from err
 
 import torch
 
