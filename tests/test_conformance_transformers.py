@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="transformers' Trainer needs torch")
 INSTALL = ("transformers not installed: pip install --no-deps transformers==5.23.0 "
            "accelerate==1.15.0 tokenizers==0.23.3 safetensors==0.8.0 huggingface-hub==2.4.0 "
-           "&& pip install httpx2")
+           "&& pip install httpx2 regex")
 transformers = pytest.importorskip("transformers", reason=INSTALL)
 pytest.importorskip("accelerate", reason=INSTALL)
 
