@@ -13,7 +13,8 @@ import pytest
 import fpsim.rounding as rounding
 from fpsim.formats import get
 from fpsim.rounding import philox_uniforms, round_to, use_compiled
-from fpsim.rounding.compiled import available
+from fpsim.rounding._kernels import Rules
+from fpsim.rounding.compiled import available, float32_loop
 
 from bit_patterns import same_bits
 
@@ -88,6 +89,20 @@ def test_every_mode_and_option_gives_the_numpy_kernels_bits(name, dtype, restore
         for options in OPTIONS:
             compiled, reference = both_ways(x, fmt, mode, **seeds, **options)
             assert same_bits(compiled, reference), (name, dtype, mode, options)
+
+
+def test_each_float32_loop_is_among_the_formats_compared():
+    """Nearest even on float32 data runs one of three loops; the parity test above meets
+    each: the integer one (float32's exponent range), the magic-number one, the float64 one."""
+    def kind(name, **options):
+        fmt = get(name)
+        return float32_loop(Rules.of(fmt, subnormals=options.get("subnormals", fmt.subnormals),
+                                     saturate=options.get("saturate", fmt.saturate),
+                                     daz=options.get("daz", False)))
+    assert kind("bf16") == kind("tf32") == kind("e8m22") == "same_range"
+    assert kind("fp16") == kind("e4m3fn") == kind("e5m2fnuz") == kind("e5m21") == "magic"
+    assert kind("bf16", saturate=True) == kind("fp16", daz=True) is None
+    assert kind("bf16", subnormals=False) is None
 
 
 def test_the_fast_route_and_scalars_take_the_compiled_loops_too(restore_choice):

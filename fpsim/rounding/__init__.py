@@ -159,16 +159,16 @@ def round_to(x, fmt: "Format | str", mode: str = "nearest_even", *, seed=None, o
 @functools.lru_cache(maxsize=512)
 def _plan(fmt: Format, subnormals: bool, saturate: bool, daz: bool, dtype, mode: str,
           compiled: bool):
-    """(rules, kernel) for one kind of call, resolved once: the kernel is "bf16" (ml_dtypes'
-    cast), "compiled" (the Numba loops, every mode, where ``use_compiled`` is on),
+    """(rules, kernel) for one kind of call, resolved once: the kernel is "compiled" (the
+    Numba loops, every mode, where ``use_compiled`` is on), "bf16" (ml_dtypes' cast),
     "magic" (the branch-free kernel in the container), "magic64" (widened to float64
     first) or "any" (the every-mode kernel). A call costs a few microseconds of Python
     besides the kernels; this resolution used to cost more than that."""
     rules = Rules.of(fmt, subnormals=subnormals, saturate=saturate, daz=daz)
-    if mode == "nearest_even" and _is_plain_bf16(fmt, rules, dtype):
-        return rules, "bf16"     # ml_dtypes' cast is faster than the compiled loop here
     if compiled:
         return rules, "compiled"
+    if mode == "nearest_even" and _is_plain_bf16(fmt, rules, dtype):
+        return rules, "bf16"
     if mode == "nearest_even" and magic_applies(rules, dtype):
         return rules, "magic"
     if mode == "nearest_even" and magic_applies(rules, np.float64):

@@ -35,9 +35,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._kernels import Rules
+from ._kernels import Rules, magic_applies
 
-__all__ = ["available", "round_compiled", "loop_rules", "LoopRules"]
+__all__ = ["available", "round_compiled", "loop_rules", "LoopRules", "float32_loop"]
 
 _DIRECTED_CODES = {"nearest_away": 1, "toward_zero": 2, "up": 3, "down": 4}
 _SIGN = 1 << 63
@@ -65,6 +65,19 @@ class LoopRules(NamedTuple):
     keep: np.uint64          # bits a result keeps (ieee: all but the payload cut off)
     nan_keep: np.uint64      # of a NaN's bits: ieee as keep, fn the sign, fnuz none
     nan_set: np.uint64       # then set: fn and fnuz the quiet NaN (fnuz with its sign bit)
+    # the same for the float32 loops (meaningful where they apply: ``float32_loop``)
+    low_field32: np.uint32   # float32 exponent fields of emin and emax + 1: C's clip
+    high_field32: np.uint32
+    c_offset32: np.uint32    # C's field is x's (clipped) plus 23 - man_bits
+    max_finite32: np.float32
+    overflow_to32: np.float32
+    flush_below32: np.float32
+    zero_add32: np.float32
+    keep32: np.uint32
+    nan_keep32: np.uint32
+    nan_set32: np.uint32
+    half32: np.uint32        # same_range_loop32: half a quantum minus one, in float32 bits
+    shift32: np.uint32       # the quantum's bit position in float32 bits: 23 - man_bits
 
 
 @functools.lru_cache(maxsize=512)
@@ -80,10 +93,45 @@ def loop_rules(rules: Rules) -> LoopRules:
         nan_set = u(_QUIET_NAN | _SIGN) if rules.unsigned_zero else u(_QUIET_NAN)
     overflow_to = (rules.max_finite if rules.saturate
                    else np.inf if rules.has_inf else np.nan)
-    return LoopRules(u(rules.emin + 1023), u(rules.man_bits), rules.max_finite, overflow_to,
-                     rules.saturate, rules.min_normal if rules.daz else 0.0,
-                     0.0 if rules.subnormals else rules.min_normal,
-                     0.0 if rules.unsigned_zero else -0.0, keep, nan_keep, nan_set)
+    flush_below = 0.0 if rules.subnormals else rules.min_normal
+    zero_add = 0.0 if rules.unsigned_zero else -0.0
+    wide = (u(rules.emin + 1023), u(rules.man_bits), rules.max_finite, overflow_to,
+            rules.saturate, rules.min_normal if rules.daz else 0.0, flush_below, zero_add,
+            keep, nan_keep, nan_set)
+    return LoopRules(*wide, *_float32_fields(rules, overflow_to, flush_below, zero_add))
+
+
+def _float32_fields(rules: Rules, overflow_to, flush_below, zero_add) -> tuple:
+    """LoopRules' float32 fields (a format beyond float32's range gets meaningless ones: the
+    float32 loops never run for it)."""
+    u, f = np.uint32, np.float32
+    shift = max(23 - rules.man_bits, 1)
+    cut = (1 << shift) - 1 if rules.nan_payload else 0
+    keep = u(0xFFFFFFFF - cut)
+    if rules.nan_payload:
+        nan_keep, nan_set = keep, u(0)
+    else:
+        nan_keep = u(0) if rules.unsigned_zero else u(0x80000000)
+        nan_set = u(0xFFC00000) if rules.unsigned_zero else u(0x7FC00000)
+    clip = lambda field: u(min(max(field, 0), 255))
+    with np.errstate(over="ignore"):
+        values = f(rules.max_finite), f(overflow_to), f(flush_below), f(zero_add)
+    return (clip(rules.emin + 127), clip(rules.emax + 128), u(max(23 - rules.man_bits, 0)),
+            *values, keep, nan_keep, nan_set, u((1 << (shift - 1)) - 1), u(shift))
+
+
+def float32_loop(rules: Rules) -> str | None:
+    """Which float32 loop rounds float32 data to nearest even under ``rules``:
+    "same_range" (an ieee format with float32's exponent range, subnormals, overflow to inf:
+    bf16, tf32), "magic" (where ``magic_applies`` in float32: fp16, the FP8 formats, ...),
+    or None (the float64 loop)."""
+    if (rules.emin == -126 and rules.emax == 127 and rules.has_inf and rules.nan_payload
+            and rules.subnormals and not rules.saturate and not rules.daz
+            and 1 <= rules.man_bits <= 22):
+        return "same_range"
+    if magic_applies(rules, np.float32):
+        return "magic"
+    return None
 
 
 def round_compiled(x: np.ndarray, out: np.ndarray, rules: Rules, mode: str = "nearest_even",
@@ -93,7 +141,13 @@ def round_compiled(x: np.ndarray, out: np.ndarray, rules: Rules, mode: str = "ne
     with ``uniforms = philox_uniforms(seed, offset, x.size)`` for ``"stochastic"``."""
     loops, loop = _loops(), loop_rules(rules)
     if mode == "nearest_even":
-        loops.nearest_even_loop(x, out, loop)
+        kind = float32_loop(rules) if x.dtype == np.float32 else None
+        if kind == "same_range":
+            loops.same_range_loop32(x, out, loop)
+        elif kind == "magic":
+            loops.nearest_even_loop32(x, out, loop)
+        else:
+            loops.nearest_even_loop(x, out, loop)
     elif mode == "stochastic":
         loops.stochastic_loop(x, out, loop, np.uint64(seed), np.uint64(offset))
     else:

@@ -28,6 +28,37 @@ def nearest_even_loop(x, out, r):
 
 
 @numba.njit(**_JIT)
+def nearest_even_loop32(x, out, r):
+    """Nearest even on float32 data in float32 registers (twice the lanes of the float64 loop),
+    by the magic-number addition of ``_kernels.round_nearest_even_magic``: C = 1.5 q 2**23
+    from x's exponent field clipped to [emin, emax + 1], and (x + C) - C is x rounded to a
+    multiple of q (ties to even; either sign); where ``magic_applies`` in float32 (the
+    caller checks). Then ``_finish32``: the float64 loop's steps on float32 bits."""
+    for i in range(x.size):
+        value = x[i]
+        bits = _bits32(value)
+        field = min(max((bits & np.uint32(0x7FFFFFFF)) >> np.uint32(23), r.low_field32),
+                    r.high_field32)
+        magic = _from_bits32(((field + r.c_offset32) << np.uint32(23)) | np.uint32(0x400000))
+        out[i] = _finish32((value + magic) - magic, bits, r)
+
+
+@numba.njit(**_JIT)
+def same_range_loop32(x, out, r):
+    """Nearest even on float32 data for an ieee format with float32's exponent range, its
+    subnormals and overflow to inf (bf16, tf32): an integer addition of half a quantum minus
+    one, plus the kept bit, then the cut, rounds every finite pattern (subnormals share the
+    format's quantum; the largest ones carry into inf; inf stays inf); NaNs keep their sign
+    and the payload bits that fit, quietened."""
+    for i in range(x.size):
+        bits = _bits32(x[i])
+        number = bits & np.uint32(0x7FFFFFFF) <= np.uint32(0x7F800000)   # not a NaN
+        rounded = (bits + r.half32 + ((bits >> r.shift32) & np.uint32(1))) & r.keep32
+        quiet = (bits & r.keep32) | np.uint32(0x400000)
+        out[i] = _from_bits32(rounded if number else quiet)
+
+
+@numba.njit(**_JIT)
 def stochastic_loop(x, out, r, seed, offset):
     """Element i rounds away from zero when ``philox_uniforms(seed, offset + i)`` is below
     its fractional distance past the lower neighbour."""
@@ -92,6 +123,21 @@ def _finish(rounded, value, r):
 
 
 @numba.njit(inline="always")
+def _finish32(rounded, bits, r):
+    """``_finish`` on float32: overflow, flush, x's sign (from its ``bits``), unsigned zero,
+    NaNs settled with the float32 masks."""
+    magnitude = abs(rounded)
+    magnitude = r.overflow_to32 if magnitude > r.max_finite32 else magnitude
+    magnitude = np.float32(0.0) if magnitude < r.flush_below32 else magnitude
+    signed = _bits32(magnitude) | (bits & np.uint32(0x80000000))
+    result = _from_bits32(signed) + r.zero_add32
+    settled = _bits32(result)
+    settled = ((settled & r.nan_keep32) | r.nan_set32 if result != result
+               else settled & r.keep32)
+    return _from_bits32(settled)
+
+
+@numba.njit(inline="always")
 def _philox_uniform(counter, key0, key1):
     """``philox_uniforms``' draw for one counter: Philox4x32-10 of (low, high, 0, 0), the
     first two words' top 53 bits as a float64 in [0, 1)."""
@@ -124,3 +170,19 @@ def _from_bits(typingctx, bits):
     def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], context.get_value_type(types.float64))
     return types.float64(types.uint64), codegen
+
+
+@intrinsic
+def _bits32(typingctx, value):
+    """A float32's bits as a uint32."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.uint32))
+    return types.uint32(types.float32), codegen
+
+
+@intrinsic
+def _from_bits32(typingctx, bits):
+    """The float32 with these bits."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.float32))
+    return types.float32(types.uint32), codegen
