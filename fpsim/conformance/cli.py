@@ -8,9 +8,9 @@
 
 Exit status: 0 when the framework agrees with the reference, 1 when it does not (the first
 divergence, or the mismatches by class, are printed; or a recorded setting is not the one
-``--expect``/``--expect-preset`` intended: one ``MISCONFIGURED`` line each), 2 on bad input (a trace that breaks the
-format, an unknown preset or parameter, a missing or unreadable array, a shape or dtype that
-does not fit).
+``--expect``/``--expect-preset`` intended: one ``MISCONFIGURED`` line each), 2 on bad input
+(a trace that breaks the format, an unknown preset or parameter, a missing or unreadable
+array, a shape or dtype that does not fit).
 
 ``register(subparsers)`` adds both subcommands to an ``argparse`` subparsers object;
 ``run(args)`` executes a parsed command and returns the exit status; ``main(argv)`` does both
