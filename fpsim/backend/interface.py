@@ -88,7 +88,8 @@ ENGINE_PACKAGES = frozenset({"exact", "quant", "autograd", "nn", "optim", "scali
 #: frameworks: engine data reaches them as host arrays (``to_numpy``), and they may use NumPy
 HOST_PACKAGES = frozenset({"experiments", "plots", "conformance", "cli", "__main__", "sweep"})
 HOST_MODULES = frozenset({"fpsim.train.checkpoint", "fpsim.train.trace", "fpsim.train.data",
-                          "fpsim.train.cli", "fpsim.train.factories"})
+                          "fpsim.train.cli", "fpsim.train.factories", "fpsim.train.runs",
+                          "fpsim.train.run_records"})
 #: below the seam but written on the namespace and kernels for every backend, so bound to the
 #: same rules: the reference rounding and Philox that ``Backend`` runs by default
 PORTABLE_MODULES = frozenset({"fpsim.rounding.portable"})
