@@ -156,33 +156,18 @@ def _philox_uniform(counter, key0, key1):
     return np.float64(((c0 << shift) | c1) >> np.uint64(11)) * 2.0 ** -53
 
 
-@intrinsic
-def _bits(typingctx, value):
-    """A float64's bits as a uint64 (``view``, which Numba has for arrays only)."""
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.uint64))
-    return types.uint64(types.float64), codegen
+def _bitcast(source, target):
+    """An intrinsic giving a ``source`` scalar's bits as a ``target`` scalar (``view``, which
+    Numba has for arrays only)."""
+    @intrinsic
+    def cast(typingctx, value):
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], context.get_value_type(target))
+        return target(source), codegen
+    return cast
 
 
-@intrinsic
-def _from_bits(typingctx, bits):
-    """The float64 with these bits."""
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.float64))
-    return types.float64(types.uint64), codegen
-
-
-@intrinsic
-def _bits32(typingctx, value):
-    """A float32's bits as a uint32."""
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.uint32))
-    return types.uint32(types.float32), codegen
-
-
-@intrinsic
-def _from_bits32(typingctx, bits):
-    """The float32 with these bits."""
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.float32))
-    return types.float32(types.uint32), codegen
+_bits = _bitcast(types.float64, types.uint64)
+_from_bits = _bitcast(types.uint64, types.float64)
+_bits32 = _bitcast(types.float32, types.uint32)
+_from_bits32 = _bitcast(types.uint32, types.float32)
