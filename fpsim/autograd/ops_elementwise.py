@@ -239,9 +239,13 @@ def tanh(x) -> Tensor:
 def sigmoid(x) -> Tensor:
     """1 / (1 + e**-x) correctly rounded (``fpsim.exact``). Backward: g * s * (1 - s) with s
     the float64 sigmoid (within 2**-48), in float64, rounded once."""
-    return _unary("sigmoid", x, "elementwise", elementary.sigmoid,
-                  lambda g, d, o: _f64(g) * elementary.sigmoid(d) * (1.0 - elementary.sigmoid(d)),
+    return _unary("sigmoid", x, "elementwise", elementary.sigmoid, _sigmoid_grad,
                   correctly_rounded=cr_sigmoid)
+
+
+def _sigmoid_grad(g, d, o):
+    s = elementary.sigmoid(d)                        # one evaluation, used twice
+    return _f64(g) * s * (1.0 - s)
 
 
 def silu(x) -> Tensor:
@@ -284,7 +288,8 @@ def gelu(x, approximate: str = "none") -> Tensor:
 # the NaN its normal_pdf or sigmoid derives, and which of two NaNs returns is left open).
 def _gelu_grad(g, d, o):
     d = _f64(d)
-    return nan_as_input(d, _f64(g) * (elementary.normal_cdf(d) + d * elementary.normal_pdf(d)))
+    cdf, pdf = elementary.normal_cdf_pdf(d)          # one exp for both
+    return nan_as_input(d, _f64(g) * (cdf + d * pdf))
 
 
 def _gelu_tanh_grad(g, d, o):

@@ -36,7 +36,9 @@ __all__ = ["certified", "settle", "enclosure", "forced_fallback", "cr_exp", "cr_
            "cr_gelu_tanh", "gelu_tanh64", "gelu_tanh_parts", "gelu_tanh_bound",
            "TWO_SQRT_2_OVER_PI", "GELU_TANH_KAPPA", "FALLBACK_COUNT", "nan_as_input"]
 
-FALLBACK_COUNT = {"elements": 0}   # how many elements ``settle`` decided (tests read it)
+# how many elements ``certified`` looked at ("checked") and ``settle`` decided ("elements"): the
+# fallback's share, which tests and benchmarks/bench_models.py read
+FALLBACK_COUNT = {"elements": 0, "checked": 0}
 _FORCED = {"on": False}            # the test switch of ``forced_fallback``
 _FAR = 2.0 ** 160                  # beyond 2**+-160 every format over- or underflows by far
 
@@ -62,6 +64,7 @@ def certified(v, bound, fmt):
     """Mask of elements of float64 ``v`` (relative error <= ``bound``, a scalar or array)
     whose rounding to ``fmt`` is decided. NaN and +-inf count as decided: the evaluations give
     them only where they are the exact result (inf input, log 0) or NaN."""
+    FALLBACK_COUNT["checked"] += size(v)
     bound = xp.asarray(bound, xp.float64)
     # the 2**-52 covers the roundings of v -+ e; a zero bound (a proxy known to round like
     # the exact value) needs none: v -+ 0 is exact
@@ -124,43 +127,47 @@ def settle(value, fmt):
     raise ArithmeticError("settle: no decision at 480 digits")
 
 
-def _finish(x, evaluate, bound, fmt, dref):
+def _finish(x, evaluate, fmt, dref):
     """Evaluate chunk by chunk (``tuning().correctly_rounded_chunk`` elements: the float64
-    temporaries stay in cache), certify, settle the rest; ``bound`` scalar or per-element."""
-    x = xp.asarray(x, xp.float64)
+    temporaries stay in cache), certify, settle the rest. ``evaluate(chunk)`` gives the
+    float64 values and their relative bound (a scalar, or one per element), from one pass
+    over the chunk's inputs (converted to float64 chunk by chunk, not all at once)."""
+    x = xp.asarray(x)
     flat_x = xp.reshape(x, (-1,))
     v = xp.empty(flat_x.shape, xp.float64)
-    bounds = xp.reshape(xp.broadcast_to(xp.asarray(bound, xp.float64), x.shape), (-1,))
     chunk = tuning().correctly_rounded_chunk
     for i in range(0, size(flat_x), chunk):
         part = slice(i, i + chunk)
-        v[part] = evaluate(flat_x[part])
-        ok = certified(v[part], bounds[part], fmt)
+        values, bound = evaluate(xp.asarray(flat_x[part], xp.float64))
+        v[part] = values
+        ok = certified(values, bound, fmt)
         for j in to_list(xp.flatnonzero(~ok) + i):     # few: one transfer to the host
             xj = float(flat_x[j])
             v[j] = settle(lambda d, xj=xj: enclosure(*dref(xj, d)), fmt)
     return xp.reshape(v, x.shape)
 
 
+def _with_bound(function, bound):
+    """``evaluate`` for ``_finish``: ``function``'s values with one relative bound for all."""
+    return lambda x: (function(x), bound)
+
+
 def cr_exp(x, fmt):
     """exp(x) correctly rounded to ``fmt``, as a float64 proxy (see module doc)."""
-    x = xp.asarray(x, xp.float64)
-    return _finish(x, elementary.exp, elementary.EXP_BOUND, fmt, ref.dexp)
+    return _finish(x, _with_bound(elementary.exp, elementary.EXP_BOUND), fmt, ref.dexp)
 
 
 def cr_log(x, fmt):
-    x = xp.asarray(x, xp.float64)
-    return _finish(x, elementary.log, elementary.LOG_BOUND, fmt, ref.dln)
+    return _finish(x, _with_bound(elementary.log, elementary.LOG_BOUND), fmt, ref.dln)
 
 
 def cr_tanh(x, fmt):
-    x = xp.asarray(x, xp.float64)
-    return _finish(x, elementary.tanh, elementary.TANH_BOUND, fmt, ref.dtanh)
+    return _finish(x, _with_bound(elementary.tanh, elementary.TANH_BOUND), fmt, ref.dtanh)
 
 
 def cr_sigmoid(x, fmt):
-    x = xp.asarray(x, xp.float64)
-    return _finish(x, elementary.sigmoid, elementary.SIGMOID_BOUND, fmt, ref.dsigmoid)
+    return _finish(x, _with_bound(elementary.sigmoid, elementary.SIGMOID_BOUND), fmt,
+                   ref.dsigmoid)
 
 
 # sigmoid within SIGMOID_BOUND (2**-48), times the exact x, one float64 rounding (2**-53)
@@ -188,8 +195,7 @@ def nan_as_input(x, value):
 
 def cr_silu(x, fmt):
     """SiLU, x sigmoid(x), correctly rounded to ``fmt`` as a float64 proxy (module doc)."""
-    x = xp.asarray(x, xp.float64)
-    return _finish(x, silu64, SILU_BOUND, fmt, ref.dsilu)
+    return _finish(x, _with_bound(silu64, SILU_BOUND), fmt, ref.dsilu)
 
 
 def gelu_bound(x):
@@ -201,9 +207,15 @@ def gelu_bound(x):
                     elementary.GELU_BOUND)
 
 
+def _gelu_and_bound(x):
+    """gelu's values and bound: ``GELU_BOUND`` for all when every x takes the table path
+    (``elementary.gelu_parts``), else ``gelu_bound``."""
+    value, outside = elementary.gelu_parts(x)
+    return value, elementary.GELU_BOUND if outside is None else gelu_bound(x)
+
+
 def cr_gelu(x, fmt):
-    x = xp.asarray(x, xp.float64)
-    return _finish(x, elementary.gelu, gelu_bound(x), fmt, ref.dgelu)
+    return _finish(x, _gelu_and_bound, fmt, ref.dgelu)
 
 
 # sqrt(2/pi) * 2 and 0.044715 as float64 (each within 2**-53 relative of the real constant)
@@ -215,10 +227,15 @@ def gelu_tanh_parts(x):
     """(y, s) for float64 x: y = 2 sqrt(2/pi) (x + 0.044715 x**3) within 7u relative
     (u = 2**-53: x**3 two roundings, the constant and the product two, the sum of two terms
     of one sign one, 2 sqrt(2/pi) one more) and s = sigmoid(y) within 8u of sigmoid(y)."""
+    y = _gelu_tanh_argument(x)
+    return y, elementary.sigmoid(y)
+
+
+def _gelu_tanh_argument(x):
+    """y = 2 sqrt(2/pi) (x + 0.044715 x**3) for float64 x (``gelu_tanh_parts``)."""
     x = xp.asarray(x, xp.float64)
     with xp.errstate(over="ignore", invalid="ignore"):
-        y = TWO_SQRT_2_OVER_PI * (x + GELU_TANH_KAPPA * (x * x * x))
-    return y, elementary.sigmoid(y)
+        return TWO_SQRT_2_OVER_PI * (x + GELU_TANH_KAPPA * (x * x * x))
 
 
 def gelu_tanh64(x):
@@ -236,8 +253,21 @@ def gelu_tanh64(x):
     (-inf * 0, as PyTorch's 0.5 x (1 + tanh) gives), NaN -> itself (``nan_as_input``)."""
     x = xp.asarray(x, xp.float64)
     y, s = gelu_tanh_parts(x)
+    return _gelu_tanh_value(x, y, s, _gelu_tanh_middle(y))
+
+
+def _gelu_tanh_middle(y):
+    """Whether every y lies in (-300, 40), where x sigmoid(y) is taken as it stands (NaN and
+    +-inf do not)."""
+    return xp.count_nonzero((y < 40.0) & (y > -300.0)) == size(y)
+
+
+def _gelu_tanh_value(x, y, s, middle: bool):
+    """``gelu_tanh64`` from x, y and s = sigmoid(y); ``middle``: ``_gelu_tanh_middle(y)``."""
     with xp.errstate(invalid="ignore"):
         out = x * s
+    if middle:
+        return out
     big = xp.isfinite(x) & (y >= 40.0)
     out = xp.where(big, round_to_odd(x, xp.where(big, -1.0, 0.0)), out)
     out = xp.where(xp.isfinite(x) & (y <= -300.0), -(2.0 ** -1000), out)
@@ -247,14 +277,27 @@ def gelu_tanh64(x):
 def gelu_tanh_bound(x):
     """The relative bound of ``gelu_tanh64`` at each float64 x (its doc): 0 where it returns
     a proxy that rounds like the exact value (y >= 40, y <= -300)."""
-    y, _ = gelu_tanh_parts(x)
+    y = _gelu_tanh_argument(x)
+    return _gelu_tanh_bound(y, elementary.sigmoid(-y), False)
+
+
+def _gelu_tanh_bound(y, s_neg, middle: bool):
+    """``gelu_tanh_bound`` from y and s_neg = sigmoid(-y)."""
     with xp.errstate(invalid="ignore", over="ignore"):
-        b = 2.0 ** -49 * (1.0 + xp.abs(y) * elementary.sigmoid(-y))
-    return xp.where((y >= 40.0) | (y <= -300.0), 0.0, b)
+        b = 2.0 ** -49 * (1.0 + xp.abs(y) * s_neg)
+    return b if middle else xp.where((y >= 40.0) | (y <= -300.0), 0.0, b)
+
+
+def _gelu_tanh_and_bound(x):
+    """``gelu_tanh64`` and ``gelu_tanh_bound`` of float64 x from one y and one exp
+    (``elementary.sigmoid_pair``), the y <= -300 and y >= 40 cases only where there are any."""
+    y = _gelu_tanh_argument(x)
+    s, s_neg = elementary.sigmoid_pair(y)
+    middle = _gelu_tanh_middle(y)
+    return _gelu_tanh_value(x, y, s, middle), _gelu_tanh_bound(y, s_neg, middle)
 
 
 def cr_gelu_tanh(x, fmt):
     """The tanh GELU of float32 values x, its exact real value (``gelu_tanh64``) correctly
     rounded to ``fmt``, as a float64 proxy (module doc)."""
-    x = xp.asarray(x, xp.float64)
-    return _finish(x, gelu_tanh64, gelu_tanh_bound(x), fmt, ref.dgelu_tanh)
+    return _finish(x, _gelu_tanh_and_bound, fmt, ref.dgelu_tanh)

@@ -44,8 +44,9 @@ from functools import lru_cache
 from ..backend import astype, bitcast, copy, name, size, xp
 from .odd_rounding import round_to_odd
 
-__all__ = ["pow2", "exp_parts", "exp", "expm1_neg", "log", "log1p", "tanh", "sigmoid", "gelu",
-           "gelu_tail_q", "normal_cdf", "normal_pdf", "EXP_BOUND", "LOG_BOUND", "LOG1P_BOUND", "TANH_BOUND",
+__all__ = ["pow2", "exp_parts", "exp", "expm1_neg", "log", "log1p", "tanh", "sigmoid",
+           "sigmoid_pair", "gelu", "gelu_parts", "gelu_tail_q", "normal_cdf", "normal_pdf",
+           "normal_cdf_pdf", "EXP_BOUND", "LOG_BOUND", "LOG1P_BOUND", "TANH_BOUND",
            "SIGMOID_BOUND", "GELU_BOUND"]
 
 EXP_BOUND = 2.0 ** -50
@@ -100,8 +101,13 @@ def pow2(k):
 def exp_parts(y):
     """(k, p) with exp(y) = 2**k (1 + p), p = expm1(r) within 1.5u; y float64, |y| <= 400."""
     k = xp.rint(y * LOG2E)
-    r = (y - k * LN2_HI) - k * LN2_LO
-    return k, r + (r * r) * _horner(r, _EXPM1_Q)
+    r = y - k * LN2_HI
+    r -= k * LN2_LO
+    # r + (r*r) q(r), written in place (the same operations: + commutes for finite r)
+    p = r * r
+    p *= _horner(r, _EXPM1_Q)
+    p += r
+    return k, p
 
 
 def exp(y):
@@ -188,8 +194,23 @@ def sigmoid(x):
     """1 / (1 + exp(-x)) of float64 x within 8u (``SIGMOID_BOUND``); NaN -> -|NaN| (the NaN
     that exp(-|x|) gives, as before)."""
     x = xp.asarray(x, xp.float64)
+    upper, lower = _sigmoid_branches(x)
+    return xp.where(x >= 0, upper, lower)
+
+
+def sigmoid_pair(x):
+    """(sigmoid(x), sigmoid(-x)), the bits of two ``sigmoid`` calls from one exp: both take
+    z = exp(-|x|) and 1 + z, x >= 0 picks 1 / (1 + z) for the first, x <= 0 for the second."""
+    x = xp.asarray(x, xp.float64)
+    upper, lower = _sigmoid_branches(x)
+    return xp.where(x >= 0, upper, lower), xp.where(x <= 0, upper, lower)
+
+
+def _sigmoid_branches(x):
+    """1 / (1 + z) and z / (1 + z), z = exp(-|x|): sigmoid(|x|) and sigmoid(-|x|)."""
     z = exp(-xp.abs(x))
-    return xp.where(x >= 0, xp.divide(1.0, 1.0 + z), z / (1.0 + z))
+    one_plus = 1.0 + z
+    return xp.divide(1.0, one_plus), z / one_plus
 
 
 _STEP = 4            # centres j / 4
@@ -215,28 +236,62 @@ def _gelu_table(backend_name: str):
 
 def gelu_tail_q(a):
     """Q(a) = P(N(0,1) > a) for float64 0 <= a <= 20 within 7u."""
+    q = exp(-(a * a) * 0.5)
+    q *= _mills_series(a)
+    return q
+
+
+def _mills_series(a):
+    """M(a) = Q(a) e**(a*a/2) for float64 0 <= a <= 20 within 3u: the Taylor polynomial
+    around the nearest centre j / 4, by Horner in place, each coefficient row gathered with
+    ``take`` (a 1-D gather from a row in cache, not 2-D fancy indexing)."""
     table = _gelu_table(name())
     centre = xp.rint(a * _STEP)
     j = astype(centre, xp.intp)
     h = a - xp.divide(centre, _STEP)     # j / 4, exact
-    acc = table[_DEGREE, j]
+    acc = xp.take(table[_DEGREE], j)
     for degree in range(_DEGREE - 1, -1, -1):        # Horner, highest coefficient first
-        acc = acc * h + table[degree, j]
-    return exp(-(a * a) * 0.5) * acc
+        acc *= h
+        acc += xp.take(table[degree], j)
+    return acc
 
 
 def gelu(x):
     """x Phi(x) of float64 x within 10u (``GELU_BOUND``), see the module doc for |x| >= 10;
     -inf -> DEFAULT_NAN (-inf * 0, as before), inf -> inf, NaN -> itself."""
+    return gelu_parts(x)[0]
+
+
+def gelu_parts(x):
+    """(``gelu(x)``, mask of the elements off the table path, or None when there are none).
+    The table path, x Phi(x) from ``gelu_tail_q``, takes -20 < x < 10 with |x| >= 2**-60 or
+    x = 0: the activations a network feeds it. The others (NaN, +-inf, x >= 10, x <= -20,
+    tiny x) are taken one formula each, on themselves only (``_gelu_outside``)."""
     x = xp.asarray(x, xp.float64)
     a = xp.abs(x)
-    q = gelu_tail_q(xp.minimum(xp.where(xp.isnan(a), 0.0, a), 20.0))
-    mid = xp.where(x < 0, x * q, x * (1.0 - q))
-    # x >= 10: the value lies just below x, strictly between x's lower float64 neighbour and
-    # x; rounded to odd, it is whichever of the two is odd (never a format midpoint)
-    out = xp.where(x >= 10.0, round_to_odd(x, xp.where(x >= 10.0, -1.0, 0.0)), mid)
-    out = xp.where(x <= -20.0, -(2.0 ** -1000), out)
-    out = xp.where((a < 2.0 ** -60) & (x != 0), _tiny_gelu(x), out)
+    on_table = (x < 10.0) & (x > -20.0) & ((a >= 2.0 ** -60) | (x == 0))   # NaN: none
+    if xp.count_nonzero(on_table) == size(x):
+        return x * _phi_on_table(x, a), None
+    out = _phi_on_table(x, xp.where(on_table, a, 0.0))
+    out *= x
+    outside = ~on_table
+    out[outside] = _gelu_outside(x[outside])
+    return out, outside
+
+
+def _phi_on_table(x, a):
+    """Phi(x) for the x of the table path (|x| <= 20, not NaN), a = |x|: Q(a) for x < 0,
+    1 - Q(a) otherwise."""
+    q = gelu_tail_q(a)
+    return xp.where(x < 0, q, 1.0 - q)
+
+
+def _gelu_outside(x):
+    """gelu of the x off the table path (module doc): x >= 10 rounded to odd below x, x <= -20
+    as -2**-1000, tiny x by ``_tiny_gelu``, inf, -inf -> DEFAULT_NAN, NaN -> itself."""
+    big = x >= 10.0
+    out = xp.where(big, round_to_odd(x, xp.where(big, -1.0, 0.0)), -(2.0 ** -1000))
+    out = xp.where((xp.abs(x) < 2.0 ** -60) & (x != 0), _tiny_gelu(x), out)
     out = xp.where(x == xp.inf, xp.inf, xp.where(x == -xp.inf, DEFAULT_NAN, out))
     return xp.where(xp.isnan(x), x, out)
 
@@ -255,10 +310,16 @@ def _tiny_gelu(x):
 def normal_cdf(x):
     """Phi(x) of float64 x within 7u (x < 0) or 4u (x >= 0; 1 for x > 20); NaN -> NaN."""
     x = xp.asarray(x, xp.float64)
-    a = xp.minimum(xp.abs(x), 20.0)
-    q = gelu_tail_q(xp.where(xp.isnan(a), 0.0, a))
-    out = xp.where(x < 0, q, 1.0 - q)
-    out = xp.where(x < -20.0, 0.0, xp.where(x > 20.0, 1.0, out))
+    a = xp.abs(x)
+    on_table = a <= 20.0                             # NaN: not
+    if xp.count_nonzero(on_table) == size(x):
+        return _phi_on_table(x, a)
+    return _cdf_outside(x, _phi_on_table(x, xp.where(on_table, a, 0.0)), on_table)
+
+
+def _cdf_outside(x, out, on_table):
+    """``out`` with Phi of the x off the table (|x| > 20 or NaN): 0, 1, or x's NaN."""
+    out = xp.where(on_table, out, xp.where(x < -20.0, 0.0, 1.0))
     return xp.where(xp.isnan(x), x, out)
 
 
@@ -267,3 +328,17 @@ def normal_pdf(x):
     values); 0 for |x| = inf."""
     x = xp.asarray(x, xp.float64)
     return exp(-(x * x) * 0.5) * INV_SQRT_2PI
+
+
+def normal_cdf_pdf(x):
+    """(``normal_cdf(x)``, ``normal_pdf(x)``), their bits from one exp: Q(|x|) is
+    exp(-a*a/2) M(a), and a*a is x*x (GELU's gradient takes both)."""
+    x = xp.asarray(x, xp.float64)
+    a = xp.abs(x)
+    gauss = exp(-(x * x) * 0.5)
+    on_table = a <= 20.0
+    all_on = xp.count_nonzero(on_table) == size(x)
+    q = _mills_series(a if all_on else xp.where(on_table, a, 0.0))
+    q *= gauss
+    cdf = xp.where(x < 0, q, 1.0 - q)
+    return (cdf if all_on else _cdf_outside(x, cdf, on_table)), gauss * INV_SQRT_2PI
