@@ -23,20 +23,75 @@ Zero: an exact sum of zero is +0, except that a row whose terms are all -0 sums 
 Precondition: terms are finite and every nonzero partial result is above 2**-1022 in
 magnitude (true for float32 values and for products of two float32 values, which are
 multiples of 2**-298), so the result is never a float64 subnormal.
+
+Certificate first (``_certified_rows``), limbs only for the rows it cannot decide. Two
+error-free splits (the extraction step of Rump, Ogita and Oishi's AccSum, "Accurate
+floating-point summation part I", SIAM J. Sci. Comput. 31(1), 2008) and float64 sums:
+
+    split: per row of n terms, A = fl(sum |x|) in any order, A < 2**e (frexp). A >= max |x|
+        (adding nonnegative values never rounds below a summand) and sum |x| <= A / (1 -
+        gamma_{n-1}). With big = 1.5 * 2**(e + 1), fl(big + x) lies in [2**(e + 1),
+        2**(e + 2)], so hi = fl(big + x) - big is exact (Sterbenz), a multiple of
+        q = 2**(e - 51) within q/2 of x, and lo = x - hi is exact (|lo| <= |x|, a multiple of
+        x's quantum), |lo| <= 2**(e - 52). Every partial sum of the hi parts is a multiple of
+        q of magnitude <= sum |x| + n q/2 <= 2**(e + 2) = 2**53 q, a float64: T = fl(sum hi)
+        is exact in any order.
+    level 1: S = T + L, L = sum lo; r = fl(sum lo) in any order errs by at most
+        err = g fl(sum |lo|) (+ 2**-1074, for a product in the subnormal range), g = n 2**-52
+        (``certificate.error_factor``: gamma_{n-1} / (1 - gamma_{n-1}) with room for the
+        product's rounding; additions in the subnormal range are exact). (s, t) =
+        TwoSum(T, r) is exact, so S - s = t + (L - r). Where every lo is zero, t is S - s;
+        where |t| > err, S - s has t's sign and |S - s| < 2 |t|, at most the gap from s to
+        its neighbour on that side (s is the float64 nearest to s + t). Either way S is s or
+        lies strictly between s and that neighbour: round_to_odd(s, t) is rodd(S).
+    cancelled hi parts (T = 0, a row level 1 leaves): S is the sum of the lo parts, each
+        below 2**(e - 52): the certificate again on them (while e is not clamped).
+    level 2, for the other rows level 1 leaves (mostly exact sums with nonzero lo parts): the lo
+        parts split again (T2, lo2), S = T + T2 + L2, (s, t) = TwoSum(T, T2): decided where
+        every lo2 is zero (residual t), where |t| > fl(A2 (1 + 2g)) + 2**-1074 >= sum |lo2|
+        (residual t), or where t = 0, s != 0 and r2 = fl(sum lo2) has |r2| > err2 and
+        2 |r2| < 2**-54 |s| (residual r2: |L2| < 2 |r2|, below the gap on either side of s).
+
+The certificate takes only rows with A < 2**1019 (nothing overflows; e is clamped at -1000
+from below, so big stays normal) and 2**-960 <= |s| or an exact zero sum (the zero-sign
+rule), where the limbs' value is rodd(S) too; the others, and every row where the bound cannot
+settle the sign of S - s, go to the limbs. ``SUM_ROWS`` counts the rows each path took;
+``forced_limbs()`` sends every row to the limbs.
 """
 from __future__ import annotations
 
-from ..backend import astype, bitcast, tuning, xp
+from contextlib import contextmanager
+
+from ..backend import astype, bitcast, scratch, tuning, xp
 
 from .odd_rounding import round_to_odd
 
-__all__ = ["round_to_odd_sum", "zero_sum"]
+__all__ = ["round_to_odd_sum", "zero_sum", "SUM_ROWS", "forced_limbs"]
+
+#: rows of ``round_to_odd_sum`` decided by the float64 certificate and summed in limbs (the
+#: benchmarks and tests read it; counts only, never a value)
+SUM_ROWS = {"certified": 0, "limbs": 0}
+_FORCED = {"limbs": False}             # the test switch of ``forced_limbs``
 
 _LIMB = 32
 _HEADROOM = 4                         # limbs above the top term's: 2**40 terms' carries, sign
 _TERMS_PER_PASS = 1 << 20             # bincount weights < 2**32: 2**20 of them sum below 2**52
 # A Python int: it takes the int64 limbs' dtype (a weak scalar in every array library)
 _MASK32 = 0xFFFFFFFF
+_TINY = 2.0 ** -960                    # smallest |s| the certificate takes (module doc)
+_EXPONENT_LOW, _EXPONENT_HIGH = -1000, 1019     # e's clamp, A's bound (module doc)
+
+
+@contextmanager
+def forced_limbs():
+    """Test switch: inside ``with forced_limbs():`` every row of ``round_to_odd_sum`` is
+    summed in limbs, the reference the certificate must reproduce bit for bit."""
+    before = _FORCED["limbs"]
+    _FORCED["limbs"] = True
+    try:
+        yield
+    finally:
+        _FORCED["limbs"] = before
 
 
 def round_to_odd_sum(terms: xp.ndarray) -> xp.ndarray:
@@ -58,8 +113,106 @@ def round_to_odd_sum(terms: xp.ndarray) -> xp.ndarray:
     rows_per_chunk = max(1, tuning().sums_chunk // max(1, min(width, _TERMS_PER_PASS)))
     for lo in range(0, rows, rows_per_chunk):
         hi = min(rows, lo + rows_per_chunk)
-        out[lo:hi] = _rows_round_to_odd(terms[lo:hi])
+        out[lo:hi] = _rows_certified_or_limbs(terms[lo:hi])
     return out
+
+
+def _rows_certified_or_limbs(terms: xp.ndarray) -> xp.ndarray:
+    """Each row's rodd sum: by the certificate where it decides, in limbs elsewhere."""
+    rows, width = terms.shape
+    if _FORCED["limbs"] or width > _TERMS_PER_PASS:      # (its temporaries: 3 rows wide)
+        SUM_ROWS["limbs"] += rows
+        return _rows_round_to_odd(terms)
+    value, decided = _certified_rows(terms)
+    undecided = ~decided
+    count = int(xp.count_nonzero(undecided))
+    SUM_ROWS["certified"] += rows - count
+    SUM_ROWS["limbs"] += count
+    if count:
+        value[undecided] = _rows_round_to_odd(terms[undecided])
+    return value
+
+
+def _certified_rows(terms: xp.ndarray) -> tuple[xp.ndarray, xp.ndarray]:
+    """(rodd sums where decided, garbage elsewhere; decided): the module doc's certificate.
+    Row sums are products with a vector of ones (BLAS: any order, which the bounds allow;
+    several times faster than NumPy's sum along short rows); two reused work arrays."""
+    rows, width = terms.shape
+    g = width * 2.0 ** -52                     # fpsim.exact.certificate.error_factor(width)
+    ones = xp.ones(width, xp.float64)
+    work = [xp.reshape(scratch(f"sums.certified{i}", xp.float64, rows * width), terms.shape)
+            for i in range(2)]
+    with xp.errstate(over="ignore", invalid="ignore"):
+        whole = xp.matmul(xp.abs(terms, out=work[0]), ones)
+        fits = whole < 2.0 ** _EXPONENT_HIGH
+        total, lo = _split(terms, whole, ones, work[1])
+        s, t = _two_sum(total, xp.matmul(lo, ones))
+        mass = xp.matmul(xp.abs(lo, out=work[0]), ones)
+        exact = mass == 0                      # every lo part zero: t is S - s
+        decided = fits & (exact | (xp.abs(t) > _sum_error(mass, g)))
+        decided &= (xp.abs(s) >= _TINY) | (exact & (s == 0))
+        value = round_to_odd(s, t)
+        zero = decided & (s == 0)
+        if xp.count_nonzero(zero):
+            value[zero] = zero_sum(terms[zero])
+        open_rows = fits & ~decided
+        # hi parts that cancel exactly: S is the sum of the lo parts, a smaller row sum (the
+        # lo parts are below 2**(e - 51) where e was not clamped: each call gains >= 50 bits)
+        cancelled = xp.nonzero(open_rows & (total == 0) & (whole >= 2.0 ** _EXPONENT_LOW))[0]
+        again = xp.nonzero(open_rows & (total != 0))[0]
+        lo_cancelled, lo_again = lo[cancelled], lo[again]        # copies: work is reused
+        if again.shape[0]:
+            value[again], decided[again] = _second_split(terms[again], lo_again, mass[again],
+                                                         total[again], g, ones)
+        if cancelled.shape[0]:
+            inner, decided[cancelled] = _certified_rows(lo_cancelled)
+            # an exact zero: +0, as the row's terms are not all -0 (their sum |x| is not 0)
+            value[cancelled] = xp.where(inner == 0, 0.0, inner)
+    return value, decided
+
+
+def _second_split(terms, lo, lo_mass, total, g, ones):
+    """(values, decided) for the rows level 1 leaves: level 2 of the module doc."""
+    total2, lo2 = _split(lo, lo_mass, ones, xp.empty(lo.shape, xp.float64))
+    s, t = _two_sum(total, total2)
+    r2 = xp.matmul(lo2, ones)
+    mass = xp.matmul(xp.abs(lo2), ones)
+    exact = mass == 0
+    beyond = (t != 0) & (xp.abs(t) > mass * (1 + 2 * g) + 2.0 ** -1074)
+    small = ((t == 0) & (xp.abs(r2) > _sum_error(mass, g))
+             & (2 * xp.abs(r2) < xp.abs(s) * 2.0 ** -54))
+    decided = exact | beyond | small
+    decided &= (xp.abs(s) >= _TINY) | (exact & (s == 0))
+    value = round_to_odd(s, xp.where(small & ~exact, r2, t))
+    zero = decided & (s == 0)
+    if xp.count_nonzero(zero):
+        value[zero] = zero_sum(terms[zero])
+    return value, decided
+
+
+def _split(terms, mass, ones, parts):
+    """(T, lo): each row's exact sum of its hi parts and the lo parts (written into
+    ``parts``), from ``mass`` = fl(sum |x|) of each row (module doc)."""
+    exponent = xp.frexp(mass)[1]                               # mass < 2**exponent
+    exponent = xp.minimum(xp.maximum(exponent, _EXPONENT_LOW), _EXPONENT_HIGH)
+    big = xp.expand_dims(xp.ldexp(1.5, exponent + 1), 1)
+    xp.add(terms, big, out=parts)
+    parts -= big                                               # the hi parts, exact
+    total = xp.matmul(parts, ones)                             # exact, in any order
+    return total, xp.subtract(terms, parts, out=parts)
+
+
+def _two_sum(a, b):
+    """(s, t) with s = fl(a + b) and s + t = a + b exactly (Knuth's TwoSum)."""
+    s = a + b
+    b_virtual = s - a
+    return s, (a - (s - b_virtual)) + (b - b_virtual)
+
+
+def _sum_error(mass, g):
+    """A bound on |fl(sum lo) - sum lo| from mass = fl(sum |lo|): g mass, plus the smallest
+    subnormal for a product rounded in the subnormal range."""
+    return mass * g + 2.0 ** -1074
 
 
 def _rows_round_to_odd(terms: xp.ndarray) -> xp.ndarray:
