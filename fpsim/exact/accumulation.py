@@ -48,7 +48,8 @@ from ..formats import FP16, FP32, Format, get
 from ..rounding import MODES
 from . import block_fma as blocks, underflow
 from .exact_dots import exact_matmul, exact_rows_sum
-from .fast_matmul import matmul_2d, round_out
+from .fast_matmul import matmul_2d, matmul_batched, round_out
+from .product_count import note_general
 from .odd_rounding import add_round_to_odd
 
 __all__ = ["Accumulation", "ExactAccumulation", "SequentialAccumulation", "BlockedAccumulation",
@@ -328,6 +329,12 @@ def matmul(a, b, *, out_fmt, model: Accumulation | str = ExactAccumulation()) ->
     count = math.prod(batch)
     a3 = xp.reshape(xp.broadcast_to(a2, batch + (m, k)), (count, m, k))
     b3 = xp.reshape(xp.broadcast_to(b2, batch + (k, n)), (count, k, n))
+    if count * m * k * n and isinstance(model, ExactAccumulation) and model.acc == FP32:
+        # Each block's elements are their own exact dot products: the batched fast path
+        # certifies the stack (broadcast blocks copied) straight to out_fmt
+        out = matmul_batched(a3, b3, out_fmt)
+        if out is not None:
+            return _drop_vector_axes(xp.reshape(out, batch + (m, n)), a, b)
     acc = _accumulate_matmul(a3, b3, model)
     return _drop_vector_axes(xp.reshape(_to_output(acc, out_fmt), batch + (m, n)), a, b)
 
@@ -343,7 +350,9 @@ def _drop_vector_axes(out, a, b):
 def _accumulate_matmul(a3: xp.ndarray, b3: xp.ndarray, model: Accumulation) -> xp.ndarray:
     """(nb, M, K) @ (nb, K, N) -> float64 (nb, M, N) holding accumulator-format values."""
     if isinstance(model, ExactAccumulation):
-        return exact_matmul(a3, b3, model.acc)[0]
+        acc, exact = exact_matmul(a3, b3, model.acc)
+        note_general(a3.shape[0], math.prod(acc.shape), exact)
+        return acc
     a64, b64 = astype(a3, xp.float64), astype(b3, xp.float64)
     shape = (a3.shape[0], a3.shape[1], b3.shape[2])
     if isinstance(model, SequentialAccumulation):

@@ -123,7 +123,8 @@ def certify(approx: xp.ndarray, width: xp.ndarray, width_cols: xp.ndarray | None
     low = xp.reshape(scratch("certify.low", xp.float32, count), approx.shape)
     high = xp.empty(approx.shape, xp.float32)
     certified = xp.reshape(scratch("certify.same", bool, count), approx.shape)
-    if approx.ndim > 2 and size(approx[0]) >= tuning().certificate_chunk:  # one at a time
+    # one at a time (an empty stack has no approx[0])
+    if approx.ndim > 2 and approx.shape[0] and size(approx[0]) >= tuning().certificate_chunk:
         for i in range(approx.shape[0]):
             _fp32_ends(approx[i], _line(width, approx, i), _line(width_cols, approx, i),
                        low[i], high[i], certified[i])
@@ -162,19 +163,21 @@ def _fp32_ends(approx, width, width_cols, low, high, same) -> None:
 
 
 def certify_fp32_open(approx: xp.ndarray, width_rows: xp.ndarray, width_cols: xp.ndarray,
-                      high: xp.ndarray):
+                      high: xp.ndarray, row_blocks: xp.ndarray | None = None):
     """The first certificate on a 2-D ``approx`` (M, N) with float32 ends, reporting only
     the elements it leaves open. w = ``width_rows`` (M,) times ``width_cols`` (N,), the
-    product rounded once; ``high`` (float32, C-ordered (M, N)) receives fl32(fl64(approx +
-    w)) everywhere. Returns (open, low, high_open): the flat C-order indices where
-    fl32(fl64(approx - w)) has other bits, and the two ends there. Certified elements round
-    to ``high``. Chunks of rows: the work arrays stay in cache and only the open elements
-    leave the loop (no (M, N) low end or mask is written).
+    product rounded once; with ``row_blocks`` (M,) (a batched product's rows, each in its
+    block), ``width_cols`` is (blocks, N) and row i takes ``width_cols[row_blocks[i]]``.
+    ``high`` (float32, C-ordered (M, N)) receives fl32(fl64(approx + w)) everywhere.
+    Returns (open, low, high_open): the flat C-order indices where fl32(fl64(approx - w))
+    has other bits, and the two ends there. Certified elements round to ``high``. Chunks
+    of rows: the work arrays stay in cache and only the open elements leave the loop (no
+    (M, N) low end or mask is written).
 
     Each chunk is first certified with one width W = fl(max width_rows * max width_cols)
-    (a scalar operand: no outer product, cheaper passes). W >= w everywhere (rounding is
-    monotonic), so where its ends agree they enclose s as well and fl32(fl64(approx +- W))
-    is the common value, the same as fl32(fl64(approx +- w)) between them; only the few
+    (the maxima over the chunk's rows and the widths they take; a scalar operand: no outer
+    product, cheaper passes). W >= w everywhere (rounding is monotonic), so where its ends
+    agree they enclose s as well and fl32(fl64(approx +- W)) is the common value, the same as fl32(fl64(approx +- w)) between them; only the few
     elements where they differ are taken again with their own w (gathered), and the result
     is the same as with w throughout. Where W leaves more than 1/``recheck_share`` of a
     chunk (widths of very different sizes), the chunk is taken again with w throughout.
@@ -183,6 +186,7 @@ def certify_fp32_open(approx: xp.ndarray, width_rows: xp.ndarray, width_cols: xp
     approx, width_rows, width_cols = xp.asarray(approx), xp.asarray(width_rows), \
         xp.asarray(width_cols)
     high = xp.asarray(high)              # the caller's array itself (it receives the ends)
+    cols = _ColumnWidths(width_cols, None if row_blocks is None else xp.asarray(row_blocks))
     settings = tuning()
     recheck_share = settings.recheck_share
     lines, n = approx.shape
@@ -201,16 +205,16 @@ def certify_fp32_open(approx: xp.ndarray, width_rows: xp.ndarray, width_cols: xp
         low_buf = xp.empty((rows, n), xp.float32)
         open_buf = xp.empty((rows, n), bool)
     # one width per chunk only where chunks are large (below, the outer product is cheap)
-    widest_col = float(xp.max(width_cols)) if outer is _outer_einsum else None
+    widest = outer is _outer_einsum
     found = []
     with xp.errstate(invalid="ignore", over="ignore"):
         for lo in range(0, lines, step):
             hi = min(lines, lo + step)
             x, top = approx[lo:hi], high[lo:hi]
-            if widest_col is None:
-                wide = outer(width_rows[lo:hi], width_cols, _w_buffer(False, hi - lo, n))
-            else:
-                wide = float(xp.max(width_rows[lo:hi])) * widest_col   # W, rounded once
+            if not widest:
+                wide = outer(width_rows[lo:hi], cols.chunk(lo, hi), _w_buffer(False, hi - lo, n))
+            else:                                                       # W, rounded once
+                wide = float(xp.max(width_rows[lo:hi])) * cols.widest(lo, hi)
             low = xp.subtract(x, wide, out=low_buf[:hi - lo])
             xp.add(x, wide, out=top)
             differ = xp.not_equal(bits(low), bits(top), out=open_buf[:hi - lo])
@@ -219,11 +223,11 @@ def certify_fp32_open(approx: xp.ndarray, width_rows: xp.ndarray, width_cols: xp
             where = xp.flatnonzero(differ)
             # flat indices into the C-ordered chunks: thousands of elements may be open
             # (fp32 ties of narrow data), and 1-D gathers are the cheap ones
-            if widest_col is None:
+            if not widest:
                 found.append((where + lo * n, _flat(low)[where], _flat(top)[where]))
                 continue
             if where.shape[0] * recheck_share > (hi - lo) * n:         # w over the chunk
-                w = outer(width_rows[lo:hi], width_cols,
+                w = outer(width_rows[lo:hi], cols.chunk(lo, hi),
                           _w_buffer(outer is _outer_einsum, rows, n)[:hi - lo])
                 low = xp.subtract(x, w, out=low)
                 xp.add(x, w, out=top)
@@ -232,7 +236,7 @@ def certify_fp32_open(approx: xp.ndarray, width_rows: xp.ndarray, width_cols: xp
                 found.append((where + lo * n, _flat(low)[where], _flat(top)[where]))
                 continue
             line, col = xp.divmod(where, n)                             # w where W failed
-            w = width_rows[lo:hi][line] * width_cols[col]
+            w = width_rows[lo:hi][line] * cols.at(lo + line, col)
             value = _flat(x)[where]
             low = astype(value - w, xp.float32)
             up = astype(value + w, xp.float32)
@@ -245,6 +249,37 @@ def certify_fp32_open(approx: xp.ndarray, width_rows: xp.ndarray, width_cols: xp
     if len(found) == 1:
         return found[0]
     return tuple(xp.concatenate(part) for part in zip(*found))
+
+
+class _ColumnWidths:
+    """The column widths of ``certify_fp32_open``'s rows: one (N,) vector for every row, or
+    (``row_blocks``: a batched product's rows) the row of a (blocks, N) array for the row's
+    block."""
+
+    def __init__(self, widths, row_blocks):
+        self.widths, self.row_blocks = widths, row_blocks
+        self.block_widest = None if row_blocks is None else xp.max(widths, axis=1)
+        self.largest = None
+
+    def widest(self, lo: int, hi: int) -> float:
+        """The largest width any of rows lo:hi takes."""
+        if self.row_blocks is not None:
+            return float(xp.max(self.block_widest[self.row_blocks[lo:hi]]))
+        if self.largest is None:
+            self.largest = float(xp.max(self.widths))
+        return self.largest
+
+    def chunk(self, lo: int, hi: int) -> xp.ndarray:
+        """Rows lo:hi's widths: (N,) for all of them, or (hi - lo, N) row by row."""
+        if self.row_blocks is None:
+            return self.widths
+        return xp.take(self.widths, self.row_blocks[lo:hi], axis=0)
+
+    def at(self, rows: xp.ndarray, cols: xp.ndarray) -> xp.ndarray:
+        """The widths of elements (rows, cols), gathered."""
+        if self.row_blocks is None:
+            return self.widths[cols]
+        return self.widths[self.row_blocks[rows], cols]
 
 
 def _w_buffer(reused: bool, rows: int, n: int) -> xp.ndarray:
@@ -260,7 +295,7 @@ def _flat(x):
 
 
 def _outer_einsum(rows, cols, out):
-    return xp.einsum("i,j->ij", rows, cols, out=out)
+    return xp.einsum("i,j->ij" if cols.ndim == 1 else "i,ij->ij", rows, cols, out=out)
 
 
 def _outer_multiply(rows, cols, out):

@@ -1,4 +1,4 @@
-"""The ``exact`` model's 2-D fast path: one float64 BLAS product, certified straight to the output.
+"""The exact model's fast products (2-D, batched): one float64 BLAS product, certified per element.
 
 ``matmul_2d(a, b, out_fmt, bias)`` returns the same bits as the general path
 (``certified.exact_matmul`` with ``acc = fp32``, then ``+ bias`` in float32, then one rounding
@@ -61,8 +61,19 @@ nearly every row exact, and their frequent exact fp32 ties
 output is large against the operands and where a's first row and b's first column are
 narrow (at most 16 significant bits); their quanta are then taken while a and b are widened
 (in cache), and the rows are used where at least half of them pass.
+(6) Batched products (``matmul_batched``: a stack (nb, M, K) @ (nb, K, N), attention's
+q @ k^T and weights @ v and their gradients). Fold the stack into a (nb M, K) of rows and
+b (K, nb N) of columns (views where the layouts allow, else one float32 copy each); element
+(i, j) of block t is row t M + i of a times column t N + j of b: the block diagonal of the
+folded product, each element its own dot product. So (1)-(5) hold element by element as
+they stand: the norms, quanta and widths are per folded row and column, one batched float64
+BLAS product gives approx, the fp32 ends take each row's widths from its own block
+(``certify_fp32_open``'s ``row_blocks``; its one width per chunk is the largest over the
+chunk's blocks, which encloses s as well), exact rows bound U by the largest sigma of the
+row's block, and the exact step gathers from the folded a and b (``open_elements``
+unchanged). ``product_count.count_products`` counts the open and exactly summed elements.
 Non-finite inputs (seen as non-finite norms), K = 0 and empty shapes are left to the general
-path (``matmul_2d`` returns None). The fp32 ends are computed chunk by chunk
+path (``matmul_2d`` and ``matmul_batched`` return None). The fp32 ends are computed chunk by chunk
 (``certificate.certify_fp32_open``; first with the chunk's largest w, which encloses s as
 well, then, where those ends differ, with each element's own w: the same open elements and
 ends): only the elements left open leave the loop, with their ends; every later step works
@@ -72,16 +83,18 @@ on those gathered elements. Work arrays are reused per thread
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
-from ..backend import bitcast, bits, is_contiguous, round_to, scratch, tuning, xp
+from ..backend import bitcast, bits, is_contiguous, round_to, scratch, size, tuning, xp
 from ..formats import FP32
 from . import underflow
 from .certificate import (certify_fp32_open, error_factor, lowest_bit_patterns,
                           quanta_from_patterns, width_factor)
 from .exact_dots import cauchy_schwarz_bound
 from .open_elements import exact_elements, exact_zero_signs, gather_source
+from .product_count import note_fast
 
-__all__ = ["matmul_2d", "round_out"]
+__all__ = ["matmul_2d", "matmul_batched", "round_out"]
 
 _ROW_FLOOR = 2.0 ** -600  # width floors: w > 0 for all-zero lines, below any nonzero one's
 _COL_FLOOR = 2.0 ** -400
@@ -116,11 +129,68 @@ def matmul_2d(a: xp.ndarray, b: xp.ndarray, out_fmt, bias: xp.ndarray | None = N
         # float32 values cannot overflow a float64 sum: finite exactly when every one is
         if bias is not None and not xp.isfinite(xp.sum(bias, dtype=xp.float64)):
             return None
-        return _matmul_2d(a, b, out_fmt, bias, note, m, k, n)
+        return _matmul_2d(a, b, out_fmt, bias, note, k, _Blocks(1, m, n))
 
 
-def _matmul_2d(a, b, out_fmt, bias, note, m, k, n):
-    try_exact = _exact_rows_worth_trying(a, b, m, k, n)
+def matmul_batched(a: xp.ndarray, b: xp.ndarray, out_fmt, *, note: bool = True
+                   ) -> xp.ndarray | None:
+    """ExactAccumulation(fp32) ``a @ b`` for stacks of float32 matrices a (nb, M, K) and
+    b (nb, K, N) (broadcast views too), rounded to ``out_fmt``, as float32 (nb, M, N); None
+    where the fast path does not apply (as ``matmul_2d``). The 2-D path on the product
+    folded into two dimensions (module docstring, (6))."""
+    a, b = xp.asarray(a), xp.asarray(b)
+    count, m, k = a.shape
+    n = b.shape[2]
+    if k == 0 or not count * m * n:
+        return None
+    with xp.errstate(over="ignore", invalid="ignore"):
+        out = _matmul_2d(_fold_rows(a), _fold_columns(b), out_fmt, None, note, k,
+                         _Blocks(count, m, n))
+    return None if out is None else xp.reshape(out, (count, m, n))
+
+
+class _Blocks(NamedTuple):
+    """A product folded into 2-D: ``count`` blocks, each ``m`` rows of a (count m, K) by
+    ``n`` columns of b (K, count n). Element (i, j) of the (count m, n) result is row i of a
+    times column ``column(i, j)`` = (i // m) n + j of b: the block diagonal of the folded
+    a @ b (one block: a 2-D product)."""
+    count: int
+    m: int
+    n: int
+
+    def column(self, rows, cols):
+        """b's folded column for the elements (rows, cols) of the result."""
+        return cols if self.count == 1 else (rows // self.m) * self.n + cols
+
+    def row_blocks(self, rows):
+        """The block of each of ``rows`` (None for one block: ``certify_fp32_open``'s
+        column widths are then one vector)."""
+        return None if self.count == 1 else rows // self.m
+
+    def col_widths(self, col_width):
+        """The columns' widths as ``certify_fp32_open`` reads them with ``row_blocks``."""
+        return col_width if self.count == 1 else xp.reshape(col_width, (self.count, self.n))
+
+
+def _fold_rows(a):
+    """The rows of a stack a (nb, M, K) as one (nb M, K) matrix: a view where a's rows lie
+    one after another, else a C-ordered copy."""
+    return xp.reshape(a, (-1, a.shape[2]))
+
+
+def _fold_columns(b):
+    """The columns of a stack b (nb, K, N) as one (K, nb N) matrix: an F-ordered view where
+    every matrix of b is F-ordered and they lie one after another (a transposed operand),
+    else a C-ordered copy."""
+    count, k, n = b.shape
+    rows = xp.swapaxes(b, 1, 2)
+    if is_contiguous(rows, "C"):
+        return xp.reshape(rows, (count * n, k)).T
+    return xp.reshape(xp.transpose(b, (1, 0, 2)), (k, count * n))
+
+
+def _matmul_2d(a, b, out_fmt, bias, note, k, blocks: _Blocks):
+    try_exact = _exact_rows_worth_trying(a, b, blocks.m, k, blocks.n, blocks.count)
     a64, row_norm, row_quanta = _widen_with_norms(a, "a", 1, try_exact)
     b64, col_norm, col_quanta = _widen_with_norms(b, "b", 0, try_exact)
     # Squares of float32 values cannot overflow a float64 sum (K 2**256 < 2**1024), so the
@@ -128,56 +198,84 @@ def _matmul_2d(a, b, out_fmt, bias, note, m, k, n):
     # a and b are: one check, no extra pass over the operands (dot products: one call each)
     if not xp.isfinite(row_norm @ row_norm + col_norm @ col_norm):
         return None
-    approx = xp.matmul(a64, b64, out=_scratch("approx", (m, n), xp.float64))
+    approx = _products(a64, b64, blocks)
+    shape = approx.shape
     fp32_out = out_fmt == FP32
     # pre is the output itself for fp32; otherwise only a work array (out is rounded from it)
-    pre = xp.empty((m, n), xp.float32) if fp32_out else _scratch("pre", (m, n), xp.float32)
+    pre = xp.empty(shape, xp.float32) if fp32_out else _scratch("pre", shape, xp.float32)
     # Floors keep w > 0 where a row or column is all zero (module docstring, (3)); they are
     # below every nonzero norm's factor (norms of float32 values are at least 2**-149).
     row_width = xp.maximum(row_norm * width_factor(k), _ROW_FLOOR)
     col_width = xp.maximum(col_norm, _COL_FLOOR)
-    exact_rows = (_exact_rows(row_norm, col_norm, row_quanta, col_quanta, k) if try_exact
-                  else None)
+    exact_rows = (_exact_rows(row_norm, col_norm, row_quanta, col_quanta, k, blocks)
+                  if try_exact else None)
     if exact_rows is None:
-        opened, low32, high32 = certify_fp32_open(approx, row_width, col_width, pre)
+        opened, low32, high32 = certify_fp32_open(
+            approx, row_width, blocks.col_widths(col_width), pre,
+            blocks.row_blocks(xp.arange(shape[0])))
     else:
         opened, low32, high32 = _certify_exact_rows(approx, exact_rows, row_width,
                                                     col_width, pre, gather_source(a, a64),
-                                                    gather_source(b, b64))
+                                                    gather_source(b, b64), blocks)
     if bias is not None:
         pre += bias                             # the fp32 epilogue: one float32 addition
     out = pre if fp32_out else round_to(pre, out_fmt)     # acc = hi32 wherever certified
+    exact = 0
     if opened.shape[0]:
-        _settle_open(a, b, a64, b64, row_norm, col_norm, approx, opened, low32, pre, out,
-                     bias, out_fmt, fp32_out)
+        exact = _settle_open(a, b, a64, b64, row_norm, col_norm, approx, opened, low32, pre,
+                             out, bias, out_fmt, fp32_out, blocks)
     if note:
         underflow.note(pre, out)
+    note_fast(blocks.count, size(out), opened.shape[0], exact)
     return out
 
 
-def _exact_rows_worth_trying(a, b, m, k, n) -> bool:
+def _products(a64, b64, blocks: _Blocks) -> xp.ndarray:
+    """The float64 BLAS product, (count m, n) in a reused buffer: a @ b for one block, else
+    one batched product of the blocks (views of the folded operands, in their memory order:
+    BLAS reads either)."""
+    count, m, n = blocks
+    approx = _scratch("approx", (count * m, n), xp.float64)
+    if count == 1:
+        return xp.matmul(a64, b64, out=approx)
+    k = a64.shape[1]
+    a3 = xp.reshape(a64, (count, m, k))         # C-ordered: ``_fold_rows``
+    if is_contiguous(b64, "C"):
+        b3 = xp.transpose(xp.reshape(b64, (k, count, n)), (1, 0, 2))
+    else:
+        b3 = xp.transpose(xp.reshape(b64.T, (count, n, k)), (0, 2, 1))
+    xp.matmul(a3, b3, out=xp.reshape(approx, (count, m, n)))
+    return approx
+
+
+def _exact_rows_worth_trying(a, b, m, k, n, blocks: int = 1) -> bool:
     """Whether to look for exact rows (the line quanta then come with the widening): where
     the output outweighs the operands (a pass over a and b costs about what it saves on as
-    many output elements, ``tuning().exact_min_saving``) and a's first row and b's first
-    column hold no value of more than 16 significant bits (fp32 data: their rows are almost
-    never exact)."""
-    return not (m * n < tuning().exact_min_saving + k * (m + n)
+    many output elements, ``tuning().exact_min_saving``), or the product is batched
+    (``blocks`` > 1: attention's small blocks of fp16 data leave a tenth of their elements
+    open without them, measured 1.0-1.4x slower), and a's first row and b's first column
+    hold no value of more than 16 significant bits (fp32 data: their rows are almost never
+    exact)."""
+    return not ((blocks == 1 and m * n < tuning().exact_min_saving + k * (m + n))
                 or xp.count_nonzero(bitcast(a[0], xp.int32) & _WIDE_BITS)
                 or xp.count_nonzero(bitcast(b[:, 0], xp.int32) & _WIDE_BITS))
 
 
-def _exact_rows(row_norm, col_norm, row_quanta, col_quanta, k):
-    """The rows i whose float64 sums are exact for every column (module docstring, (5)):
-    rho_i = ||a_i|| / 2**qa_i, sigma_j = ||b_j|| / 2**qb_j (exact scalings), U =
-    cauchy_schwarz_bound(rho_i, max sigma, g) < 2**53; None where fewer than half the rows
-    pass (the first certificate alone is then cheaper)."""
-    rho = row_norm / row_quanta
-    sigma = col_norm / col_quanta
-    exact = cauchy_schwarz_bound(rho, xp.max(sigma), error_factor(k)) < _EXACT_BELOW
-    return exact if 2 * xp.count_nonzero(exact) >= rho.shape[0] else None
+def _exact_rows(row_norm, col_norm, row_quanta, col_quanta, k, blocks: _Blocks | None = None):
+    """The rows i whose float64 sums are exact for every column of their block (module
+    docstring, (5)): rho_i = ||a_i|| / 2**qa_i, sigma_j = ||b_j|| / 2**qb_j (exact
+    scalings), U = cauchy_schwarz_bound(rho_i, max sigma over the block, g) < 2**53; None
+    where fewer than half the rows pass (the first certificate alone is then cheaper).
+    ``blocks`` None: one block, a 2-D product."""
+    count, m, n = blocks or _Blocks(1, row_norm.shape[0], col_norm.shape[0])
+    rho = xp.reshape(row_norm / row_quanta, (count, m))
+    sigma = xp.max(xp.reshape(col_norm / col_quanta, (count, n)), axis=1)
+    exact = xp.reshape(cauchy_schwarz_bound(rho, sigma[:, None], error_factor(k))
+                       < _EXACT_BELOW, (-1,))
+    return exact if 2 * xp.count_nonzero(exact) >= count * m else None
 
 
-def _certify_exact_rows(approx, exact_rows, row_width, col_width, pre, a, b):
+def _certify_exact_rows(approx, exact_rows, row_width, col_width, pre, a, b, blocks: _Blocks):
     """``certify_fp32_open`` where some rows are exact sums: there pre = fl32(approx) is
     rnd32(s), save the sign of exact zero sums (a BLAS zero's sign is its own, not IEEE's):
     s = 0 there, and ``open_elements.exact_zero_signs`` gives its IEEE sign (a, b: the operands
@@ -188,12 +286,15 @@ def _certify_exact_rows(approx, exact_rows, row_width, col_width, pre, a, b):
     zeros = xp.flatnonzero(xp.equal(pre, 0, out=_scratch("zeros", pre.shape, bool)))
     zeros = zeros[exact_rows[zeros // n] & (_flat(approx)[zeros] == 0)]
     if zeros.shape[0]:
-        _flat(pre)[zeros] = exact_zero_signs(a, b, *xp.divmod(zeros, n))
+        rows, cols = xp.divmod(zeros, n)
+        _flat(pre)[zeros] = exact_zero_signs(a, b, rows, blocks.column(rows, cols))
     rest = xp.flatnonzero(xp.logical_not(exact_rows))
     if not rest.shape[0]:
         return xp.zeros(0, xp.intp), xp.zeros(0, xp.float32), xp.zeros(0, xp.float32)
     high = xp.empty((rest.shape[0], n), xp.float32)
-    opened, low32, high32 = certify_fp32_open(approx[rest], row_width[rest], col_width, high)
+    opened, low32, high32 = certify_fp32_open(approx[rest], row_width[rest],
+                                              blocks.col_widths(col_width), high,
+                                              blocks.row_blocks(rest))
     pre[rest] = high
     return rest[opened // n] * n + opened % n, low32, high32
 
@@ -272,14 +373,14 @@ def _row_squares(x: xp.ndarray, dot_from: int, out: xp.ndarray | None = None) ->
 
 
 def _settle_open(a, b, a64, b64, row_norm, col_norm, approx, opened, low32, pre, out, bias,
-                 out_fmt, fp32_out) -> None:
+                 out_fmt, fp32_out, blocks: _Blocks) -> int:
     """pre and out at the elements the fp32 certificate left open (flat indices ``opened``,
     their low ends ``low32``; pre and out hold f's values at the high ends there). The
     f-level certificate takes those where f = rnd_out(pre(.)) gives one bit pattern at both
     ends and pre is nonzero of one sign at both (pre(acc) then keeps the zero/nonzero
     pattern of the exact path; pre and out there are already f's values at the high end);
     it only helps when f is coarser than rnd32 (an output format or a bias). The rest are
-    summed exactly."""
+    summed exactly: returns how many."""
     # flat indices into the C-ordered pre, out and approx (thousands of elements may be
     # open: 1-D gathers are the cheap ones)
     n = pre.shape[1]
@@ -289,15 +390,16 @@ def _settle_open(a, b, a64, b64, row_norm, col_norm, approx, opened, low32, pre,
         ok = _f_agree(pre_low, flat_pre[opened], flat_out[opened], out_fmt, fp32_out)
         opened = opened[xp.logical_not(ok, out=ok)]
         if not opened.shape[0]:
-            return
+            return 0
     rows, cols = xp.divmod(opened, n)
     acc = exact_elements(gather_source(a, a64), gather_source(b, b64), row_norm, col_norm,
-                         rows, cols, _flat(approx)[opened])
+                         rows, blocks.column(rows, cols), _flat(approx)[opened])
     if bias is not None:
         acc += bias[cols]
     flat_pre[opened] = acc
     if not fp32_out:
         flat_out[opened] = round_to(acc, out_fmt)
+    return opened.shape[0]
 
 
 def _f_agree(pre_low, pre_high, out_high, out_fmt, fp32_out) -> xp.ndarray:
@@ -310,3 +412,4 @@ def _f_agree(pre_low, pre_high, out_high, out_fmt, fp32_out) -> xp.ndarray:
     out_low = pre_low if fp32_out else round_to(pre_low, out_fmt)
     same &= bits(out_low) == bits(out_high)
     return same
+

@@ -18,6 +18,8 @@ the IEEE sign of an exact zero (-0 exactly when every product is -0, IEEE 754-20
   else the exact sum rounded to odd (``sums.round_to_odd_sum``), cast once to fp32.
 
 Operands are float32 C- or F-ordered arrays, or their float64 copies (``gather_source``).
+A batched product comes folded into 2-D (``fast_matmul``, (6)): a's rows and b's columns of
+every block side by side, so an element's batch index is part of its row and column.
 """
 from __future__ import annotations
 
