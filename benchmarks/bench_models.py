@@ -23,6 +23,7 @@ from _timing import seconds_per_call as _seconds
 
 from fpsim import nn
 from fpsim.autograd import Tensor, use_policy
+from fpsim.exact.sums import SUM_ROWS
 from fpsim.optim import SGD, Optimizer
 from fpsim.train.losses import batch_inputs, resolve_loss
 from fpsim.train import Dataset
@@ -197,10 +198,22 @@ def report(title, make_model, data, floor_step, make_torch_step, args) -> None:
     except ImportError:
         eager = None
     for policy in ("32-true", "16-mixed"):
-        seconds = _seconds(engine_step(make_model, data, policy), args.repeat, args.budget)
+        step = engine_step(make_model, data, policy)
+        seconds = _seconds(step, args.repeat, args.budget)
         versus = f", {seconds / eager:.1f}x torch" if eager else ""
         print(f"  fpsim {policy:<12} {seconds * 1e3:8.1f} ms  {seconds / floor:.1f}x floor"
               f"{versus}")
+        print(f"    {sum_paths(step)}")
+
+
+def sum_paths(step) -> str:
+    """How one step's exact row sums ran (``fpsim.exact.sums``): the rows the float64
+    certificate decided and those it left to the integer limbs (its fallback)."""
+    before = dict(SUM_ROWS)
+    step()
+    certified, limbs = (SUM_ROWS[key] - before[key] for key in ("certified", "limbs"))
+    return f"row sums: {certified} certified, {limbs} by limbs"
+
 
 if __name__ == "__main__":
     main()
