@@ -24,6 +24,7 @@ from _timing import seconds_per_call as _seconds
 from fpsim import nn
 from fpsim.autograd import Tensor, use_policy
 from fpsim.exact.sums import SUM_ROWS
+from fpsim.exact.product_count import count_products
 from fpsim.optim import SGD, Optimizer
 from fpsim.train.losses import batch_inputs, resolve_loss
 from fpsim.train import Dataset
@@ -203,6 +204,7 @@ def report(title, make_model, data, floor_step, make_torch_step, args) -> None:
         versus = f", {seconds / eager:.1f}x torch" if eager else ""
         print(f"  fpsim {policy:<12} {seconds * 1e3:8.1f} ms  {seconds / floor:.1f}x floor"
               f"{versus}")
+        print(f"    {product_paths(step)}")
         print(f"    {sum_paths(step)}")
 
 
@@ -214,6 +216,16 @@ def sum_paths(step) -> str:
     certified, limbs = (SUM_ROWS[key] - before[key] for key in ("certified", "limbs"))
     return f"row sums: {certified} certified, {limbs} by limbs"
 
+
+def product_paths(step) -> str:
+    """How one step's exact products ran: the fast paths' matrix products and the elements
+    they left open (to the exact step), the general path's products and limb sums."""
+    with count_products() as counts:
+        step()
+    share = counts.open / max(1, counts.elements)
+    return (f"products: {counts.fast} fast ({counts.elements} elements, {counts.open} open "
+            f"= {share:.2%}, {counts.exact} summed exactly), {counts.general} general "
+            f"({counts.general_exact} of {counts.general_elements} elements by limbs)")
 
 if __name__ == "__main__":
     main()
