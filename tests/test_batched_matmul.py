@@ -11,7 +11,6 @@ import pytest
 
 from fpsim import backend
 from fpsim.autograd import Tensor, use_policy
-import fpsim.autograd as ag
 from fpsim.exact import accumulation, fast_matmul, product_count
 from fpsim.exact.certificate import certify_fp32_open, width_factor
 from fpsim.exact.exact_dots import exact_matmul
