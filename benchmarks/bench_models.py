@@ -24,6 +24,7 @@ from _timing import seconds_per_call as _seconds
 from fpsim import nn
 from fpsim.autograd import Tensor, use_policy
 from fpsim.exact.sums import SUM_ROWS
+from fpsim.exact.correctly_rounded import FALLBACK_COUNT
 from fpsim.exact.product_count import count_products
 from fpsim.optim import SGD, Optimizer
 from fpsim.train.losses import batch_inputs, resolve_loss
@@ -206,6 +207,7 @@ def report(title, make_model, data, floor_step, make_torch_step, args) -> None:
               f"{versus}")
         print(f"    {product_paths(step)}")
         print(f"    {sum_paths(step)}")
+        print(f"    {correctly_rounded_paths(step)}")
 
 
 def sum_paths(step) -> str:
@@ -215,6 +217,16 @@ def sum_paths(step) -> str:
     step()
     certified, limbs = (SUM_ROWS[key] - before[key] for key in ("certified", "limbs"))
     return f"row sums: {certified} certified, {limbs} by limbs"
+
+
+def correctly_rounded_paths(step) -> str:
+    """How one step's correctly rounded functions ran (``fpsim.exact.correctly_rounded``: GELU,
+    softmax, cross-entropy, ...): the elements the float64 certificate decided and those it
+    left to the Decimal fallback."""
+    before = dict(FALLBACK_COUNT)
+    step()
+    checked, settled = (FALLBACK_COUNT[key] - before[key] for key in ("checked", "elements"))
+    return f"correctly rounded: {checked - settled} certified, {settled} by the Decimal fallback"
 
 
 def product_paths(step) -> str:
