@@ -6,7 +6,9 @@ first) and refuses anything else, so no value is silently changed on the way to 
 
 NaN payloads travel: an IEEE-style NaN keeps its sign and the top mantissa bits of its
 payload both ways (a payload that would become zero keeps the quiet bit instead, so NaN stays
-NaN); ``fn`` formats have one NaN per sign; ``fnuz`` formats have the single NaN ``0b1000...``.
+NaN); ``fn`` formats have one NaN per sign; ``fnuz`` formats have the single NaN ``0b1000...``;
+``finite`` formats (FP4, FP6) have none: every pattern decodes to a number and ``encode``
+refuses NaN and infinities, as any value the format does not hold.
 
 >>> import numpy as np
 >>> from fpsim.encoding import encode, decode
@@ -64,8 +66,10 @@ def decode(bits, fmt: "Format | str", dtype=np.float32):
         values = np.where(special & (mantissa == 0), np.where(negative, -np.inf, np.inf), values)
     elif fmt.encoding == "fn":
         is_nan = (exponent_field == exp_all_ones) & (mantissa == man_mask)
-    else:
+    elif fmt.encoding == "fnuz":
         is_nan = raw == 1 << (fmt.bits - 1)
+    else:                  # finite: every pattern is a number
+        is_nan = np.zeros(raw.shape, bool)
     with np.errstate(over="ignore"):  # the NaN slots of 8-exponent-bit formats hold 2**128
         values = values.astype(dtype)
     if is_nan.any():
@@ -123,8 +127,13 @@ def encode(values, fmt: "Format | str"):
     bad = finite & ~exact
     if not fmt.has_inf:
         bad |= is_inf
+    if not fmt.has_nan:     # finite formats: no pattern for NaN (round_to keeps NaN as NaN)
+        bad |= is_nan
     if bad.any():
         first = float(data.reshape(-1)[np.flatnonzero(bad.reshape(-1))[0]])
+        if first != first:
+            raise ValueError(f"NaN has no bit pattern in {fmt.name}, which has no NaN "
+                             f"({bad.sum()} value(s) NaN or otherwise not representable)")
         raise ValueError(f"{first!r} is not exactly representable in {fmt.name} "
                          f"({bad.sum()} such value(s)); round it first with round_to(x, fmt)")
 

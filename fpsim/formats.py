@@ -5,7 +5,7 @@ bits and ``man_bits`` stored mantissa (fraction) bits. Every format here fits a 
 container: each of its values is exactly a float32 value (2..8 exponent bits, 1..23 mantissa
 bits, and an exponent range inside float32's), so a float32 array can hold it without loss.
 
-Three encoding styles cover the formats in use:
+Four encoding styles cover the formats in use:
 
 ``"ieee"``
     IEEE 754 style: the all-ones exponent holds infinities (mantissa 0) and NaNs.
@@ -16,6 +16,25 @@ Three encoding styles cover the formats in use:
 ``"fnuz"``
     "finite, NaN, unsigned zero": no infinities, no negative zero; the single NaN is the
     pattern with only the sign bit set, ``0x80`` for 8-bit formats (``float8_e4m3fnuz``).
+``"finite"``
+    no infinities and no NaN: every pattern is a number, the all-ones exponent included (OCP
+    MX v1.0's FP4 E2M1, max 6, and FP6 E2M3 and E3M2, max 7.5 and 28; ml_dtypes'
+    ``float4_e2m1fn``, ``float6_e2m3fn``, ``float6_e3m2fn``). Overflow has nothing to go to
+    but the largest value: these formats always saturate (``saturate`` must be True), infinite
+    inputs included, as the spec's conversions (section 5.3.3) and ml_dtypes' casts do. A NaN
+    input has no value to become: rounding keeps it NaN in the float32 container (the quiet NaN
+    with its sign, as for ``fn``) and ``encode`` refuses it; ml_dtypes' cast writes a zero of
+    the opposite sign instead (measured, ml_dtypes 0.6: NaN -> -0, -NaN -> +0), which would
+    turn a NaN into a number silently.
+
+The names of well-known libraries mean what they mean there: ``"float4_e2m1fn"`` (ml_dtypes,
+and ``"fp4_e2m1"``, ``"fp4"``) is OCP FP4 with largest value 6, not an ``fn``-encoded e2m1;
+``"eXmYfn"`` without a width prefix keeps meaning the ``fn`` encoding (``"e2m1fn"``: max 4;
+``"e3m1finite"`` is a ``finite`` one), and a width prefix must add up (``"fp8_e2m1"`` is
+refused).
+
+>>> get("float4_e2m1fn").max_finite, get("float6_e2m3fn").max_finite, get("fp6_e3m2").max_finite
+(6.0, 7.5, 28.0)
 
 >>> from fpsim import formats
 >>> fp16 = formats.get("half")
@@ -34,9 +53,10 @@ from dataclasses import dataclass, field
 __all__ = [
     "Format", "custom", "get", "builtins", "names",
     "FP32", "TF32", "FP16", "BF16", "E4M3FN", "E5M2", "E4M3FNUZ", "E5M2FNUZ",
+    "E2M1", "E2M3", "E3M2",
 ]
 
-ENCODINGS = ("ieee", "fn", "fnuz")
+ENCODINGS = ("ieee", "fn", "fnuz", "finite")
 
 
 @dataclass(frozen=True)
@@ -50,7 +70,7 @@ class Format:
     ``saturate``: what overflow gives. False: infinity where the encoding has one, NaN where it
     has none (as ml_dtypes' casts to ``float8_e4m3fn`` do; PyTorch 2.13's cast saturates
     instead, so ``saturate=True`` matches it); True: the largest
-    finite value of the same sign.
+    finite value of the same sign. The ``finite`` encoding has neither: always True.
     """
 
     name: str = field(compare=False)
@@ -97,6 +117,10 @@ class Format:
     @property
     def has_inf(self) -> bool:
         return self.encoding == "ieee"
+
+    @property
+    def has_nan(self) -> bool:
+        return self.encoding != "finite"
 
     @property
     def has_negative_zero(self) -> bool:
@@ -171,6 +195,9 @@ def _validate(fmt: Format) -> None:
         raise ValueError(f"man_bits must be 1..23 to fit a float32 container, got {fmt.man_bits}")
     if fmt.encoding == "fn" and fmt.exp_bits == 1:
         raise ValueError("an 'fn' format needs at least 2 exponent bits")
+    if fmt.encoding == "finite" and not fmt.saturate:
+        raise ValueError(f"{fmt.name}: a 'finite' format has no infinity or NaN to overflow "
+                         f"to, so it saturates: saturate must be True, got False")
     # The whole range must be float32 values: normals up to 2**127, subnormals down to 2**-149.
     if fmt.emax > 127 or fmt.emin - fmt.man_bits < -149:
         raise ValueError(
@@ -181,11 +208,13 @@ def _validate(fmt: Format) -> None:
 
 
 def custom(exp_bits: int, man_bits: int, *, bias: int | None = None, subnormals: bool = True,
-           saturate: bool = False, encoding: str = "ieee", name: str | None = None) -> Format:
+           saturate: bool | None = None, encoding: str = "ieee",
+           name: str | None = None) -> Format:
     """A format with any exponent/mantissa split that fits a float32 container.
 
     The bias defaults to the IEEE choice 2**(exp_bits-1) - 1 (one more for "fnuz", as in
-    ``float8_e4m3fnuz``).
+    ``float8_e4m3fnuz``). ``saturate`` defaults to the encoding's rule: True for "finite"
+    (the only one it has), False otherwise.
 
     >>> custom(5, 10) == FP16
     True
@@ -199,6 +228,8 @@ def custom(exp_bits: int, man_bits: int, *, bias: int | None = None, subnormals:
         raise ValueError(f"exp_bits must be 2..8 to fit a float32 container, got {exp_bits}")
     if bias is None:
         bias = (1 << (exp_bits - 1)) - 1 + (1 if encoding == "fnuz" else 0)
+    if saturate is None:
+        saturate = encoding == "finite"
     if name is None:
         suffix = "" if encoding == "ieee" else encoding
         name = f"e{exp_bits}m{man_bits}{suffix}"
@@ -213,8 +244,12 @@ E4M3FN = Format("e4m3fn", 4, 3, 7, encoding="fn")
 E5M2 = Format("e5m2", 5, 2, 15)
 E4M3FNUZ = Format("e4m3fnuz", 4, 3, 8, encoding="fnuz")
 E5M2FNUZ = Format("e5m2fnuz", 5, 2, 16, encoding="fnuz")
+# OCP MX v1.0 section 5.3: FP6 and FP4, no inf, no NaN (ml_dtypes' float6_*/float4_e2m1fn)
+E3M2 = Format("fp6_e3m2", 3, 2, 3, saturate=True, encoding="finite")
+E2M3 = Format("fp6_e2m3", 2, 3, 1, saturate=True, encoding="finite")
+E2M1 = Format("fp4_e2m1", 2, 1, 1, saturate=True, encoding="finite")
 
-_BUILTINS = (FP32, TF32, FP16, BF16, E4M3FN, E5M2, E4M3FNUZ, E5M2FNUZ)
+_BUILTINS = (FP32, TF32, FP16, BF16, E4M3FN, E5M2, E4M3FNUZ, E5M2FNUZ, E3M2, E2M3, E2M1)
 
 _ALIASES = {
     "fp32": FP32, "float32": FP32, "f32": FP32, "single": FP32, "binary32": FP32,
@@ -226,9 +261,14 @@ _ALIASES = {
     "e5m2": E5M2, "fp8_e5m2": E5M2, "float8_e5m2": E5M2,
     "e4m3fnuz": E4M3FNUZ, "fp8_e4m3fnuz": E4M3FNUZ, "float8_e4m3fnuz": E4M3FNUZ,
     "e5m2fnuz": E5M2FNUZ, "fp8_e5m2fnuz": E5M2FNUZ, "float8_e5m2fnuz": E5M2FNUZ,
+    # ml_dtypes' names (and torch's float4_e2m1fn_x2, two per byte), the OCP spec's
+    "float6_e3m2fn": E3M2, "fp6_e3m2": E3M2, "fp6_e3m2fn": E3M2,
+    "float6_e2m3fn": E2M3, "fp6_e2m3": E2M3, "fp6_e2m3fn": E2M3,
+    "float4_e2m1fn": E2M1, "fp4_e2m1": E2M1, "fp4_e2m1fn": E2M1, "fp4": E2M1,
+    "float4_e2m1fn_x2": E2M1,
 }
 
-_CUSTOM_NAME = re.compile(r"^(?:fp\d+_|float\d+_)?e(\d+)m(\d+)(fnuz|fn)?$")
+_CUSTOM_NAME = re.compile(r"^(?:(?:fp|float)(\d+)_)?e(\d+)m(\d+)(fnuz|fn|finite)?$")
 
 
 def builtins() -> tuple[Format, ...]:
@@ -257,7 +297,11 @@ def get(name: "str | Format") -> Format:
         return _ALIASES[key]
     match = _CUSTOM_NAME.match(key)
     if match:
-        exp_bits, man_bits, encoding = int(match[1]), int(match[2]), match[3] or "ieee"
+        exp_bits, man_bits, encoding = int(match[2]), int(match[3]), match[4] or "ieee"
+        if match[1] is not None and int(match[1]) != 1 + exp_bits + man_bits:
+            raise ValueError(f"format name {name!r}: its width {match[1]} is not 1 + {exp_bits} "
+                             f"+ {man_bits} bits; accepted: 'eXmY' with the width 1 + X + Y, "
+                             f"or without one")
         try:
             return custom(exp_bits, man_bits, encoding=encoding)
         except ValueError as err:
@@ -265,5 +309,5 @@ def get(name: "str | Format") -> Format:
     raise ValueError(
         f"unknown format {name!r}; accepted names: {', '.join(names())}, "
         f"or 'eXmY' with X in 2..8 exponent bits and Y in 1..23 mantissa bits "
-        f"(suffix 'fn' or 'fnuz' for the finite-only encodings)"
+        f"(suffix 'fn', 'fnuz' or 'finite' for the encodings without infinities)"
     )

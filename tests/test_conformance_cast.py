@@ -43,6 +43,19 @@ def test_numpy_and_ml_dtypes_casts_agree_in_every_class(fmt, dtype):
     assert all(report.counts[c] > 0 for c in ("normal", "subnormal", "zero", "overflow", "nan"))
 
 
+@pytest.mark.parametrize("fmt,dtype", [("float4_e2m1fn", ml_dtypes.float4_e2m1fn),
+                                       ("float6_e2m3fn", ml_dtypes.float6_e2m3fn),
+                                       ("float6_e3m2fn", ml_dtypes.float6_e3m2fn)])
+def test_fp4_fp6_casts_agree_but_for_nan_and_their_overflow_saturates(fmt, dtype):
+    with np.errstate(over="ignore", invalid="ignore"):
+        theirs = SRC.astype(dtype)
+    report = check_cast(SRC, theirs, fmt)
+    # ml_dtypes writes NaN as a zero (of the other sign); fpsim keeps it NaN (formats.py)
+    assert set(report.mismatches.values()) == {0, report.mismatches["nan"]}
+    assert report.mismatches["nan"] == report.counts["nan"] > 0
+    assert report.counts["overflow"] > 0 and report.counts["infinity"] > 0
+
+
 def test_float64_sources_are_rounded_once():
     src = np.array([1 + 2.0 ** -11 + 2.0 ** -40, 2.0 ** -25 + 2.0 ** -60], np.float64)
     report = check_cast(src, src.astype(np.float16), "fp16")

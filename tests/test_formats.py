@@ -4,13 +4,16 @@ import numpy as np
 import pytest
 
 from fpsim import formats
-from fpsim.formats import BF16, E4M3FN, E4M3FNUZ, E5M2, E5M2FNUZ, FP16, FP32, TF32, custom
+from fpsim.formats import (BF16, E2M1, E2M3, E3M2, E4M3FN, E4M3FNUZ, E5M2, E5M2FNUZ, FP16, FP32,
+                           TF32, custom)
 
 FINFO_ORACLES = [
     (FP32, np.float32), (FP16, np.float16), (BF16, ml_dtypes.bfloat16),
     (E4M3FN, ml_dtypes.float8_e4m3fn), (E5M2, ml_dtypes.float8_e5m2),
     (E4M3FNUZ, ml_dtypes.float8_e4m3fnuz), (E5M2FNUZ, ml_dtypes.float8_e5m2fnuz),
     (custom(4, 3), ml_dtypes.float8_e4m3), (custom(3, 4), ml_dtypes.float8_e3m4),
+    (E2M1, ml_dtypes.float4_e2m1fn), (E2M3, ml_dtypes.float6_e2m3fn),
+    (E3M2, ml_dtypes.float6_e3m2fn),
 ]
 
 

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(not available(), reason="Numba is not installed 
                                 "(pip install 'fpsim[fast]'); round_to runs the NumPy kernels")
 
 FORMATS = ["fp16", "bf16", "e4m3fn", "e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz", "tf32", "e2m1",
-           "e5m21", "e5m22", "e8m22"]
+           "e5m21", "e5m22", "e8m22", "fp4_e2m1", "fp6_e2m3", "fp6_e3m2"]
 MODES = rounding.MODES
 OPTIONS = [{}, {"saturate": True}, {"subnormals": False}, {"daz": True},
            {"saturate": True, "subnormals": False, "daz": True}]

@@ -229,7 +229,7 @@ def test_oracle_matches_brute_force_search(fmt):
 def test_edge_values_every_mode(fmt, dtype):
     x = edge_values(fmt, dtype)
     for mode in DETERMINISTIC_MODES:
-        for saturate in (False, True):
+        for saturate in (False, True) if fmt.has_nan else (True,):   # finite: refused
             assert_matches_oracle(x, fmt, mode, saturate=saturate)
 
 
@@ -253,7 +253,7 @@ def test_hard_values_match_mpfr(fmt, data):
     dtype = data.draw(st.sampled_from(CONTAINERS), label="dtype")
     mode = data.draw(st.sampled_from(DETERMINISTIC_MODES), label="mode")
     options = data.draw(st.fixed_dictionaries({
-        "saturate": st.sampled_from([None, False, True]),
+        "saturate": st.sampled_from([None, False, True] if fmt.has_nan else [None, True]),
         "subnormals": st.sampled_from([None, None, True, False]),
         "daz": st.sampled_from([False, False, True])}), label="options")
     values = data.draw(st.lists(hard_value(fmt, dtype), min_size=1, max_size=16), label="x")

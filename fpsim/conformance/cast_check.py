@@ -142,6 +142,16 @@ def _is_ml_float(dtype: np.dtype) -> bool:
     return True
 
 
+def _unsaturated(fmt: Format) -> Format:
+    """``fmt`` rounding without saturation: its overflows become inf or NaN. A ``finite``
+    format (FP4, FP6) always saturates; the IEEE format with one more exponent bit, the same
+    bias and mantissa has the same values up to max_finite and rounds beyond it exactly where
+    IEEE overflow would: what rounds beyond max_finite there (to 2**(emax+1) or more)."""
+    if fmt.has_nan:
+        return fmt.replace(saturate=False)
+    return fmt.replace(exp_bits=fmt.exp_bits + 1, saturate=False, encoding="ieee")
+
+
 def classify(source: np.ndarray, ours: np.ndarray, fmt: Format,
              mode: str = "nearest_even") -> np.ndarray:
     """Index into ``CLASSES`` for every element (see the module docstring)."""
@@ -153,8 +163,8 @@ def classify(source: np.ndarray, ours: np.ndarray, fmt: Format,
     finite = np.isfinite(src)
     overflow = finite & ~np.isfinite(out)
     if fmt.saturate:            # saturated where the format's own rounding would overflow
-        unsaturated = round_to(source, fmt.replace(saturate=False), mode)
-        overflow |= finite & ~np.isfinite(unsaturated)
+        unsaturated = round_to(source, _unsaturated(fmt), mode)
+        overflow |= finite & ~(np.abs(unsaturated) <= fmt.max_finite)
     cls[overflow] = 3
     cls[np.isinf(src)] = 4
     cls[np.isnan(src)] = 5

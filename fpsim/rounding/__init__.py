@@ -28,7 +28,11 @@ without infinity (``fn``, ``fnuz``) give NaN where IEEE would give infinity, as 
 casts do (of PyTorch 2.13's float8 casts, ``float8_e4m3fn`` saturates instead, infinities
 included: ``saturate=True``; ``float8_e5m2`` gives inf and the ``fnuz`` casts NaN, as here).
 Saturation (the format's, or the ``saturate`` argument) clamps every overflow, infinite
-inputs included, to the largest finite value; NaN stays NaN.
+inputs included, to the largest finite value; NaN stays NaN. Formats with neither infinity nor
+NaN (``finite``: OCP FP4 E2M1, FP6 E2M3 and E3M2) always saturate, in every mode, as the OCP
+MX spec's conversions and ml_dtypes' casts do (``saturate=False`` raises ``ValueError``); a
+NaN input stays NaN (the quiet NaN with its sign) in the container, where ml_dtypes' cast
+writes a zero of the other sign: no NaN turns into a number here.
 
 Every call first checks that the thread's floating-point environment is IEEE's default
 (``environment``): another rounding mode, flush-to-zero or denormals-are-zero would change

@@ -56,6 +56,9 @@ class Rules(NamedTuple):
 
     @classmethod
     def of(cls, fmt: Format, *, subnormals: bool, saturate: bool, daz: bool) -> "Rules":
+        if not saturate and not fmt.has_inf and not fmt.has_nan:
+            raise ValueError(f"saturate=False: {fmt.name} has no infinity or NaN to overflow "
+                             f"to, so it always saturates; pass saturate=True or None")
         return cls(fmt.man_bits, fmt.emin, fmt.emax, fmt.max_finite, fmt.min_normal,
                    fmt.has_inf, not fmt.has_negative_zero, fmt.encoding == "ieee",
                    subnormals, saturate, daz)
