@@ -13,11 +13,16 @@ import pytest
 
 from fpsim import backend
 from fpsim.formats import get
-from fpsim.quant.blocks import (E8M0_NAN, MX_ELEMENT_FORMATS, ScaleRule, dequantize,
-                                e8m0_to_float32, mx_quantize, tile_quantize)
+from fpsim.quant.blocks import (E8M0_NAN, MX_ELEMENT_FORMATS, TILE_FORMATS, ScaleRule,
+                                dequantize, e8m0_to_float32, mx_quantize, tile_quantize)
 
-ML_DTYPES = {"e4m3fn": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
+ML_DTYPES = {"e4m3fn": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2,
+             "fp6_e2m3": ml_dtypes.float6_e2m3fn, "fp6_e3m2": ml_dtypes.float6_e3m2fn,
+             "fp4_e2m1": ml_dtypes.float4_e2m1fn}
 F32 = np.float32
+#: FP6 / FP4 (no inf): max + half an ulp, where round to nearest even would go beyond max
+#: (their max has an odd last significand bit: the tie goes up); 7.5 + 0.25, 28 + 2, 6 + 1
+OVERFLOW_FROM = {"fp6_e2m3": 7.75, "fp6_e3m2": 30.0, "fp4_e2m1": 7.0}
 
 
 def host(x) -> np.ndarray:
@@ -53,7 +58,7 @@ def hard_blocks(fmt_name: str, seed: int = 0) -> np.ndarray:
                 row = rng.uniform(-1, 1, 32).astype(F32) * amax
                 row[rng.integers(32)] = -amax if k % 2 else amax
                 add(row)
-    grid = np.arange(256, dtype=np.uint8).view(ML_DTYPES[fmt_name]).astype(F32)
+    grid = np.arange(1 << fmt.bits, dtype=np.uint8).view(ML_DTYPES[fmt_name]).astype(F32)
     grid = np.unique(grid[np.isfinite(grid) & (grid >= 0)])
     midpoints = (grid[:-1] + grid[1:]) / 2        # exact in float32
     for k in (-120, -20, 0, 3, 60, 110):          # the block's X = 2**k: max element on top
@@ -117,11 +122,13 @@ def rceil_code(block: np.ndarray, max_finite: float) -> int:
 
 
 def element_oracle(x: np.ndarray, factor: np.ndarray, fmt_name: str) -> np.ndarray:
-    """ml_dtypes' cast of fl32(x * factor) clamped to +-max_finite (a saturating cast)."""
+    """ml_dtypes' cast of fl32(x * factor) clamped to +-max_finite (a saturating cast); NaN
+    stays NaN (ml_dtypes' FP4/FP6 casts write a zero for it: formats.py)."""
     top = F32(get(fmt_name).max_finite)
     with np.errstate(invalid="ignore", over="ignore"):
         scaled = np.clip(x * factor, -top, top)
-    return scaled.astype(ML_DTYPES[fmt_name]).astype(F32)
+        return np.where(np.isnan(scaled), scaled,
+                        scaled.astype(ML_DTYPES[fmt_name]).astype(F32))
 
 
 def e8m0_factor(codes: np.ndarray) -> np.ndarray:
@@ -131,6 +138,13 @@ def e8m0_factor(codes: np.ndarray) -> np.ndarray:
 
 
 # --- MX ------------------------------------------------------------------------------------------
+
+def test_every_e8m0_code_decodes_like_ml_dtypes_float8_e8m0fnu():
+    codes = np.arange(256, dtype=np.uint8)
+    theirs = codes.view(ml_dtypes.float8_e8m0fnu).astype(F32)
+    assert same_values(e8m0_to_float32(codes), theirs).all()
+    assert np.isnan(theirs[E8M0_NAN]) and theirs[0] == 2.0 ** -127 and theirs[254] == 2.0 ** 127
+
 
 @pytest.mark.parametrize("fmt_name", MX_ELEMENT_FORMATS)
 @pytest.mark.parametrize("rule", list(ScaleRule))
@@ -149,8 +163,11 @@ def test_mx_against_transcriptions_and_ml_dtypes(fmt_name, rule):
     assert same_values(q.elements, oracle).all()
     with np.errstate(invalid="ignore", over="ignore"):
         scaled = x * e8m0_factor(codes)[:, None]
-        unsaturated = scaled.astype(getattr(ml_dtypes, f"float8_{fmt_name}")).astype(F32)
-    assert q.saturated == int(np.sum(~np.isfinite(unsaturated) & ~np.isnan(scaled)))
+        if fmt_name in OVERFLOW_FROM:         # no inf: what IEEE rounding would overflow
+            beyond = np.abs(scaled) >= OVERFLOW_FROM[fmt_name]
+        else:
+            beyond = ~np.isfinite(scaled.astype(ML_DTYPES[fmt_name]).astype(F32))
+    assert q.saturated == int(np.sum(beyond & ~np.isnan(scaled)))
     assert q.flushed == int(np.sum((oracle == 0) & (x != 0)))
     assert q.saturated > 0 and q.flushed > 0 and (codes == 0).any() and (codes >= 254).any()
 
@@ -165,6 +182,16 @@ def torchao_mx():
     return mx_tensor, ScaleCalculationMode, torch
 
 
+def torchao_elements(data: np.ndarray, fmt_name: str) -> np.ndarray:
+    """torchao's MX elements as float32: FP8 as they are; FP6 one code per uint8 (the low six
+    bits), FP4 two per uint8 (the first element in the low nibble), decoded by ml_dtypes."""
+    if fmt_name == "fp4_e2m1":
+        data = np.stack([data & 0xF, data >> 4], axis=-1).reshape(data.shape[0], -1)
+    if fmt_name.startswith("fp"):
+        return data.astype(np.uint8).view(ML_DTYPES[fmt_name]).astype(F32)
+    return data
+
+
 @pytest.mark.parametrize("fmt_name", MX_ELEMENT_FORMATS)
 @pytest.mark.parametrize("rule,mode", [(ScaleRule.SPEC, "FLOOR"), (ScaleRule.RCEIL, "RCEIL")])
 def test_mx_against_torchao(fmt_name, rule, mode, torchao_mx):
@@ -177,10 +204,12 @@ def test_mx_against_torchao(fmt_name, rule, mode, torchao_mx):
     q = mx_quantize(x, fmt_name, scale_rule=rule)
     codes, ours = host(q.scale_codes)[:, 0].astype(int), host(q.elements)
     mx_tensor, modes, torch = torchao_mx
-    dtype = {"e4m3fn": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[fmt_name]
+    dtype = {"e4m3fn": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2,
+             "fp4_e2m1": torch.float4_e2m1fn_x2}.get(fmt_name, fmt_name)
     theirs_codes, theirs = mx_tensor.to_mx(torch.from_numpy(x), dtype, 32, modes[mode])
     theirs_codes = theirs_codes.view(torch.uint8).numpy()[:, 0].astype(int)
-    theirs = theirs.float().numpy()
+    theirs = torchao_elements(theirs.numpy() if fmt_name.startswith("fp") else
+                              theirs.float().numpy(), fmt_name)
     nan_block = np.isnan(x).any(axis=1)
     differs_by_design = nan_block if rule is ScaleRule.RCEIL else np.zeros(len(x), bool)
     assert (theirs_codes[differs_by_design] == E8M0_NAN).all()
@@ -237,7 +266,8 @@ def test_mx_dequantize_is_elements_times_the_scale():
     (dict(x=np.zeros((4, 48), F32)), r"x.shape\[-1\] is 48; MX takes a length that is a "
                                      r"multiple of the block \(32\)"),
     (dict(x=np.zeros((48, 64), F32), axis=0), r"x.shape\[0\] is 48"),
-    (dict(x=np.zeros(32, F32), fmt="fp16"), r"takes element formats e4m3fn, e5m2; got 'fp16'"),
+    (dict(x=np.zeros(32, F32), fmt="fp16"),
+     r"takes element formats e4m3fn, e5m2, fp6_e2m3, fp6_e3m2, fp4_e2m1; got 'fp16'"),
     (dict(x=np.zeros(32, F32), axis=1), "axis 1 is not an axis"),
     (dict(x=np.zeros(32, F32), block=0), "block must be a positive int"),
 ])
@@ -303,7 +333,7 @@ def tile_cases(fmt_name, rows, cols, seed):
     return x
 
 
-@pytest.mark.parametrize("fmt_name", MX_ELEMENT_FORMATS)
+@pytest.mark.parametrize("fmt_name", TILE_FORMATS)
 @pytest.mark.parametrize("tile,shape", [((1, 128), (300, 256)), ((1, 128), (37, 200)),
                                         ((128, 128), (384, 256)), ((128, 128), (200, 330))])
 @pytest.mark.parametrize("power_2,epsilon", [(True, 0.0), (False, 0.0), (True, 1e-12),

@@ -1,7 +1,8 @@
 """Block-scaled quantization: OCP Microscaling (MX) blocks and 1x128 / 128x128 tiles.
 
 Both cut a tensor into blocks that share one scale and cast every element once to an FP8
-format with saturation (``round_to(..., saturate=True)``); they differ in the scale.
+(MX also FP6 or FP4) format with saturation (``round_to(..., saturate=True)``); they differ in
+the scale.
 
 **MX** (``mx_quantize``), OCP "Microscaling Formats (MX) v1.0": ``block`` (32) consecutive
 elements along ``axis`` share a power of two ``X = 2**(code - 127)`` stored as an E8M0 code
@@ -31,9 +32,15 @@ code). How ``code`` comes from the block's amax, ``ScaleRule``:
   amax = max_pos * 2**k plus an ulp, say). It also differs in a NaN block (code 0xFF, all
   NaN) and in a code 0 block (it multiplies by 1, not 2**127).
 
-Elements in ``e4m3fn`` or ``e5m2`` (MXFP8). MXFP6 / MXFP4 are left out: OCP's FP6 and FP4
-have no NaN and use the all-ones pattern for numbers (max 7.5, 28, 6), which fpsim's ``fn``
-encoding reserves for NaN (``formats.get("e2m1fn").max_finite`` is 4.0): a new encoding.
+Elements in ``e4m3fn`` or ``e5m2`` (MXFP8), ``fp6_e2m3`` or ``fp6_e3m2`` (MXFP6) or
+``fp4_e2m1`` (MXFP4): OCP's FP6 and FP4, the ``finite`` encoding (no inf, no NaN, max 7.5, 28
+and 6; ``emax_elem`` 2, 4 and 2 in the spec's rule). The same scale rules and cast; torchao's
+``to_mx`` (``elem_dtype`` ``torch.float4_e2m1fn_x2``, ``"fp6_e2m3"``, ``"fp6_e3m2"``) casts
+with ``_f32_to_floatx_unpacked`` (``torchao/prototype/custom_fp_utils.py``), round to nearest
+even saturating at max (the same elements), except a NaN element, which it turns into +-1.5
+(FP4, the bits of its normal branch), where ml_dtypes writes a zero: here a NaN element stays
+NaN (``formats``: a ``finite`` format keeps NaN as NaN in the container). A NaN element
+reaches the cast only under ``RCEIL`` (the amax skips it); under ``SPEC`` its block is 0xFF.
 
 **Tiles** (``tile_quantize``), DeepSeek-V3 and Transformer Engine's ``Float8BlockScaling``:
 1x128 tiles for activations and gradients, 128x128 for weights, on the tensor seen as 2-D
@@ -76,9 +83,10 @@ from .tensor_scaling import count_saturated, fl32
 __all__ = ["ScaleRule", "MXTensor", "TileTensor", "MX_ELEMENT_FORMATS", "TILE_FORMATS",
            "E8M0_NAN", "mx_quantize", "tile_quantize", "dequantize", "e8m0_to_float32"]
 
-#: the element formats of MX and of the tiles (OCP FP8 E4M3 and E5M2)
-MX_ELEMENT_FORMATS = ("e4m3fn", "e5m2")
-TILE_FORMATS = MX_ELEMENT_FORMATS
+#: the element formats of MX (OCP FP8 E4M3 and E5M2, FP6 E2M3 and E3M2, FP4 E2M1) and of the
+#: tiles (the FP8 ones)
+MX_ELEMENT_FORMATS = ("e4m3fn", "e5m2", "fp6_e2m3", "fp6_e3m2", "fp4_e2m1")
+TILE_FORMATS = ("e4m3fn", "e5m2")
 #: the E8M0 code that means NaN
 E8M0_NAN = 255
 
@@ -211,8 +219,8 @@ def _cast(scaled, x, fmt: Format):
 def mx_quantize(x, fmt="e4m3fn", *, axis: int = -1, block: int = 32,
                 scale_rule: ScaleRule = ScaleRule.SPEC) -> MXTensor:
     """Quantize the float32 array ``x`` to MX: one E8M0 scale per ``block`` consecutive
-    elements along ``axis`` (the reduction dimension), elements in ``fmt`` (``e4m3fn`` or
-    ``e5m2``), the scale by ``scale_rule`` (module docstring). ``x.shape[axis]`` must be a
+    elements along ``axis`` (the reduction dimension), elements in ``fmt`` (one of
+    ``MX_ELEMENT_FORMATS``), the scale by ``scale_rule`` (module docstring). ``x.shape[axis]`` must be a
     multiple of ``block`` (ValueError otherwise).
 
     >>> import numpy as np
