@@ -50,7 +50,9 @@ floating-point summation part I", SIAM J. Sci. Comput. 31(1), 2008) and float64 
         parts split again (T2, lo2), S = T + T2 + L2, (s, t) = TwoSum(T, T2): decided where
         every lo2 is zero (residual t), where |t| > fl(A2 (1 + 2g)) + 2**-1074 >= sum |lo2|
         (residual t), or where t = 0, s != 0 and r2 = fl(sum lo2) has |r2| > err2 and
-        2 |r2| < 2**-54 |s| (residual r2: |L2| < 2 |r2|, below the gap on either side of s).
+        2 |r2| < 2**-54 |s| (residual r2: |L2| < 2 |r2|, below the gap on either side of s);
+        otherwise, where t = 0, S = s + L2 exactly: the certificate again on the row
+        (s, lo2) (a sum that cancelled far below its terms; at most ``_RETRIES`` times).
 
 The certificate takes only rows with A < 2**1019 (nothing overflows; e is clamped at -1000
 from below, so big stays normal) and 2**-960 <= |s| or an exact zero sum (the zero-sign
@@ -79,6 +81,7 @@ _TERMS_PER_PASS = 1 << 20             # bincount weights < 2**32: 2**20 of them 
 # A Python int: it takes the int64 limbs' dtype (a weak scalar in every array library)
 _MASK32 = 0xFFFFFFFF
 _TINY = 2.0 ** -960                    # smallest |s| the certificate takes (module doc)
+_RETRIES = 3                           # level 2's new rows (s, lo2) per row, at most
 _EXPONENT_LOW, _EXPONENT_HIGH = -1000, 1019     # e's clamp, A's bound (module doc)
 
 
@@ -133,7 +136,7 @@ def _rows_certified_or_limbs(terms: xp.ndarray) -> xp.ndarray:
     return value
 
 
-def _certified_rows(terms: xp.ndarray) -> tuple[xp.ndarray, xp.ndarray]:
+def _certified_rows(terms: xp.ndarray, depth: int = 0) -> tuple[xp.ndarray, xp.ndarray]:
     """(rodd sums where decided, garbage elsewhere; decided): the module doc's certificate.
     Row sums are products with a vector of ones (BLAS: any order, which the bounds allow;
     several times faster than NumPy's sum along short rows); two reused work arrays."""
@@ -163,15 +166,15 @@ def _certified_rows(terms: xp.ndarray) -> tuple[xp.ndarray, xp.ndarray]:
         lo_cancelled, lo_again = lo[cancelled], lo[again]        # copies: work is reused
         if again.shape[0]:
             value[again], decided[again] = _second_split(terms[again], lo_again, mass[again],
-                                                         total[again], g, ones)
+                                                         total[again], g, ones, depth)
         if cancelled.shape[0]:
-            inner, decided[cancelled] = _certified_rows(lo_cancelled)
+            inner, decided[cancelled] = _certified_rows(lo_cancelled, depth)
             # an exact zero: +0, as the row's terms are not all -0 (their sum |x| is not 0)
             value[cancelled] = xp.where(inner == 0, 0.0, inner)
     return value, decided
 
 
-def _second_split(terms, lo, lo_mass, total, g, ones):
+def _second_split(terms, lo, lo_mass, total, g, ones, depth):
     """(values, decided) for the rows level 1 leaves: level 2 of the module doc."""
     total2, lo2 = _split(lo, lo_mass, ones, xp.empty(lo.shape, xp.float64))
     s, t = _two_sum(total, total2)
@@ -187,6 +190,11 @@ def _second_split(terms, lo, lo_mass, total, g, ones):
     zero = decided & (s == 0)
     if xp.count_nonzero(zero):
         value[zero] = zero_sum(terms[zero])
+    again = xp.nonzero(~decided & (t == 0) & ~exact)[0]      # S = s + L2 exactly
+    if again.shape[0] and depth < _RETRIES:
+        row = xp.concatenate([xp.expand_dims(s[again], 1), lo2[again]], axis=1)
+        inner, decided[again] = _certified_rows(row, depth + 1)
+        value[again] = xp.where(inner == 0, 0.0, inner)      # +0: mass > 0, as above
     return value, decided
 
 
