@@ -21,8 +21,9 @@ its thread count.
   supports).
 - ``scatter.py``: scatter-add with exact, order-free totals (``scatter_sum``), the
   gradient of a gather with repeated indices.
-- ``sums.py``: exact sums of float64 terms with integer limbs, rounded to odd
-  (``round_to_odd_sum``).
+- ``sums.py``: exact sums of float64 terms rounded to odd (``round_to_odd_sum``): certified
+  from two error-free splits and a float64 bound, integer limbs for the rows it leaves
+  (``SUM_ROWS`` counts both, ``forced_limbs`` forces the limbs).
 - ``block_fma.py``: the ``blocked`` model's multi-term fused additions (NVIDIA tensor cores).
 - ``promoted.py``: Hopper's FP8 GEMMs (``PromotedAccumulation``, ``"h100-fp8"``): the
   tensor core's limited-precision blocks, partial sums promoted into fp32 every N products.
