@@ -25,26 +25,33 @@ product by the accumulation model, rounded once to the operand's gradient format
   accumulator starts at +0 and is never -0); the blocked model cuts them into its blocks of
   k like the other terms (an infinite weight times a frame zero is NaN, as in the forward
   pass's zero padding).
-- dW: for each kernel position (i, j), ``dW[:, :, i, j] = g (O, N P Q) @ patch_ij
-  (N P Q, C)``: one dot product over (n, p, q) per element, in that order.
+- dW: ``dW[o, c, i, j] = g[:, o] . patch_cij``, the input values tap (i, j) of channel c
+  meets: one dot product over (n, p, q) per element, in that order.
 - db: the sum of g over (n, p, q) (``acc_sum``).
 
-In the float64 reference mode ("64-true") the products are plain float64.
+In the float64 reference mode ("64-true") the products are plain float64 BLAS products,
+whose last bits may depend on the matrices' shapes: there the bands are the ones this module
+always made (the input's size over the groups, dW tap by tap), whatever the tuning.
 
 Memory. im2col's columns for the whole input hold N P Q C kh kw elements, about kh kw times
-the input at stride 1 (9x for a 3x3 kernel). They are never built whole: each pass unfolds
-bands of output rows (of part of the batch where one row of every sample is too many)
-holding at most as many elements as the input x, unless one output row of one sample needs
-more (Q C kh kw > N C H W). dx unfolds, band by band with the same budget, a zero frame of
-N O (H + d(kh-1)) (W + d(kw-1)) elements holding the gradient (zero-stuffed at stride > 1);
-dW unfolds one kernel position at a time (N P Q C elements: the input's size at stride 1
-with "same" padding). The padded input is kept for dW. On top of the columns, the exact
-model's matmul (``fpsim.exact.fast_matmul``) widens its operands to float64 (twice their
-float32 bytes) and holds float64 products of a band's outputs. Measured with tracemalloc
-(N = 16, C = O = 16, 32 x 32, 3 x 3, padding 1, fp32): the forward peaks at 4.7 times the
-input's bytes, its own output (1x) included; the backward's dx at 2.8x plus its frame
-(1.1x), dW at 8.9x (its float64 copies of the gradient and of one kernel position's
-columns).
+the input at stride 1 (9x for a 3x3 kernel), and the exact model's matmul
+(``fpsim.exact.fast_matmul``) widens its operands to float64 (twice their float32 bytes).
+They are never built whole, and no padded or zero-stuffed copy is made (``Unfolding``: each
+band takes the part of x or g that lands on it and keeps zeros elsewhere). The forward pass
+and dx unfold bands of output rows (of part of the batch where one row of every sample is
+too many), each group's columns at most ``tuning().conv_band_share`` of the larger of x and
+the output (g) in elements, unless one output row of one sample needs more; the bias joins
+each band in the certified epilogue. dW's bands are rows of g (output channels) and columns
+(c, i, j) of the unfolded input, both operands together at most
+``conv_weight_band_share`` of the larger of x and g: its products (one per pair of bands)
+widen each operand again, so smaller bands cost time (about 1 ns per widened element).
+Splitting the outputs keeps every element's dot product whole, so the bands never change a
+bit (``tests/test_conv_bands.py`` compares the smallest bands with one band). Measured with
+tracemalloc, the per-thread work buffers counted (N = 16, C = O = 16, 32 x 32, 3 x 3,
+padding 1, fp32): the forward peaks at 2.1 times the input's bytes, its output (1x)
+included, dx at 2.1x (dx included), dW at 2.1x (before the bands: 4.7x, 3.9x with a 1.1x
+frame, 8.9x); with O = 2 C (``benchmarks/bench_models.py``) at 4.7x (its 2x output
+included), 3.1x and 4.4x.
 
 >>> from fpsim.autograd import Tensor, use_policy
 >>> x = Tensor([[[[1.0, 2.0], [3.0, 4.0]]]])
@@ -56,9 +63,14 @@ array([[ 1.,  3.,  2.],
 """
 from __future__ import annotations
 
+import math
+from typing import NamedTuple
+
 from .. import backend
-from ..backend import xp
+from ..backend import tuning, xp
 from ..exact import underflow
+from ..exact.accumulation import ExactAccumulation
+from ..exact.fast_matmul import matmul_2d
 from ..formats import FP32
 from ..options import check_count
 from .accumulate import acc_matmul, acc_sum, accumulation_model
@@ -105,6 +117,75 @@ def window_values(padded, i, j, rows, out_w, stride, dilation):
                   left:left + sw * (out_w - 1) + 1:sw]
 
 
+class Unfolding(NamedTuple):
+    """How a convolution's output positions read its source (N, C, Hs, Ws), per axis (rows,
+    columns): at output position p, kernel tap i meets the virtual position v = p stride + i
+    dilation - offset, which holds source element v / spread where that is a whole number in
+    [0, Hs), and a zero elsewhere (the padding, or the zeros between a strided gradient's
+    elements). The forward pass and dW read x (offset = padding, spread 1); dx reads g
+    (stride 1, offset d (k-1) - padding, spread = the forward stride). No padded or
+    zero-stuffed copy of the source is made: each band's columns take the part that lands on
+    the source and keep zeros elsewhere."""
+
+    kernel: tuple
+    stride: tuple
+    dilation: tuple
+    offset: tuple
+    spread: tuple
+
+
+def _span(lo, hi, tap, stride, spread, offset, size):
+    """The output positions p in [lo, hi) whose virtual position p stride + tap - offset
+    lands on a source element (``Unfolding``): (their slice in the band, counted from lo;
+    the source elements' slice), or None. One of stride and spread is 1."""
+    base = tap - offset
+    if spread == 1:
+        first = max(lo, -(base // stride))                  # ceil(-base / stride)
+        last = min(hi - 1, (size - 1 - base) // stride)
+        if last < first:
+            return None
+        start = first * stride + base
+        return (slice(first - lo, last - lo + 1),
+                slice(start, start + stride * (last - first) + 1, stride))
+    first = max(lo, -base)
+    first += -(first + base) % spread                       # the next multiple of spread
+    last = min(hi - 1, spread * (size - 1) - base)
+    if last < first:
+        return None
+    count = (last - first) // spread + 1
+    start = (first + base) // spread
+    return (slice(first - lo, first - lo + spread * (count - 1) + 1, spread),
+            slice(start, start + count))
+
+
+def _unfold(source, how, batch, rows, width, first, stop):
+    """im2col of one band: (m len(rows) width, stop - first) columns, row (sample, output
+    row, output column), column f in [first, stop) of the (c, i, j) order (f = c kh kw + i kw
+    + j): the source value channel c, kernel tap (i, j) meets there, or zero."""
+    part = source[batch]
+    size_h, size_w = part.shape[2:]
+    (kh, kw), taps = how.kernel, how.kernel[0] * how.kernel[1]
+    columns = xp.zeros((part.shape[0], len(rows), width, stop - first), source.dtype)
+    for i in range(kh):
+        down = _span(rows.start, rows.stop, i * how.dilation[0], how.stride[0],
+                     how.spread[0], how.offset[0], size_h)
+        if down is None:
+            continue
+        for j in range(kw):
+            across = _span(0, width, j * how.dilation[1], how.stride[1], how.spread[1],
+                           how.offset[1], size_w)
+            tap = i * kw + j
+            low = max(0, -((tap - first) // taps))          # channels with f in the band
+            high = min(part.shape[1], (stop - 1 - tap) // taps + 1)
+            if across is None or high <= low:
+                continue
+            start = low * taps + tap - first
+            window = part[:, low:high, down[1], across[1]]
+            columns[:, down[0], across[0], start:start + taps * (high - low - 1) + 1:taps] = (
+                xp.transpose(window, (0, 2, 3, 1)))
+    return xp.reshape(columns, (-1, stop - first))
+
+
 def _bands(n, p, per_row, budget):
     """(batch slice, output rows) pairs covering n samples x p output rows, each unfolding
     at most ``budget`` elements (``per_row`` per sample and output row), or, where one row of
@@ -117,52 +198,43 @@ def _bands(n, p, per_row, budget):
             for b in range(0, n, batch) for r in range(p)]
 
 
-def _convolve(padded, weight, stride, dilation, groups, out_hw, fmt, model, budget):
-    """(N, C, Hp, Wp) with (O, C/groups, kh, kw) -> (N, O, P, Q), each element the model's
-    dot product over (c, i, j) rounded to ``fmt``; unfolded in bands of at most ``budget``
-    column elements (module doc)."""
-    n, c, _, _ = padded.shape
-    o, cg, kh, kw = weight.shape
-    (p, q), og, k = out_hw, o // groups, cg * kh * kw
+def _convolve(source, weight, how, groups, out_hw, fmt, model, budget, bias=None):
+    """(N, C, Hs, Ws) read as ``how`` says, with (O, C/groups, kh, kw) -> (N, O, P, Q), each
+    element the model's dot product over (c, i, j) (+ ``bias`` in the fp32 accumulator,
+    ``_band_product``) rounded to ``fmt``; unfolded in bands of at most ``budget`` column
+    elements, one group at a time (module doc)."""
+    n, cg = source.shape[0], weight.shape[1]
+    o, k = weight.shape[0], math.prod(weight.shape[1:])
+    (p, q), og = out_hw, o // groups
     weights = xp.reshape(weight, (groups, og, k))
     out = xp.empty((n, o, p, q), container_of(fmt))
     with underflow.assembled(out):      # the bands' roundings: one gradient (when counted)
-        for batch, rows in _bands(n, p, q * c * kh * kw, budget):
-            part = padded[batch]
-            m = part.shape[0]
-            columns = xp.empty((m, len(rows), q, c, kh, kw), padded.dtype)
-            for i in range(kh):
-                for j in range(kw):
-                    window = window_values(part, i, j, rows, q, stride, dilation)
-                    columns[:, :, :, :, i, j] = xp.transpose(window, (0, 2, 3, 1))
-            columns = xp.reshape(columns, (m * len(rows) * q, groups, k))
+        for batch, rows in _bands(n, p, q * k, budget):
             for g in range(groups):
-                product = xp.reshape(acc_matmul(columns[:, g, :], weights[g].T, fmt, model),
-                                     (m, len(rows), q, og))
+                columns = _unfold(source[:, g * cg:(g + 1) * cg], how, batch, rows, q, 0, k)
+                part = None if bias is None else bias[g * og:(g + 1) * og]
+                product = _band_product(columns, weights[g], fmt, model, part)
                 out[batch, g * og:(g + 1) * og, rows.start:rows.stop, :] = xp.transpose(
-                    product, (0, 3, 1, 2))
+                    xp.reshape(product, (-1, len(rows), q, og)), (0, 3, 1, 2))
     return out
 
 
-def _gradient_frame(g, in_hw, kernel, stride, padding, dilation):
-    """g (N, O, P, Q) placed where the transposed convolution reads it: a zero frame of
-    (H + d(kh-1), W + d(kw-1)) with g[.., p, .] at row s p + d(kh-1) - pad (rows that fall
-    outside map to padding, whose gradient is dropped)."""
-    n, o, p, q = g.shape
-    frame = xp.zeros((n, o) + tuple(size + d * (k - 1) for size, k, d
-                                    in zip(in_hw, kernel, dilation)), g.dtype)
-    spans = []
-    for size, count, k, s, pad, d in zip(in_hw, (p, q), kernel, stride, padding, dilation):
-        offset = d * (k - 1) - pad
-        first = max(0, -(offset // s))                   # ceil(-offset / s)
-        last = min(count, (size + pad - 1) // s + 1)     # rows that land on the input
-        spans.append((offset, first, last, s))
-    if any(last <= first for _, first, last, _ in spans):
-        return frame
-    (oh, fh, lh, sh), (ow, fw, lw, sw) = spans
-    frame[:, :, oh + sh * fh:oh + sh * (lh - 1) + 1:sh,
-          ow + sw * fw:ow + sw * (lw - 1) + 1:sw] = g[:, :, fh:lh, fw:lw]
-    return frame
+def _band_product(columns, weights, fmt, model, bias):
+    """columns @ weights.T rounded to ``fmt``; with a bias, the fp32 epilogue
+    round_fmt(fl32(acc + bias)) as ``linear`` has it: certified in one pass by the exact
+    model's 2-D fast path where it applies (``fast_matmul.matmul_2d``: the same bits), else
+    the accumulator, the float32 addition and the rounding one after the other."""
+    if bias is None:
+        return acc_matmul(columns, weights.T, fmt, model)
+    if (isinstance(model, ExactAccumulation) and model.acc == FP32 and fmt is not FP64
+            and columns.dtype == xp.float32 and not underflow.active()):
+        out = matmul_2d(columns, weights.T, fmt, bias, note=False)
+        if out is not None:
+            return out
+    acc = acc_matmul(columns, weights.T, FP64 if fmt is FP64 else FP32, model)
+    with xp.errstate(invalid="ignore", over="ignore"):     # inf - inf is NaN, as in IEEE
+        acc += bias                                        # the epilogue's fp32 addition
+    return round_array(acc, fmt)
 
 
 def _transposed_kernel(weight, groups):
@@ -212,27 +284,23 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 
                    in zip(x.shape[2:], kernel, stride, padding, dilation))
     _check_shapes(x, weight, bias, groups, out_hw)
     model = accumulation_model(accumulation)
-    padded = pad_frame(x.data, padding)
-    budget = backend.size(x.data)       # column elements per band: at most the input's
-    if bias is None:
-        out = _convolve(padded, weight.data, stride, dilation, groups, out_hw, fmt, model,
-                        budget)
-    else:
-        acc_fmt = FP64 if fmt is FP64 else FP32
-        acc = _convolve(padded, weight.data, stride, dilation, groups, out_hw, acc_fmt, model,
-                        budget)
-        with xp.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN, as in IEEE
-            acc += xp.reshape(bias.data, (1, -1, 1, 1))  # the epilogue's fp32 addition
-        out = round_array(acc, fmt)
+    plain = fmt is FP64
+    budget = _band_budget(x.data, out_hw, weight.shape[0], groups, plain, "conv_band_share")
+    reads_x = Unfolding(kernel, stride, dilation, padding, (1, 1))
+    out = _convolve(x.data, weight.data, reads_x, groups, out_hw, fmt, model, budget,
+                    None if bias is None else bias.data)
 
     def backward(g, g_fmt):
         dx = dw = db = None
         if x.requires_grad:
-            frame = _gradient_frame(g, x.shape[2:], kernel, stride, padding, dilation)
-            dx = _convolve(frame, _transposed_kernel(weight.data, groups), (1, 1), dilation,
-                           groups, x.shape[2:], x.grad_fmt, model, budget)
+            reads_g = Unfolding(kernel, (1, 1), dilation,
+                                tuple(d * (k - 1) - pad for k, d, pad
+                                      in zip(kernel, dilation, padding)), stride)
+            dx = _convolve(g, _transposed_kernel(weight.data, groups), reads_g, groups,
+                           x.shape[2:], x.grad_fmt, model, budget)
         if weight.requires_grad:
-            dw = _weight_gradient(g, padded, weight, stride, dilation, groups, model)
+            dw = _weight_gradient(g, x.data, weight, reads_x, groups, model, _band_budget(
+                x.data, out_hw, weight.shape[0], groups, plain, "conv_weight_band_share"))
         if bias is not None and bias.requires_grad:
             db = acc_sum(g, (0, 2, 3), False, bias.grad_fmt, model)
         return (dx, dw) if bias is None else (dx, dw, db)
@@ -240,25 +308,80 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 
     return record(out, fmt, tensors, backward, "conv2d")
 
 
-def _weight_gradient(g, padded, weight, stride, dilation, groups, model):
-    """dW[:, :, i, j] = g @ (the input kernel position (i, j) meets), per group: one dot
-    product over (n, p, q) per element, one kernel position unfolded at a time."""
-    n, o, p, q = g.shape
-    _, cg, kh, kw = weight.shape
-    og = o // groups
-    grads = [xp.reshape(xp.transpose(g[:, k * og:(k + 1) * og], (1, 0, 2, 3)), (og, n * p * q))
-             for k in range(groups)]
+def _band_budget(x, out_hw, out_channels, groups, plain: bool, share: str) -> int:
+    """Elements one band may unfold: the ``tuning()`` share named ``share`` of the larger of
+    the input x and the output (the gradient g in the backward pass), at least one.
+    ``plain`` (the float64 reference mode, whose BLAS products' last bits may depend on their
+    shapes): the input's size over all groups, whatever the tuning, the bands this module
+    always made."""
+    if plain:
+        return max(1, backend.size(x) // groups)
+    output = x.shape[0] * out_channels * out_hw[0] * out_hw[1]
+    return max(1, int(getattr(tuning(), share) * max(backend.size(x), output)))
+
+
+def _weight_gradient(g, x, weight, how, groups, model, budget):
+    """dW[o, c, i, j] = g[:, o] . (the input tap (i, j) of channel c meets): one dot product
+    over (n, p, q) per element, the reduction never split; in bands (``_banded_weight_gradient``),
+    or tap by tap in the float64 reference mode (``_plain_weight_gradient``)."""
     dw = xp.empty(weight.shape, container_of(weight.grad_fmt))
-    with underflow.assembled(dw):      # one rounding per kernel position: one gradient
+    with underflow.assembled(dw):      # the bands' roundings: one gradient (when counted)
+        if weight.grad_fmt is FP64 or x.dtype == xp.float64 or g.dtype == xp.float64:
+            _plain_weight_gradient(dw, g, x, how, groups, weight.grad_fmt, model)
+        else:
+            _banded_weight_gradient(dw, g, x, how, groups, weight.grad_fmt, model, budget)
+    return dw
+
+
+def _banded_weight_gradient(dw, g, x, how, groups, fmt, model, budget):
+    """dW into ``dw`` in bands of output channels (rows of g) and of (c, i, j) columns, both
+    operands of a band together at most ``budget`` elements (``_weight_bands``)."""
+    n, o, p, q = g.shape
+    og, cg, k = o // groups, dw.shape[1], math.prod(dw.shape[1:])
+    rows, cols = _weight_bands(og, k, n * p * q, budget)
+    flat = xp.reshape(dw, (o, k))       # a view: the bands write dw
+    for group in range(groups):
+        source = x[:, group * cg:(group + 1) * cg]
+        for first in range(group * og, (group + 1) * og, rows):
+            stop = min((group + 1) * og, first + rows)
+            grads = xp.reshape(xp.transpose(g[:, first:stop], (1, 0, 2, 3)),
+                               (stop - first, n * p * q))
+            for left in range(0, k, cols):
+                right = min(k, left + cols)
+                columns = _unfold(source, how, slice(0, n), range(p), q, left, right)
+                flat[first:stop, left:right] = acc_matmul(grads, columns, fmt, model)
+
+
+def _plain_weight_gradient(dw, g, x, how, groups, fmt, model):
+    """dW into ``dw`` in the float64 reference mode: plain float64 products of the shapes
+    this module always used (their last bits may depend on them), one kernel tap at a time,
+    each (O/groups, N P Q) @ (N P Q, C/groups) per group."""
+    n, o, p, q = g.shape
+    og, cg, (kh, kw) = o // groups, dw.shape[1], dw.shape[2:]
+    for group in range(groups):
+        grads = xp.reshape(xp.transpose(g[:, group * og:(group + 1) * og], (1, 0, 2, 3)),
+                           (og, n * p * q))
+        source = x[:, group * cg:(group + 1) * cg]
         for i in range(kh):
             for j in range(kw):
-                window = window_values(padded, i, j, range(p), q, stride, dilation)
-                for k in range(groups):
-                    columns = xp.reshape(xp.transpose(window[:, k * cg:(k + 1) * cg],
-                                                      (0, 2, 3, 1)), (n * p * q, cg))
-                    dw[k * og:(k + 1) * og, :, i, j] = acc_matmul(grads[k], columns,
-                                                                  weight.grad_fmt, model)
-    return dw
+                tap = how._replace(kernel=(1, 1), offset=(how.offset[0] - i * how.dilation[0],
+                                                          how.offset[1] - j * how.dilation[1]))
+                columns = _unfold(source, tap, slice(0, n), range(p), q, 0, cg)
+                dw[group * og:(group + 1) * og, :, i, j] = acc_matmul(grads, columns, fmt,
+                                                                      model)
+
+
+def _weight_bands(rows, cols, length, budget):
+    """(output channels, columns) per band of dW: both operands' bands (rows and columns of
+    ``length`` elements) within ``budget`` elements where one of each fits, the fewest
+    products, of those the smallest bands."""
+    room = max(2, budget // length)
+    best = None
+    for height in range(1, min(rows, room - 1) + 1):
+        width = min(cols, room - height)
+        key = (-(-rows // height) * -(-cols // width), height + width)
+        best = min(best, (key, height, width)) if best else (key, height, width)
+    return best[1], best[2]
 
 
 register(conv2d)

@@ -54,6 +54,12 @@ class Tuning(NamedTuple):
     #: optim.optimizer: parameters up to this many elements are updated together, as one
     #: flat array (fewer calls); larger ones one by one
     together_max: int = 1 << 15
+    #: autograd.ops_conv: im2col elements a convolution's band unfolds (forward and dx), as a
+    #: share of the larger of its input and output (memory: about 4.5 times the band's bytes)
+    conv_band_share: float = 0.25
+    #: autograd.ops_conv: dW's bands, both operands' elements together, as a share of the
+    #: larger of the input and the output gradient (memory: about 3 times the band's bytes)
+    conv_weight_band_share: float = 0.5
 
 
 #: few, large chunks on a GPU, where each array operation costs a kernel launch and many a
