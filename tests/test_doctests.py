@@ -20,7 +20,7 @@ MODULES = ["fpsim.formats", "fpsim.files", "fpsim.rounding", "fpsim.encoding", "
            "fpsim.nn.layers", "fpsim.nn.lstm", "fpsim.conformance", "fpsim.conformance.trace",
            "fpsim.conformance.replay", "fpsim.conformance.adapters",
            "fpsim.conformance.patterns", "fpsim.conformance.cast_check",
-           "fpsim.conformance.expect", "fpsim.conformance.mx_check"]
+           "fpsim.conformance.expect", "fpsim.conformance.mx_check", "fpsim.quant.nvfp4"]
 
 
 @pytest.mark.parametrize("name", MODULES)
