@@ -269,3 +269,24 @@ def test_transforms_of_both_wgrad_operands_cancel_in_the_product():
 def test_bad_input_is_one_sentence(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+def test_torch_backend_gives_the_same_bits():
+    pytest.importorskip("torch", reason="the torch backend needs PyTorch")
+    x = hard_matrix(seed=6)
+    expected = [nvfp4_quantize(x, tile=(16, 16)), nvfp4_quantize(x, rule="torchao"),
+                nvfp4_quantize(x, mode="stochastic", seed=9, offset=2)]
+    rotated = random_hadamard_transform(x)
+    dequantized = [host(nvfp4_dequantize(q)) for q in expected]
+    with backend.use_backend("torch"):
+        on_torch = backend.asarray(x, backend.xp.float32)
+        got = [nvfp4_quantize(on_torch, tile=(16, 16)),
+               nvfp4_quantize(on_torch, rule="torchao"),
+               nvfp4_quantize(on_torch, mode="stochastic", seed=9, offset=2)]
+        for ours, theirs, values in zip(got, expected, dequantized):
+            for field in ("elements", "scales"):
+                assert np.array_equal(host(getattr(ours, field)).view(np.uint32),
+                                      host(getattr(theirs, field)).view(np.uint32))
+            assert np.array_equal(host(nvfp4_dequantize(ours)).view(np.uint32),
+                                  values.view(np.uint32))
+        assert np.array_equal(host(random_hadamard_transform(on_torch)), host(rotated))

@@ -139,3 +139,18 @@ def test_every_float32_pattern_rounds_like_ml_dtypes(fmt, dtype):
     for start in range(0, 1 << 32, step):
         x = np.arange(start, start + step, dtype=np.uint64).astype(np.uint32).view(np.float32)
         assert_nearest_even_like_ml_dtypes(x, fmt, dtype)
+
+
+@pytest.mark.parametrize("fmt", [E2M1, E2M3, E3M2], ids=IDS)
+def test_torch_backend_rounds_to_the_same_bits(fmt):
+    pytest.importorskip("torch", reason="the torch backend needs PyTorch")
+    from fpsim import backend
+    x = boundary_values(fmt)
+    expected = {mode: round_to(x, fmt, mode, **({"seed": 5} if mode == "stochastic" else {}))
+                for mode in MODES}
+    with backend.use_backend("torch"):
+        on_torch = backend.asarray(x, backend.xp.float32)
+        for mode, want in expected.items():
+            options = {"seed": 5} if mode == "stochastic" else {}
+            got = backend.to_numpy(backend.round_to(on_torch, fmt, mode, **options))
+            assert same_bits(got, want), mode

@@ -41,6 +41,8 @@ E4M3FN_LAST_TO_MAX = 464.0
 
 def native_dtype(fmt: Format):
     """The torch dtype whose cast rounds to ``fmt`` (its options aside), or None."""
+    if not fmt.has_nan:          # FP4 / FP6 always saturate: no plain form, no cast here
+        return None
     plain = fmt.replace(subnormals=True, saturate=False)
     for known, dtype in CASTS:
         if plain == known:
