@@ -31,7 +31,8 @@ ENGINE_TESTS = [f"tests/{name}" for name in (
     "test_cr_hard_cases.py", "test_strict_backend.py", "test_conv.py", "test_pool_norm.py",
     "test_layer_norm_silu.py", "test_select_gelu_tanh.py", "test_batchnorm_dropout.py",
     "test_attention.py", "test_from_torch.py", "test_train_anything.py", "test_per_layer.py",
-    "test_quant_blocks.py", "test_fp8_training.py", "test_batched_matmul.py")]
+    "test_quant_blocks.py", "test_fp8_training.py", "test_batched_matmul.py",
+    "test_cr_vectorised.py")]
 
 #: the default selection without the ini's nbval options: the reruns collect no notebooks, and
 #: a machine without nbval (the GPU image, .ci/device-check) must run them too
