@@ -1,5 +1,7 @@
 """NVFP4: FP4 E2M1 elements in 16-element blocks with E4M3 scales and a per-tensor FP32 scale,
 as NVIDIA Transformer Engine and torchao compute them; and the random Hadamard transform.
+The block scales are UE4M3 (torchao's name): e4m3fn values that are never negative (they come
+from magnitudes), so ``e4m3fn`` rounding gives them; the sign bit stays unused.
 
 A tensor is seen as 2-D (rows, columns), the blocks run along the columns (the GEMM's
 reduction dimension). Tiles (TE's ``NVFP4BlockScaling`` recipe, ``docs/features/
