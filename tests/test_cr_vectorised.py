@@ -120,6 +120,18 @@ def test_gelu_and_normal_cdf_take_the_table_only_where_it_serves():
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_the_gradients_cdf_and_pdf_chunk_by_chunk_are_the_whole_arrays():
+    x = np.concatenate([EDGES, np.random.default_rng(5).standard_normal(1000) * 8])
+    with np.errstate(all="ignore"):
+        for values in (x, np.reshape(x[:1024], (32, 32)).T):
+            want = (normal_cdf_every_element(values), host(el.normal_pdf(_dev(values))))
+            for chunk in (7, 256, 1 << 16):
+                with use_tuning(correctly_rounded_chunk=chunk):
+                    cdf, pdf = el.normal_cdf_pdf(_dev(values))
+                assert same_bits(cdf, want[0]) and same_bits(pdf, want[1]), f"chunks of {chunk}"
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_sigmoid_pair_gives_the_bits_of_two_sigmoids():
     with np.errstate(all="ignore"):
         for x in _inputs():
