@@ -38,20 +38,22 @@ the input at stride 1 (9x for a 3x3 kernel), and the exact model's matmul
 (``fpsim.exact.fast_matmul``) widens its operands to float64 (twice their float32 bytes).
 They are never built whole, and no padded or zero-stuffed copy is made (``Unfolding``: each
 band takes the part of x or g that lands on it and keeps zeros elsewhere). The forward pass
-and dx unfold bands of output rows (of part of the batch where one row of every sample is
-too many), each group's columns at most ``tuning().conv_band_share`` of the larger of x and
+and dx unfold bands of samples x output rows, as few as fit (each is one product), each
+group's columns at most ``tuning().conv_band_share`` of the larger of x and
 the output (g) in elements, unless one output row of one sample needs more; the bias joins
 each band in the certified epilogue. dW's bands are rows of g (output channels) and columns
 (c, i, j) of the unfolded input, both operands together at most
 ``conv_weight_band_share`` of the larger of x and g: its products (one per pair of bands)
-widen each operand again, so smaller bands cost time (about 1 ns per widened element).
-Splitting the outputs keeps every element's dot product whole, so the bands never change a
-bit (``tests/test_conv_bands.py`` compares the smallest bands with one band). Measured with
-tracemalloc, the per-thread work buffers counted (N = 16, C = O = 16, 32 x 32, 3 x 3,
-padding 1, fp32): the forward peaks at 2.1 times the input's bytes, its output (1x)
-included, dx at 2.1x (dx included), dW at 2.1x (before the bands: 4.7x, 3.9x with a 1.1x
-frame, 8.9x); with O = 2 C (``benchmarks/bench_models.py``) at 4.7x (its 2x output
-included), 3.1x and 4.4x.
+widen each operand again, so smaller bands cost time (about 1 ns per widened element:
+with the default share, a C = O = 16 layer's dW takes 1.3-1.8 times the time of the old
+tap-by-tap products, which held 8.4x the input). Splitting the outputs keeps every element's dot
+product whole, so the bands never change a bit (``tests/test_conv_bands.py`` compares the
+smallest bands with one band). Measured with tracemalloc, the per-thread work buffers
+counted (N = 16, C = O = 16, 32 x 32, 3 x 3, padding 1, fp32): the forward pass peaks at
+2.1 times the input's bytes, its output (1x) included, dx at 2.1x (dx included), dW at 3.1x
+(before the bands, measured the same way: 5.8x, 5.8x, 8.4x); with O = 2 C
+(``benchmarks/bench_models.py``: N = 64, 8 -> 16 channels, 14 x 14) at 4.7x (its 2x output
+included), 3.1x and 6.4x, 3.2 times the gradient g (before: 6.7x, 7.8x, 10.9x).
 
 >>> from fpsim.autograd import Tensor, use_policy
 >>> x = Tensor([[[[1.0, 2.0], [3.0, 4.0]]]])
@@ -158,14 +160,21 @@ def _span(lo, hi, tap, stride, spread, offset, size):
             slice(start, start + count))
 
 
-def _unfold(source, how, batch, rows, width, first, stop):
+def _unfold(source, how, batch, rows, width, first, stop, *, column_major=False):
     """im2col of one band: (m len(rows) width, stop - first) columns, row (sample, output
     row, output column), column f in [first, stop) of the (c, i, j) order (f = c kh kw + i kw
-    + j): the source value channel c, kernel tap (i, j) meets there, or zero."""
+    + j): the source value channel c, kernel tap (i, j) meets there, or zero.
+    ``column_major``: each column contiguous (the transpose of a C-ordered array), so the
+    product's column norms are the rows' BLAS dot products (``fast_matmul``)."""
     part = source[batch]
     size_h, size_w = part.shape[2:]
     (kh, kw), taps = how.kernel, how.kernel[0] * how.kernel[1]
-    columns = xp.zeros((part.shape[0], len(rows), width, stop - first), source.dtype)
+    shape = (part.shape[0], len(rows), width)
+    if column_major:
+        stored = xp.zeros((stop - first,) + shape, source.dtype)
+        columns = xp.transpose(stored, (1, 2, 3, 0))      # a view: writes go to stored
+    else:
+        stored = columns = xp.zeros(shape + (stop - first,), source.dtype)
     for i in range(kh):
         down = _span(rows.start, rows.stop, i * how.dilation[0], how.stride[0],
                      how.spread[0], how.offset[0], size_h)
@@ -183,19 +192,24 @@ def _unfold(source, how, batch, rows, width, first, stop):
             window = part[:, low:high, down[1], across[1]]
             columns[:, down[0], across[0], start:start + taps * (high - low - 1) + 1:taps] = (
                 xp.transpose(window, (0, 2, 3, 1)))
-    return xp.reshape(columns, (-1, stop - first))
+    if column_major:
+        return xp.reshape(stored, (stop - first, -1)).T
+    return xp.reshape(stored, (-1, stop - first))
 
 
 def _bands(n, p, per_row, budget):
     """(batch slice, output rows) pairs covering n samples x p output rows, each unfolding
-    at most ``budget`` elements (``per_row`` per sample and output row), or, where one row of
-    one sample needs more, one row of one sample."""
-    rows = budget // max(n * per_row, 1)
-    if rows >= 1:
-        return [(slice(0, n), range(s, min(p, s + rows))) for s in range(0, p, rows)]
-    batch = max(1, budget // max(per_row, 1))
-    return [(slice(b, min(n, b + batch)), range(r, r + 1))
-            for b in range(0, n, batch) for r in range(p)]
+    at most ``budget`` elements (``per_row`` per sample and output row), as few as can be
+    (each is one product), or, where one row of one sample needs more, one row of one
+    sample."""
+    best = (n * p, 1, 1)
+    for rows in range(1, p + 1):
+        samples = min(n, budget // max(rows * per_row, 1))
+        if samples >= 1:
+            best = min(best, (-(-n // samples) * -(-p // rows), samples, rows))
+    _, samples, rows = best
+    return [(slice(b, min(n, b + samples)), range(r, min(p, r + rows)))
+            for b in range(0, n, samples) for r in range(0, p, rows)]
 
 
 def _convolve(source, weight, how, groups, out_hw, fmt, model, budget, bias=None):
@@ -342,13 +356,14 @@ def _banded_weight_gradient(dw, g, x, how, groups, fmt, model, budget):
     flat = xp.reshape(dw, (o, k))       # a view: the bands write dw
     for group in range(groups):
         source = x[:, group * cg:(group + 1) * cg]
-        for first in range(group * og, (group + 1) * og, rows):
-            stop = min((group + 1) * og, first + rows)
-            grads = xp.reshape(xp.transpose(g[:, first:stop], (1, 0, 2, 3)),
-                               (stop - first, n * p * q))
-            for left in range(0, k, cols):
-                right = min(k, left + cols)
-                columns = _unfold(source, how, slice(0, n), range(p), q, left, right)
+        for left in range(0, k, cols):  # each column band unfolded once
+            right = min(k, left + cols)
+            columns = _unfold(source, how, slice(0, n), range(p), q, left, right,
+                              column_major=True)
+            for first in range(group * og, (group + 1) * og, rows):
+                stop = min((group + 1) * og, first + rows)
+                grads = xp.reshape(xp.transpose(g[:, first:stop], (1, 0, 2, 3)),
+                                   (stop - first, n * p * q))
                 flat[first:stop, left:right] = acc_matmul(grads, columns, fmt, model)
 
 

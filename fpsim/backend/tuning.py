@@ -58,8 +58,9 @@ class Tuning(NamedTuple):
     #: share of the larger of its input and output (memory: about 4.5 times the band's bytes)
     conv_band_share: float = 0.25
     #: autograd.ops_conv: dW's bands, both operands' elements together, as a share of the
-    #: larger of the input and the output gradient (memory: about 3 times the band's bytes)
-    conv_weight_band_share: float = 0.5
+    #: larger of the input and the output gradient (memory: about 3.5 times the band's bytes;
+    #: each band's product widens its operands again: smaller bands cost time)
+    conv_weight_band_share: float = 0.75
 
 
 #: few, large chunks on a GPU, where each array operation costs a kernel launch and many a
