@@ -53,7 +53,7 @@ counted (N = 16, C = O = 16, 32 x 32, 3 x 3, padding 1, fp32): the forward pass 
 2.1 times the input's bytes, its output (1x) included, dx at 2.1x (dx included), dW at 3.1x
 (before the bands, measured the same way: 5.8x, 5.8x, 8.4x); with O = 2 C
 (``benchmarks/bench_models.py``: N = 64, 8 -> 16 channels, 14 x 14) at 4.7x (its 2x output
-included), 3.1x and 6.4x, 3.2 times the gradient g (before: 6.7x, 7.8x, 10.9x).
+included), 3.1x and 6.9x, 3.4 times the gradient g (before: 6.7x, 7.8x, 11.4x).
 
 >>> from fpsim.autograd import Tensor, use_policy
 >>> x = Tensor([[[[1.0, 2.0], [3.0, 4.0]]]])
