@@ -39,7 +39,8 @@ Policies from the strings users already type:
   float64 reference mode, no rounding).
 - FP8 recipes (``fpsim.quant.recipe``): ``"fp8-current"``, ``"fp8-delayed:history=16"``,
   ``"mxfp8"``, ``"fp8-block"``: ``bf16-mixed`` with every ``linear`` in FP8, as Transformer
-  Engine runs under ``autocast(bf16)`` and an FP8 recipe.
+  Engine runs under ``autocast(bf16)`` and an FP8 recipe; likewise the FP4 and FP6 recipes
+  ``"nvfp4"``, ``"mxfp4"``, ``"mxfp6"``.
 - jmp (deepmind/jmp ``get_policy``): ``"params=fp32,compute=fp16,output=fp32"``, short keys
   ``p=,c=,o=``, any name ``fpsim.formats.get`` knows; optional extra keys ``grad=`` and
   ``accumulation=``. jmp casts parameters and inputs to the compute format and runs everything
@@ -149,7 +150,8 @@ _JMP_KEYS = {"params": "params", "param": "params", "p": "params", "compute": "c
 
 ACCEPTED = ('Lightning strings "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", '
             '"64-true" (or 32, 16, "bf16", 64), FP8 recipes "fp8-current", "fp8-delayed", '
-            '"mxfp8", "fp8-block" (with optional ":key=value,..."), or jmp style '
+            '"mxfp8", "fp8-block", FP4/FP6 recipes "nvfp4", "mxfp4", "mxfp6" (with optional '
+            '":key=value,..."), or jmp style '
             '"params=fp32,compute=fp16,output=fp32" (keys params|p, compute|c, output|o, '
             'optional grad=, accumulation=; values: fpsim format names)')
 

@@ -18,19 +18,37 @@ string             Transformer Engine recipe                   parameters (``key
                    e8m0 scales)
 ``fp8-block``      ``Float8BlockScaling`` (1x128 activations   ``format`` (default ``e4m3``)
                    and gradients, 128x128 weights)
+``nvfp4``          ``NVFP4BlockScaling`` (FP4 E2M1 in 1x16     ``rht``, ``sr``, ``2d`` (each
+                   blocks, E4M3 block scales, FP32 tensor      1 or 0, default 1)
+                   scale; 16x16 weight tiles)
+``mxfp4``          MX with FP4 E2M1 elements (32-element
+                   blocks, e8m0 scales, TE's RCEIL rule)
+``mxfp6``          MX with FP6 elements (as ``mxfp4``)         ``format`` (``e3m2``, the
+                                                               default, or ``e2m3``)
 =================  ==========================================  ==============================
 
 ``format``: ``hybrid`` (e4m3fn forward, e5m2 for gradients; TE's default for the per-tensor
 recipes) or ``e4m3`` (e4m3fn everywhere). Every recipe also takes ``acc=`` (the GEMMs'
 accumulation model, any string ``fpsim.exact.accumulation.get_accumulation`` accepts; default
-``exact``: each dot product exact, rounded once to fp32).
+``exact``: each dot product exact, rounded once to fp32) and ``keep=`` (module names joined by
+``+``, e.g. ``keep=2`` or ``keep=head+blocks.3``: those modules' GEMMs stay out of the recipe,
+in the policy's bf16, as ``nn.Linear(..., fp8=False)`` keeps one; ``fpsim.train`` applies it by
+name and refuses a name the model does not have).
+
+``nvfp4``'s keys switch off TE's three ingredients (its ``disable_rht``,
+``disable_stochastic_rounding``, ``disable_2d_quantization``): ``rht=0`` no random Hadamard
+transform on the weight-gradient GEMM's inputs, ``sr=0`` gradients rounded to nearest even
+instead of stochastically, ``2d=0`` weights in 1x16 blocks instead of 16x16 tiles.
+``mxfp6`` defaults to E3M2: its three exponent bits span 2**-4 to 28 within a block, against
+E2M3's 2**-3 to 7.5, and a gradient block's values spread over more binades than its extra
+mantissa bit would serve (E2M3 suits casts of smooth weights and activations: ``format=e2m3``).
 
 >>> recipe = get_recipe("fp8-delayed:history=16,margin=1")
 >>> recipe.scaling.value, recipe.history, recipe.margin, recipe.forward.name, recipe.backward.name
 ('delayed', 16, 1, 'e4m3fn', 'e5m2')
 >>> get_recipe("fp8-delayed:histroy=16")
 Traceback (most recent call last):
-ValueError: FP8 recipe 'fp8-delayed:histroy=16': unknown key 'histroy' (did you mean 'history'?); fp8-delayed takes format, history, margin, algo, acc
+ValueError: FP8 recipe 'fp8-delayed:histroy=16': unknown key 'histroy' (did you mean 'history'?); fp8-delayed takes format, history, margin, algo, acc, keep
 """
 from __future__ import annotations
 
@@ -40,7 +58,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..exact.accumulation import Accumulation, ExactAccumulation, get_accumulation
-from ..formats import E4M3FN, E5M2, Format
+from ..formats import E2M1, E2M3, E3M2, E4M3FN, E5M2, Format
 from ..options import check_count_between, check_flag, check_real
 from .tensor_scaling import FLT_MAX, AmaxAlgorithm
 
@@ -68,6 +86,7 @@ class ScalingKind(str, enum.Enum):
     DELAYED = "delayed"
     MX = "mx"
     BLOCK = "block"
+    NVFP4 = "nvfp4"
 
 
 @dataclass(frozen=True)
@@ -84,6 +103,10 @@ class Fp8Recipe:
     power_2: bool = False
     epsilon: float = 0.0
     accumulation: Accumulation = field(default_factory=ExactAccumulation)
+    keep: tuple = ()
+    rht: bool = True
+    stochastic: bool = True
+    tiles_2d: bool = True
     name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -101,7 +124,10 @@ class Fp8Recipe:
                    "margin": check_count_between("margin", self.margin, 0, MAX_MARGIN),
                    "algorithm": _algorithm(self.algorithm),
                    "power_2": check_flag("power_2", self.power_2),
-                   "epsilon": _epsilon(self.epsilon)}
+                   "epsilon": _epsilon(self.epsilon), "keep": _keep(self.keep),
+                   "rht": check_flag("rht", self.rht),
+                   "stochastic": check_flag("stochastic", self.stochastic),
+                   "tiles_2d": check_flag("tiles_2d", self.tiles_2d)}
         for name, value in checked.items():
             object.__setattr__(self, name, value)
 
@@ -109,28 +135,43 @@ class Fp8Recipe:
         return self.name
 
     def record(self) -> dict:
-        """Every setting, defaults included, as JSON values (``run.json``'s ``fp8``)."""
-        return {"recipe": self.name, "scaling": self.scaling.value,
-                "forward": self.forward.name, "backward": self.backward.name,
-                "history": self.history, "margin": self.margin,
-                "algorithm": self.algorithm.value, "power_2": self.power_2,
-                "epsilon": self.epsilon, "accumulation": str(self.accumulation)}
+        """Every setting, defaults included, as JSON values (``run.json``'s ``fp8``); the
+        NVFP4 switches only for NVFP4 and ``keep`` only when set, so that the records (and
+        the identities resumes check) of the FP8 recipes stay as they were."""
+        record = {"recipe": self.name, "scaling": self.scaling.value,
+                  "forward": self.forward.name, "backward": self.backward.name,
+                  "history": self.history, "margin": self.margin,
+                  "algorithm": self.algorithm.value, "power_2": self.power_2,
+                  "epsilon": self.epsilon, "accumulation": str(self.accumulation)}
+        if self.scaling is ScalingKind.NVFP4:
+            record.update(rht=self.rht, stochastic=self.stochastic, tiles_2d=self.tiles_2d)
+        if self.keep:
+            record["keep"] = list(self.keep)
+        return record
 
 
 # string prefix -> (kind, keys it takes, default format)
 RECIPE_KINDS = {
-    "fp8-current": (ScalingKind.CURRENT, ("format", "power2", "epsilon", "acc"), "hybrid"),
-    "fp8-delayed": (ScalingKind.DELAYED, ("format", "history", "margin", "algo", "acc"),
+    "fp8-current": (ScalingKind.CURRENT, ("format", "power2", "epsilon", "acc", "keep"),
                     "hybrid"),
-    "mxfp8": (ScalingKind.MX, ("format", "acc"), "e4m3"),
-    "fp8-block": (ScalingKind.BLOCK, ("format", "acc"), "e4m3"),
+    "fp8-delayed": (ScalingKind.DELAYED, ("format", "history", "margin", "algo", "acc",
+                                          "keep"), "hybrid"),
+    "mxfp8": (ScalingKind.MX, ("format", "acc", "keep"), "e4m3"),
+    "fp8-block": (ScalingKind.BLOCK, ("format", "acc", "keep"), "e4m3"),
+    "nvfp4": (ScalingKind.NVFP4, ("rht", "sr", "2d", "acc", "keep"), "fp4"),
+    "mxfp4": (ScalingKind.MX, ("acc", "keep"), "fp4"),
+    "mxfp6": (ScalingKind.MX, ("format", "acc", "keep"), "e3m2"),
 }
 _FORMATS = {"hybrid": (E4M3FN, E5M2), "e4m3": (E4M3FN, E4M3FN)}
+# a kind's default format -> the formats it accepts; FP4 and FP6 use one for every operand
+_FORMAT_CHOICES = {"hybrid": _FORMATS, "e4m3": _FORMATS, "fp4": {"fp4": (E2M1, E2M1)},
+                   "e3m2": {"e3m2": (E3M2, E3M2), "e2m3": (E2M3, E2M3)}}
+_SWITCHES = {"rht": "rht", "sr": "stochastic", "2d": "tiles_2d"}
 _BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 
 
 def is_recipe_string(spec) -> bool:
-    """True for a string that names an FP8 recipe (``fp8-...``, ``mxfp8...``)."""
+    """True for a string that names a recipe (``fp8-...``, ``mxfp8...``, ``nvfp4...``)."""
     return isinstance(spec, str) and spec.strip().lower().partition(":")[0] in RECIPE_KINDS
 
 
@@ -152,8 +193,13 @@ def get_recipe(spec) -> Fp8Recipe:
     try:
         fields = _fields(kind, values, default_format)
     except ValueError as err:
-        raise ValueError(f"FP8 recipe {spec!r}: {err}") from None
+        raise ValueError(f"{_label(key)} {spec!r}: {err}") from None
     return Fp8Recipe(kind, name=spec.strip(), **fields)
+
+
+def _label(key: str) -> str:
+    """What the errors call a recipe: by its elements' width."""
+    return f"FP{next(c for c in key if c.isdigit())} recipe"
 
 
 def _parse_pairs(spec: str, key: str, keys, tail: str) -> dict:
@@ -166,22 +212,28 @@ def _parse_pairs(spec: str, key: str, keys, tail: str) -> dict:
         if name not in keys:
             close = difflib.get_close_matches(name, keys, 1, 0.6)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(f"FP8 recipe {spec!r}: unknown key {name!r}{hint}; "
+            raise ValueError(f"{_label(key)} {spec!r}: unknown key {name!r}{hint}; "
                              f"{key} takes {', '.join(keys)}")
         if not sep or not value:
-            raise ValueError(f"FP8 recipe {spec!r}: {name!r} needs a value ({name}=...)")
+            raise ValueError(f"{_label(key)} {spec!r}: {name!r} needs a value ({name}=...)")
         if name in values:
-            raise ValueError(f"FP8 recipe {spec!r} sets {name!r} twice")
+            raise ValueError(f"{_label(key)} {spec!r} sets {name!r} twice")
         values[name] = value
     return values
 
 
 def _fields(kind: ScalingKind, values: dict, default_format: str) -> dict:
     fmt = values.get("format", default_format).lower()
-    if fmt not in _FORMATS:
-        raise ValueError(f"format must be one of {', '.join(_FORMATS)}, got {fmt!r}")
-    forward, backward = _FORMATS[fmt]
+    accepted = _FORMAT_CHOICES[default_format]
+    if fmt not in accepted:
+        raise ValueError(f"format must be one of {', '.join(accepted)}, got {fmt!r}")
+    forward, backward = accepted[fmt]
     fields = {"forward": forward, "backward": backward}
+    for key, name in _SWITCHES.items():
+        if key in values:
+            fields[name] = _boolean(key, values[key])
+    if "keep" in values:
+        fields["keep"] = _keep(tuple(values["keep"].split("+")), "keep")
     if kind is ScalingKind.BLOCK:
         fields["power_2"] = True        # TE's default (use_f32_scales=False); the engine's
                                         # block GEMMs rely on exact power-of-two dequantization
@@ -192,14 +244,34 @@ def _fields(kind: ScalingKind, values: dict, default_format: str) -> dict:
     if "algo" in values:
         fields["algorithm"] = _algorithm(values["algo"].lower(), "algo")
     if "power2" in values:
-        if values["power2"].lower() not in _BOOLEANS:
-            raise ValueError(f"power2 must be 1 or 0 (true/false), got {values['power2']!r}")
-        fields["power_2"] = _BOOLEANS[values["power2"].lower()]
+        fields["power_2"] = _boolean("power2", values["power2"])
     if "epsilon" in values:
         fields["epsilon"] = _epsilon(_number("epsilon", values["epsilon"]))
     if "acc" in values:
         fields["accumulation"] = get_accumulation(values["acc"])
     return fields
+
+
+def _boolean(name: str, text: str) -> bool:
+    if text.lower() not in _BOOLEANS:
+        raise ValueError(f"{name} must be 1 or 0 (true/false), got {text!r}")
+    return _BOOLEANS[text.lower()]
+
+
+def _keep(names, what: str = "keep") -> tuple:
+    """Module names (``model.named_modules()``'s), each once; which exist is checked against
+    the model (``fpsim.train``)."""
+    if isinstance(names, str) or not isinstance(names, (tuple, list)):
+        raise TypeError(f"{what} must be a tuple of module names, got {names!r}")
+    names = tuple(names)
+    bad = [n for n in names if not isinstance(n, str) or not re.fullmatch(r"[\w.]+", n)]
+    if bad:
+        raise ValueError(f"{what} takes module names (letters, digits, _ and ., joined by + "
+                         f"in a recipe string), got {bad[0]!r}")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"{what} names {twice[0]!r} twice")
+    return names
 
 
 def _integer(name: str, text: str, low: int, high: int) -> int:
