@@ -104,8 +104,10 @@ def linear(x, weight, bias=None, *, accumulation=None, scaling_slots=None,
     (..., in). The bias joins the fp32 accumulator before the one rounding to the output
     format (module doc). Under a policy with an FP8 recipe the operands are quantized
     (``ops_fp8``; ``scaling_slots``: the GEMM's ``ScalingSlots``, kept by ``nn.Linear``)
-    unless ``fp8=False``, which keeps this product in the policy's matmul format."""
-    recipe = current_policy().fp8 if fp8 else None
+    unless ``fp8=False`` or the slots are ``kept`` (a recipe's ``keep=``), which keep this
+    product in the policy's matmul format."""
+    kept = scaling_slots is not None and scaling_slots.kept
+    recipe = current_policy().fp8 if fp8 and not kept else None
     if recipe is not None:
         return quantized_linear(x, weight, bias, recipe=recipe, slots=scaling_slots,
                                 accumulation=accumulation)

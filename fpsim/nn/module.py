@@ -23,7 +23,8 @@ Buffers (``register_buffer``) are tensors that are state but not trained, such a
 ``BatchNorm2d``'s running statistics: in ``state_dict`` (so checkpoints that save the
 state dict carry them), never in ``parameters()``. ``gemm_slots(site)``: the FP8 scaling state of one of the module's GEMMs
 (``autograd.ScalingSlots``, created on first use; ``Linear`` has one, attention and LSTM name
-theirs), saved in ``extra_state`` once it holds a delayed-scaling history. ``training`` (True
+theirs), saved in ``extra_state`` once it holds a delayed-scaling history or a stochastic rounding
+counter; ``keep_high_precision()`` keeps a module's GEMMs out of the recipe. ``training`` (True
 after construction) says whether the module is in training mode; ``train(mode)`` / ``eval()`` set it on the
 module and every sub-module, as PyTorch's do (``Dropout`` and ``BatchNorm2d`` read it).
 
@@ -40,7 +41,7 @@ from collections.abc import Iterator, Mapping
 
 from .. import backend
 from ..backend import xp
-from ..options import check_instance
+from ..options import check_flag, check_instance
 
 from ..autograd import ScalingSlots, Tensor
 from ..autograd.numerics import container_of, round_array
@@ -106,7 +107,18 @@ class Module:
         slots = self._gemm_slots.get(site)
         if slots is None:
             slots = self._gemm_slots[site] = ScalingSlots()
+        slots.kept = self.__dict__.get("high_precision", False)
         return slots
+
+    def keep_high_precision(self, keep: bool = True) -> "Module":
+        """Keep the GEMMs of this module and every sub-module out of the policy's FP8/FP4
+        recipe (in its matmul format, bf16), as ``Linear(..., fp8=False)`` keeps one layer;
+        ``False`` puts them back. A recipe's ``keep=NAME`` does this for the run
+        (``fpsim.train``). Returns self."""
+        keep = check_flag("keep", keep)
+        for _, module in self.named_modules():
+            object.__setattr__(module, "high_precision", keep)
+        return self
 
     def named_gemm_slots(self) -> Iterator[tuple[str, ScalingSlots]]:
         """(dotted module name[.site], slots) of every GEMM that has run, in module order."""
@@ -120,7 +132,7 @@ class Module:
         most modules. Training checkpoints save them (``fpsim.train``), ``set_extra_state``
         puts them back."""
         held = {site: slots.extra_state() for site, slots in self._gemm_slots.items()
-                if slots.states}
+                if slots.holds_state()}
         return {"fp8": held} if held else {}
 
     def set_extra_state(self, state: dict) -> None:
