@@ -62,7 +62,9 @@ def register(commands) -> None:
                    help=f"activation of the built-in mlp and cnn: {', '.join(nn.ACTIVATIONS)}")
     p.add_argument("--policy", default="16-mixed",
                    help="precision recipe: 32-true, 16-mixed, bf16-mixed, 16-true, bf16-true, "
-                        "or jmp style params=...,compute=...,output=...")
+                        "an FP8/FP4 recipe (fp8-current, fp8-delayed, mxfp8, fp8-block, "
+                        "nvfp4, mxfp4, mxfp6; ':key=value,...', keep=NAME holds a layer in "
+                        "bf16), or jmp style params=...,compute=...,output=...")
     p.add_argument("--optimizer", default="sgd", help=f"{', '.join(OPTIMIZERS)}")
     p.add_argument("--lr", type=float, default=0.1, help="learning rate")
     p.add_argument("--momentum", type=float, default=0.0, help="SGD momentum")

@@ -2,9 +2,14 @@
 
 Under an FP8 recipe (``train(policy="fp8-delayed")``) every GEMM quantizes three tensors:
 its ``input`` and ``weight`` in the forward pass and its ``grad_output`` in the backward
-pass (``fpsim.autograd.ops_fp8``). For each and each step the run records:
+pass (``fpsim.autograd.ops_fp8``); under ``nvfp4`` also the weight-gradient GEMM's own casts
+of the transformed input and gradient (``wgrad_input``, ``wgrad_grad_output``). GEMMs a
+recipe's ``keep=`` holds in bf16 quantize nothing and are not listed. For each and each step
+the run records:
 
-- ``scale``: the scale of the step's last cast of the tensor (``nan``: not cast that step);
+- ``scale``: the scale of the step's last cast of the tensor (``nan``: not cast that step, or
+  a recipe without a per-tensor scale: MX, 1x128 tiles); NVFP4's is its per-tensor encode
+  scale ``2688 / amax``;
 - ``saturated``: the fraction of the step's cast elements that saturation changed: their
   scaled magnitude rounds beyond the FP8 format's largest finite value, so they became +-max
   (the clipping delayed scaling risks when a tensor grows faster than its history);
@@ -21,13 +26,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..autograd.ops_fp8 import BACKWARD_ROLES, FORWARD_ROLES
+from ..autograd.ops_fp8 import roles_of
 from .layer_stats import StepTable
 
 __all__ = ["FP8_FILE", "FP8_TABLE", "Fp8Stats", "tensor_names", "collect"]
 
 FP8_FILE = "fp8.jsonl"
-ROLES = FORWARD_ROLES + BACKWARD_ROLES
+ROLES = roles_of(None)
 
 
 @dataclass(frozen=True)
@@ -45,10 +50,12 @@ FP8_TABLE = StepTable(FP8_FILE, "fpsim-fp8-stats", 1, "tensors",
                       "an fp8.jsonl of an fpsim run under an FP8 recipe")
 
 
-def tensor_names(model) -> tuple:
-    """The quantized tensors of every GEMM the model has run, in module order."""
+def tensor_names(model, recipe=None) -> tuple:
+    """The quantized tensors of every GEMM the model has run under ``recipe`` (default: the
+    FP8 recipes' three per GEMM), in module order; kept GEMMs quantize none."""
     return tuple(f"{gemm}.{role}" if gemm else role
-                 for gemm, _ in model.named_gemm_slots() for role in ROLES)
+                 for gemm, slots in model.named_gemm_slots() if not slots.kept
+                 for role in roles_of(recipe))
 
 
 def collect(model, names: tuple, step: int) -> Fp8Stats:

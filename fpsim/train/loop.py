@@ -44,6 +44,7 @@ from .run_folder import replacing_run, tidy_run_folder
 from .resume import (ADJUSTABLE_ON_RESUME, check_allowed_changes, check_same_config,
                      restore_checkpoint, run_identity, save_training_checkpoint)
 from .progress import progress_bar
+from .quantized import KeptLayers, seed_stochastic_rounding
 from .recipes import recipe_for, recipe_record, scaler_name
 from .trace import StepRecord, TraceWriter, format_record, read_trace, trace_header
 
@@ -190,7 +191,11 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler="r
         scaler = recipe.scaler
     scaler_cfg = resolve_scaler(scaler)
     loss_fn, loss_name = resolve_loss(loss, data)
-    _dry_run(model, data, policy, loss_fn)
+    kept_layers = KeptLayers(model, policy.fp8)      # a recipe's keep=: names checked now
+    with kept_layers:
+        _dry_run(model, data, policy, loss_fn)
+    kept_layers.check_they_run_gemms()
+    seed_stochastic_rounding(model, seed)
 
     settings = dict(config or {}, policy=policy.name if hasattr(policy, "name") else str(policy),
                     steps=steps, batch_size=batch_size, seed=seed,
@@ -213,6 +218,7 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler="r
             raise ValueError(f"checkpoint {resume} is at step {start}; ask for more than "
                              f"{start} steps to continue")
     with contextlib.ExitStack() as stack:
+        stack.enter_context(kept_layers)
         out_dir, writer, kept, notes = _open_outputs(stack, out, trace_layout, settings, start,
                                                      resume, overwrite, identity, allow_changes)
         layers = fp8 = None
@@ -220,7 +226,7 @@ def train(model, data: Dataset, *, optimizer: Optimizer | None = None, scaler="r
             names = tuple(name for name, _ in optimizer.named)
             layers = (names, *open_step_table(stack, LAYERS, out_dir, names, start))
         if policy.fp8 is not None:       # the dry run has met every GEMM
-            names = tensor_names(model)
+            names = tensor_names(model, policy.fp8)
             fp8 = (names, *open_step_table(stack, FP8_TABLE, out_dir, names, start))
         result = _run(model, data, optimizer, state, policy, rng, range(start, steps),
                       batch_size, writer, out_dir, checkpoint_every, identity, kept, progress,
