@@ -16,8 +16,8 @@ Backward (gradients of fp16 operands are fp16, as under autocast), each element 
 product by the accumulation model, rounded once to the operand's gradient format:
 
 - dx: the transposed convolution, written as a stride-1 convolution of the gradient placed
-  every ``stride`` positions in a zero frame, with the kernel flipped and its in/out axes
-  swapped (what cuDNN's dgrad computes). Each dx element is the sum of ALL its products
+  every ``stride`` positions in a zero frame (read in place: ``Unfolding``), with the kernel
+  flipped and its in/out axes swapped (what cuDNN's dgrad computes). Each dx element is the sum of ALL its products
   (over output channel and kernel position: the col2im scatter-add of the column gradient
   ``g @ W``, but never rounding the per-column sums ``g @ W`` on the way), rounded once.
   The terms are taken in (o, flipped i, flipped j) order. With finite weights the frame's
