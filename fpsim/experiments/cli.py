@@ -31,10 +31,10 @@ DEFAULT_OUT = {"full": "figures", "quick": "figures/quick"}
 MEASURED_SECONDS = {
     "quick": {"underflow": 1.2, "loss_curves": 9.2, "master_weights": 2.1, "overflow": 4.8,
               "bf16": 4.9, "recipes": 6.0, "accumulation": 2.4, "cnn": 6.1,
-              "fp8": 7.9, "lstm_lm": 5.0, "transformer_lm": 6.7},
+              "fp8": 7.9, "lstm_lm": 5.0, "transformer_lm": 6.7, "fp4": 9.4},
     "full": {"underflow": 1.2, "loss_curves": 50.7, "master_weights": 2.9, "overflow": 21.3,
              "bf16": 14.2, "recipes": 37.1, "accumulation": 6.7, "cnn": 30.4,
-             "fp8": 14.7, "lstm_lm": 21.3, "transformer_lm": 22.3},
+             "fp8": 14.7, "lstm_lm": 21.3, "transformer_lm": 22.3, "fp4": 26.9},
 }
 
 
