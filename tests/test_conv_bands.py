@@ -21,8 +21,10 @@ from fpsim import backend
 from fpsim.autograd import Tensor, use_policy
 from fpsim.formats import FP16
 
-SMALLEST = {"conv_band_share": 1e-9, "conv_weight_band_share": 1e-9}
-ONE_BAND = {"conv_band_share": 1e9, "conv_weight_band_share": 1e9}
+SMALLEST = {"conv_band_share": 1e-9, "conv_weight_band_share": 1e-9,
+            "conv_weight_prepared_share": 1e-9}
+ONE_BAND = {"conv_band_share": 1e9, "conv_weight_band_share": 1e9,
+            "conv_weight_prepared_share": 1e9}
 
 # (N, C, H, W, O, kernel, stride, padding, dilation, groups)
 GEOMETRIES = [
@@ -119,6 +121,25 @@ def test_adversarial_inputs_give_the_same_bits_in_any_bands(case, policy, geomet
     with np.errstate(over="ignore", invalid="ignore"):
         values = _adversarial(geometry, np.random.default_rng(3), case)
     _assert_same_bits(values, geometry, policy)
+
+
+@pytest.mark.parametrize("case", ["ties", "cancellation", "signed zeros", "subnormal",
+                                  "overflow", "non-finite"])
+@pytest.mark.parametrize("policy", ["32-true", "16-mixed"])
+def test_dw_from_prepared_operands_is_the_products_bits(case, policy, monkeypatch):
+    """dW on the exact fast path widens each band of gradient rows and of columns once
+    (``fast_matmul.prepare``): the same bits as each band's product taken by ``acc_matmul``
+    (which widens its operands itself), in the smallest bands, one band and the default."""
+    from fpsim.autograd import ops_conv
+    geometry = GEOMETRIES[4]
+    with np.errstate(over="ignore", invalid="ignore"):
+        values = _adversarial(geometry, np.random.default_rng(7), case)
+    prepared = {name: _run(values, geometry, policy, None, tuning)[2]
+                for name, tuning in (("smallest", SMALLEST), ("one", ONE_BAND), ("default", {}))}
+    monkeypatch.setattr(ops_conv, "_fast_path_applies", lambda *args: False)
+    expected = _run(values, geometry, policy, None, {})[2]
+    for name, dw in prepared.items():
+        np.testing.assert_array_equal(dw, expected, err_msg=name)
 
 
 @pytest.mark.parametrize("case", ["ties", "signed zeros", "subnormal", "overflow",

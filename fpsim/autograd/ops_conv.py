@@ -72,7 +72,7 @@ from .. import backend
 from ..backend import tuning, xp
 from ..exact import underflow
 from ..exact.accumulation import ExactAccumulation
-from ..exact.fast_matmul import matmul_2d
+from ..exact.fast_matmul import matmul_2d, prepare
 from ..formats import FP32
 from ..options import check_count
 from .accumulate import acc_matmul, acc_sum, accumulation_model
@@ -349,22 +349,65 @@ def _weight_gradient(g, x, weight, how, groups, model, budget):
 
 def _banded_weight_gradient(dw, g, x, how, groups, fmt, model, budget):
     """dW into ``dw`` in bands of output channels (rows of g) and of (c, i, j) columns, both
-    operands of a band together at most ``budget`` elements (``_weight_bands``)."""
+    operands of a band together at most ``budget`` elements (``_weight_bands``); on the
+    exact model's fast path, each operand widened once (``_prepared_weight_gradient``)."""
     n, o, p, q = g.shape
     og, cg, k = o // groups, dw.shape[1], math.prod(dw.shape[1:])
-    rows, cols = _weight_bands(og, k, n * p * q, budget)
     flat = xp.reshape(dw, (o, k))       # a view: the bands write dw
     for group in range(groups):
         source = x[:, group * cg:(group + 1) * cg]
+        channels = range(group * og, (group + 1) * og)
+        if _fast_path_applies(model, fmt, g):
+            _prepared_weight_gradient(flat, g, source, how, channels, fmt, model, max(1, int(
+                tuning().conv_weight_prepared_share * max(backend.size(x), backend.size(g)))))
+            continue
+        rows, cols = _weight_bands(og, k, n * p * q, budget)
         for left in range(0, k, cols):  # each column band unfolded once
             right = min(k, left + cols)
             columns = _unfold(source, how, slice(0, n), range(p), q, left, right,
                               column_major=True)
-            for first in range(group * og, (group + 1) * og, rows):
-                stop = min((group + 1) * og, first + rows)
-                grads = xp.reshape(xp.transpose(g[:, first:stop], (1, 0, 2, 3)),
-                                   (stop - first, n * p * q))
-                flat[first:stop, left:right] = acc_matmul(grads, columns, fmt, model)
+            for first in range(channels.start, channels.stop, rows):
+                stop = min(channels.stop, first + rows)
+                flat[first:stop, left:right] = acc_matmul(_gradient_rows(g, first, stop),
+                                                          columns, fmt, model)
+
+
+def _gradient_rows(g, first, stop):
+    """g's output channels [first, stop) as (stop - first, N P Q) rows (a float32 copy)."""
+    n, _, p, q = g.shape
+    return xp.reshape(xp.transpose(g[:, first:stop], (1, 0, 2, 3)), (stop - first, n * p * q))
+
+
+def _fast_path_applies(model, fmt, g) -> bool:
+    """Whether dW's products take the exact model's 2-D fast path (``matmul_2d``)."""
+    return (isinstance(model, ExactAccumulation) and model.acc == FP32 and fmt is not FP64
+            and g.dtype == xp.float32)
+
+
+def _prepared_weight_gradient(flat, g, source, how, channels, fmt, model, budget):
+    """dW's rows ``channels`` (one group) on the exact fast path, each operand widened once
+    (``fast_matmul.prepare``: the same float64 values and norms ``matmul_2d`` takes itself,
+    so the same bits): the gradient rows in bands of channels, each band prepared once, and
+    for each, the (c, i, j) columns in bands, each unfolded and prepared once per band of
+    rows (``_prepared_bands``: usually one band of rows, so once), all within ``budget``
+    float32 elements' bytes. A product the fast path does not take (NaN/inf) goes the
+    general way (``acc_matmul``)."""
+    n, _, p, q = g.shape
+    length, k = n * p * q, flat.shape[1]
+    rows, cols = _prepared_bands(len(channels), k, length, budget)
+    for first in range(channels.start, channels.stop, rows):
+        stop = min(channels.stop, first + rows)
+        grads = _gradient_rows(g, first, stop)
+        prepared = prepare(grads, "a")._replace(source=None)    # gather from the float64
+        del grads                                               # values: frees the copy
+        for left in range(0, k, cols):
+            right = min(k, left + cols)
+            columns = _unfold(source, how, slice(0, n), range(p), q, left, right,
+                              column_major=True)
+            out = matmul_2d(prepared, prepare(columns, "b"), fmt)
+            if out is None:
+                out = acc_matmul(_gradient_rows(g, first, stop), columns, fmt, model)
+            flat[first:stop, left:right] = out
 
 
 def _plain_weight_gradient(dw, g, x, how, groups, fmt, model):
@@ -396,6 +439,25 @@ def _weight_bands(rows, cols, length, budget):
         width = min(cols, room - height)
         key = (-(-rows // height) * -(-cols // width), height + width)
         best = min(best, (key, height, width)) if best else (key, height, width)
+    return best[1], best[2]
+
+
+def _prepared_bands(rows, cols, length, budget):
+    """(output channels, columns) per band of dW on the prepared path: a band of gradient
+    rows in float64 (2 float32 elements' bytes each) and a band of columns in float32 and
+    float64 (3) together within ``budget`` where that leaves room for a column, else one
+    row and one column. Of those, the least work in units of ``length`` elements: the rows
+    widened once, the columns unfolded and widened once per band of rows, and each
+    product's float64 reads (cheaper per element: weighted a half)."""
+    best = None
+    for height in range(1, rows + 1):
+        width = min(cols, (budget - 2 * height * length) // (3 * length))
+        if width < 1 and height > 1:
+            break
+        width = max(1, width)
+        bands = -(-rows // height)
+        cost = rows + 2 * bands * cols + bands * -(-cols // width) * (height + width) / 2
+        best = min(best, (cost, height, width)) if best else (cost, height, width)
     return best[1], best[2]
 
 

@@ -72,6 +72,10 @@ BLAS product gives approx, the fp32 ends take each row's widths from its own blo
 chunk's blocks, which encloses s as well), exact rows bound U by the largest sigma of the
 row's block, and the exact step gathers from the folded a and b (``open_elements``
 unchanged). ``product_count.count_products`` counts the open and exactly summed elements.
+(7) Prepared operands (``prepare``: a ``Prepared`` float64 copy, norms and, optionally,
+quanta, made by the same widening): the certificate reads only those, so an operand used in
+several products (a band of im2col columns against every band of output channels, conv2d's
+dW) is widened once; without quanta no exact rows are tried (the same bits, by (5)).
 Non-finite inputs (seen as non-finite norms), K = 0 and empty shapes are left to the general
 path (``matmul_2d`` and ``matmul_batched`` return None). The fp32 ends are computed chunk by chunk
 (``certificate.certify_fp32_open``; first with the chunk's largest w, which encloses s as
@@ -94,7 +98,7 @@ from .exact_dots import cauchy_schwarz_bound
 from .open_elements import exact_elements, exact_zero_signs, gather_source
 from .product_count import note_fast
 
-__all__ = ["matmul_2d", "matmul_batched", "round_out"]
+__all__ = ["matmul_2d", "matmul_batched", "round_out", "Prepared", "prepare"]
 
 _ROW_FLOOR = 2.0 ** -600  # width floors: w > 0 for all-zero lines, below any nonzero one's
 _COL_FLOOR = 2.0 ** -400
@@ -112,12 +116,42 @@ def round_out(x32: xp.ndarray, fmt) -> xp.ndarray:
     return round_to(x32, fmt)
 
 
-def matmul_2d(a: xp.ndarray, b: xp.ndarray, out_fmt, bias: xp.ndarray | None = None,
-              *, note: bool = True) -> xp.ndarray | None:
+class Prepared(NamedTuple):
+    """An operand of ``matmul_2d`` widened once for several products (``prepare``): what
+    ``matmul_2d`` computes from it on every call, kept. ``wide``: its values in float64
+    (exact); ``norms``: the 2-norms of its rows (a) or columns (b) in float64, summed in some
+    order (the bound holds for every order, module docstring (1)); ``quanta``: their
+    ``line_quanta`` or None (then no exact rows are tried: the same bits, module docstring
+    (5)); ``source``: the float32 original the exact step gathers from, or None to gather
+    from ``wide`` (as ``gather_source`` does for a strided original)."""
+    source: xp.ndarray | None
+    wide: xp.ndarray
+    norms: xp.ndarray
+    quanta: xp.ndarray | None
+
+    @property
+    def shape(self):
+        return self.wide.shape
+
+
+def prepare(x: xp.ndarray, side: str, *, quanta: bool = False) -> Prepared:
+    """The 2-D float32 ``x`` prepared as ``matmul_2d``'s operand ``side`` ("a": row norms,
+    "b": column norms), in fresh arrays (a caller keeps it across products: a band of im2col
+    columns widened once for every band of output channels). ``quanta``: take the lines'
+    quanta too (worth it only where exact rows will be tried: fp16/bf16 data, a large
+    output)."""
+    x = xp.asarray(x)
+    wide, norms, found = _widen_with_norms(x, None, 1 if side == "a" else 0, quanta)
+    return Prepared(gather_source(x, wide), wide, norms, found)
+
+
+def matmul_2d(a: xp.ndarray | Prepared, b: xp.ndarray | Prepared, out_fmt,
+              bias: xp.ndarray | None = None, *, note: bool = True) -> xp.ndarray | None:
     """ExactAccumulation(fp32) ``a @ b`` (+ ``bias`` in the fp32 accumulator) rounded to
     ``out_fmt``, as float32; None where the fast path does not apply. ``note``: report (accumulator + bias,
-    output) to the underflow counter, as ``accumulation._to_output`` does."""
-    a, b = xp.asarray(a), xp.asarray(b)
+    output) to the underflow counter, as ``accumulation._to_output`` does. ``a`` and ``b``
+    may come prepared (``prepare``): the same bits, without widening them again."""
+    a, b = _as_operand(a), _as_operand(b)
     bias = None if bias is None else xp.asarray(bias)
     m, k = a.shape
     n = b.shape[1]
@@ -189,10 +223,36 @@ def _fold_columns(b):
     return xp.reshape(xp.transpose(b, (1, 0, 2)), (k, count * n))
 
 
+def _as_operand(x):
+    return x if isinstance(x, Prepared) else xp.asarray(x)
+
+
+def _widened(x, name: str, axis: int, try_exact: bool):
+    """(float64 values, norms, quanta, the array the exact step gathers from) of an operand,
+    prepared (``Prepared``: as it is) or not (widened into the work buffer ``name``)."""
+    if isinstance(x, Prepared):
+        return x.wide, x.norms, x.quanta, x.wide if x.source is None else x.source
+    wide, norms, quanta = _widen_with_norms(x, name, axis, try_exact)
+    return wide, norms, quanta, gather_source(x, wide)
+
+
+def _original(x):
+    """The float32 operand (a prepared one's ``source``)."""
+    return x.source if isinstance(x, Prepared) else x
+
+
+def _can_try_exact(x) -> bool:
+    """Exact rows need the lines' quanta and the float32 original (its first line decides):
+    a prepared operand brings both or not."""
+    return not isinstance(x, Prepared) or (x.quanta is not None and x.source is not None
+                                           and x.source.dtype == xp.float32)
+
+
 def _matmul_2d(a, b, out_fmt, bias, note, k, blocks: _Blocks):
-    try_exact = _exact_rows_worth_trying(a, b, blocks.m, k, blocks.n, blocks.count)
-    a64, row_norm, row_quanta = _widen_with_norms(a, "a", 1, try_exact)
-    b64, col_norm, col_quanta = _widen_with_norms(b, "b", 0, try_exact)
+    try_exact = (_can_try_exact(a) and _can_try_exact(b) and _exact_rows_worth_trying(
+        _original(a), _original(b), blocks.m, k, blocks.n, blocks.count))
+    a64, row_norm, row_quanta, a = _widened(a, "a", 1, try_exact)
+    b64, col_norm, col_quanta, b = _widened(b, "b", 0, try_exact)
     # Squares of float32 values cannot overflow a float64 sum (K 2**256 < 2**1024), so the
     # norms (and the sums of their squares, below 2**256 K (M + N)) are finite exactly when
     # a and b are: one check, no extra pass over the operands (dot products: one call each)
@@ -299,9 +359,12 @@ def _certify_exact_rows(approx, exact_rows, row_width, col_width, pre, a, b, blo
     return rest[opened // n] * n + opened % n, low32, high32
 
 
-def _scratch(name: str, shape: tuple, dtype) -> xp.ndarray:
+def _scratch(name: str | None, shape: tuple, dtype) -> xp.ndarray:
     """A reused per-thread work array: ``round_to``'s per-thread buffers (fresh large arrays
-    cost page faults on every call), under names of their own."""
+    cost page faults on every call), under names of their own; a fresh array for no name
+    (``prepare``: its caller keeps it)."""
+    if name is None:
+        return xp.empty(shape, dtype)
     return xp.reshape(scratch(name, dtype, math.prod(shape)), shape)
 
 
@@ -310,8 +373,8 @@ def _flat(x) -> xp.ndarray:
     return xp.reshape(x, (-1,))
 
 
-def _widen_with_norms(x: xp.ndarray, name: str, axis: int, quanta: bool = False):
-    """(x in float64, exact, in a reused buffer with x's memory order (BLAS reads either);
+def _widen_with_norms(x: xp.ndarray, name: str | None, axis: int, quanta: bool = False):
+    """(x in float64, exact, in a reused buffer (``_scratch``) with x's memory order (BLAS reads either);
     the 2-norms in float64 over ``axis``; with ``quanta``, the lines' ``line_quanta`` over
     ``axis``, else None), chunk by chunk along x's memory order, so that the norms and the
     quanta read the values while they are in cache (without quanta, larger chunks: the
