@@ -209,3 +209,34 @@ def test_pool_and_flatten_layers():
     assert nn.Flatten(2)(x).shape == (2, 3, 16)
     with pytest.raises(ValueError, match="more than"):
         nn.Flatten(4)(x)
+
+
+@pytest.mark.parametrize("pool", POOLS)
+@pytest.mark.parametrize("policy", ["32-true", "16-mixed"])
+def test_max_pool_gradient_without_overlap_skips_the_scatter_sort(pool, policy, monkeypatch):
+    """Windows that never overlap (stride >= kernel) send each input at most one gradient:
+    the backward places them without ``scatter_sum``'s sort, the same bits as with it (the
+    windows' first maxima, NaN windows, all -inf windows, -0 gradients to +0, NaN and inf
+    gradients, fp16 subnormals); overlapping windows still sum by ``scatter_sum``."""
+    from fpsim.autograd import ops_pool
+    rng = np.random.default_rng(len(str(pool)))
+    x = rng.standard_normal(pool[0]).astype(np.float32)
+    x.reshape(-1)[1] = x.reshape(-1)[0]
+    x[0, 0, 0, :] = -np.inf
+    x[0, 0, 1, :] = -np.inf
+    x.reshape(-1)[-3] = np.nan
+    gy = rng.standard_normal(_output_shape("max_pool2d", x, pool)).astype(np.float32)
+    gy.reshape(-1)[::3] = -0.0
+    gy.reshape(-1)[1], gy.reshape(-1)[2], gy.reshape(-1)[4] = np.nan, -np.inf, 2.0 ** -20
+    original = ops_pool._scatter_back
+    sorted_calls = []
+
+    def always_sorted(positions, values, padded_shape, padding, in_hw, distinct=False):
+        sorted_calls.append(distinct)
+        return original(positions, values, padded_shape, padding, in_hw)
+
+    _, dx, _ = _ours("max_pool2d", x, gy, pool, policy)
+    monkeypatch.setattr(ops_pool, "_scatter_back", always_sorted)
+    _, expected, _ = _ours("max_pool2d", x, gy, pool, policy)
+    np.testing.assert_array_equal(dx.view(np.uint32), expected.view(np.uint32))
+    assert sorted_calls == [_overlap(pool) == 1]

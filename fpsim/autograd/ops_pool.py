@@ -80,10 +80,31 @@ def _window_positions(padded_shape, kernel, stride, out_hw):
     return (planes * hp + rows) * wp + cols
 
 
-def _scatter_back(positions, values, padded_shape, padding, in_hw):
+def _chosen_positions(padded_shape, kernel, stride, index):
+    """(N, C, P, Q) int64: where the window element ``index`` (N, C, P, Q) of each window
+    lies in the flattened padded input (``_window_positions`` at ``index``, without the
+    positions of the elements not chosen)."""
+    n, c, hp, wp = padded_shape
+    (kw, (sh, sw)), (p, q) = (kernel[1], stride), index.shape[2:]
+    planes = xp.reshape(xp.arange(n * c), (n, c, 1, 1))
+    rows = xp.reshape(xp.arange(p) * sh, (1, 1, p, 1)) + index // kw
+    cols = xp.reshape(xp.arange(q) * sw, (1, 1, 1, q)) + index % kw
+    return (planes * hp + rows) * wp + cols
+
+
+def _scatter_back(positions, values, padded_shape, padding, in_hw, distinct=False):
     """Float64 (N, C, H, W): the exact (to odd at 53 bits) sum of the ``values`` sent to
-    each input element (``positions`` in the padded frame), padding dropped."""
-    full = xp.reshape(scatter_sum(positions, values, math.prod(padded_shape)), padded_shape)
+    each input element (``positions`` in the padded frame), padding dropped. ``distinct``:
+    no two positions are the same (windows that do not overlap), so each sum is its one
+    value, +0 for -0 and nothing received, as ``scatter_sum`` gives it, without its sort."""
+    if distinct:
+        full = xp.zeros(math.prod(padded_shape), xp.float64)
+        full[xp.reshape(positions, (-1,))] = xp.reshape(xp.asarray(values, xp.float64) + 0.0,
+                                                        (-1,))
+        full = xp.reshape(full, padded_shape)
+    else:
+        full = xp.reshape(scatter_sum(positions, values, math.prod(padded_shape)),
+                          padded_shape)
     (ph, pw), (h, w) = padding, in_hw
     return full[:, :, ph:ph + h, pw:pw + w]
 
@@ -120,9 +141,9 @@ def max_pool2d(x, kernel_size, stride=None, padding=0) -> Tensor:
                   x.fmt, fmt)
 
     def backward(g, g_fmt):
-        positions = xp.take_along_axis(
-            _window_positions(padded.shape, kernel, stride, out_hw), index, -1)
-        total = _scatter_back(positions, g, padded.shape, padding, x.shape[2:])
+        positions = _chosen_positions(padded.shape, kernel, stride, index[..., 0])
+        apart = stride[0] >= kernel[0] and stride[1] >= kernel[1]   # windows never overlap
+        total = _scatter_back(positions, g, padded.shape, padding, x.shape[2:], apart)
         return (round_array(xp.ascontiguousarray(total), x.grad_fmt),)
 
     return record(out, fmt, (x,), backward, "max_pool2d")
