@@ -240,3 +240,32 @@ def test_max_pool_gradient_without_overlap_skips_the_scatter_sort(pool, policy, 
     _, expected, _ = _ours("max_pool2d", x, gy, pool, policy)
     np.testing.assert_array_equal(dx.view(np.uint32), expected.view(np.uint32))
     assert sorted_calls == [_overlap(pool) == 1]
+
+
+@pytest.mark.parametrize("pool", POOLS)
+@pytest.mark.parametrize("nan", [False, True])
+def test_max_pool_plain_argmax_rule_picks_the_same_elements(pool, nan, monkeypatch):
+    """Without padding and NaN, max pooling takes argmax's first maximum; the same values and
+    gradients (bits) as the general rule (``_first_max_index``) on ties, +0 against -0,
+    windows of -inf only and inf; with NaN or padding the general rule runs."""
+    from fpsim.autograd import ops_pool
+    rng = np.random.default_rng(len(str(pool)) + 1)
+    x = rng.integers(-2, 3, pool[0]).astype(np.float32)      # many ties
+    x[x == 0] = np.where(rng.random(int(np.sum(x == 0))) < 0.5, 0.0, -0.0)
+    x[0, 0, :2, :] = -np.inf
+    x[-1, -1, -1, -1] = np.inf
+    if nan:
+        x[0, -1, 0, 0] = np.nan
+    gy = rng.standard_normal(_output_shape("max_pool2d", x, pool)).astype(np.float32)
+    general = []
+    original = ops_pool._first_max_index
+    monkeypatch.setattr(ops_pool, "_first_max_index",
+                        lambda *args: general.append(1) or original(*args))
+    y, dx, _ = _ours("max_pool2d", x, gy, pool)
+    assert bool(general) == (nan or _pairs(pool[3]) != (0, 0))
+    monkeypatch.setattr(ops_pool, "_chosen_index", lambda windows, data, kernel, stride,
+                        padding, out_hw: original(windows, ops_pool._first_real(
+                            data.shape[2:], kernel, stride, padding, out_hw)))
+    expected_y, expected_dx, _ = _ours("max_pool2d", x, gy, pool)
+    np.testing.assert_array_equal(y.view(np.uint32), expected_y.view(np.uint32))
+    np.testing.assert_array_equal(dx.view(np.uint32), expected_dx.view(np.uint32))

@@ -128,6 +128,16 @@ def _first_real(in_hw, kernel, stride, padding, out_hw):
     return xp.argmax(_windows(inside, kernel, stride, out_hw)[0, 0], axis=-1)
 
 
+def _chosen_index(windows, data, kernel, stride, padding, out_hw):
+    """``_first_max_index`` of each window. Without padding and NaN (one pass over the
+    input tells) it is argmax's first maximal element: a window of -inf values only then
+    starts inside the input, at its element 0, where argmax lands too."""
+    if padding == (0, 0) and not xp.any(xp.isnan(data)):
+        return xp.argmax(windows, axis=-1)
+    return _first_max_index(windows, _first_real(data.shape[2:], kernel, stride, padding,
+                                                 out_hw))
+
+
 def max_pool2d(x, kernel_size, stride=None, padding=0) -> Tensor:
     """Largest value of each window (module doc: no rounding; gradient to the first
     maximal element)."""
@@ -135,8 +145,7 @@ def max_pool2d(x, kernel_size, stride=None, padding=0) -> Tensor:
     kernel, stride, padding, out_hw = _geometry(x, kernel_size, stride, padding, "max_pool2d")
     padded = pad_frame(x.data, padding, -float("inf"))
     windows = _windows(padded, kernel, stride, out_hw)
-    first_real = _first_real(x.shape[2:], kernel, stride, padding, out_hw)
-    index = xp.expand_dims(_first_max_index(windows, first_real), -1)
+    index = xp.expand_dims(_chosen_index(windows, x.data, kernel, stride, padding, out_hw), -1)
     out = convert(xp.ascontiguousarray(xp.take_along_axis(windows, index, -1)[..., 0]),
                   x.fmt, fmt)
 
