@@ -58,7 +58,8 @@ MODEL = (f"A transformer language model (token and position embeddings of width 
          f"{BLOCKS} pre-LN block with {HEADS} heads, the causal mask and a GELU MLP of width "
          f"{4 * WIDTH}, LayerNorm, linear read-out 'head' to {VOCAB} scores)")
 
-__all__ = ["RUNS", "CASTS", "fp4_transformer", "run"]
+__all__ = ["RUNS", "CASTS", "LR", "BATCH", "SEPARATES", "fp4_transformer", "markov_source",
+           "rounding_bias", "summary", "run"]
 
 
 def fp4_transformer() -> TokenTransformer:
