@@ -142,6 +142,40 @@ def test_dw_from_prepared_operands_is_the_products_bits(case, policy, monkeypatc
         np.testing.assert_array_equal(dw, expected, err_msg=name)
 
 
+@pytest.mark.parametrize("case", ["ties", "cancellation", "signed zeros", "subnormal",
+                                  "overflow", "non-finite"])
+@pytest.mark.parametrize("policy", ["32-true", "16-mixed", "64-true"])
+def test_column_major_bands_give_the_bits_of_row_major_ones(case, policy, monkeypatch):
+    """The forward pass and dx unfold their bands column-major (each column contiguous):
+    the same output and gradients as row-major bands, for every accumulation path (the
+    certified epilogue, the fast path, the general path on NaN/inf), in the smallest bands
+    and the default ones."""
+    from fpsim.autograd import ops_conv
+    geometry = GEOMETRIES[1]
+    with np.errstate(over="ignore", invalid="ignore"):
+        values = _adversarial(geometry, np.random.default_rng(9), case)
+    def quiet():                                           # 64-true's float64 BLAS: NaN
+        return np.errstate(invalid="ignore", over="ignore")
+
+    with quiet():
+        ours = {name: _run(values, geometry, policy, None, tuning)
+                for name, tuning in (("smallest", SMALLEST), ("default", {}))}
+    unfold = ops_conv._unfold
+    layouts = []
+
+    def row_major(*args, column_major=False):
+        layouts.append(column_major)
+        return unfold(*args, column_major=False)
+
+    monkeypatch.setattr(ops_conv, "_unfold", row_major)
+    for name, tuning in (("smallest", SMALLEST), ("default", {})):
+        with quiet():
+            theirs = _run(values, geometry, policy, None, tuning)
+        for part, mine, theirs in zip(("y", "dx", "dW", "db"), ours[name], theirs):
+            np.testing.assert_array_equal(mine, theirs, err_msg=f"{part} {name}")
+    assert any(layouts) == (policy != "64-true")
+
+
 @pytest.mark.parametrize("case", ["ties", "signed zeros", "subnormal", "overflow",
                                   "non-finite"])
 def test_the_certified_bias_epilogue_is_the_accumulator_plus_bias_rounded(case):

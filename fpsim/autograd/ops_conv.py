@@ -165,7 +165,10 @@ def _unfold(source, how, batch, rows, width, first, stop, *, column_major=False)
     row, output column), column f in [first, stop) of the (c, i, j) order (f = c kh kw + i kw
     + j): the source value channel c, kernel tap (i, j) meets there, or zero.
     ``column_major``: each column contiguous (the transpose of a C-ordered array), so the
-    product's column norms are the rows' BLAS dot products (``fast_matmul``)."""
+    product's column norms are the rows' BLAS dot products (``fast_matmul``), and each tap
+    is written as whole rows of the source (row-major columns take every tap's channels
+    ``kh kw`` elements apart: measured 1.5-2x slower). The forward pass and dx take it too,
+    but in the float64 reference mode (its BLAS products' bits may depend on the layout)."""
     part = source[batch]
     size_h, size_w = part.shape[2:]
     (kh, kw), taps = how.kernel, how.kernel[0] * how.kernel[1]
@@ -225,7 +228,8 @@ def _convolve(source, weight, how, groups, out_hw, fmt, model, budget, bias=None
     with underflow.assembled(out):      # the bands' roundings: one gradient (when counted)
         for batch, rows in _bands(n, p, q * k, budget):
             for g in range(groups):
-                columns = _unfold(source[:, g * cg:(g + 1) * cg], how, batch, rows, q, 0, k)
+                columns = _unfold(source[:, g * cg:(g + 1) * cg], how, batch, rows, q, 0, k,
+                                  column_major=fmt is not FP64)
                 part = None if bias is None else bias[g * og:(g + 1) * og]
                 product = _band_product(columns, weights[g], fmt, model, part)
                 out[batch, g * og:(g + 1) * og, rows.start:rows.stop, :] = xp.transpose(
