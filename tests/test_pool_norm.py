@@ -213,11 +213,12 @@ def test_pool_and_flatten_layers():
 
 @pytest.mark.parametrize("pool", POOLS)
 @pytest.mark.parametrize("policy", ["32-true", "16-mixed"])
-def test_max_pool_gradient_without_overlap_skips_the_scatter_sort(pool, policy, monkeypatch):
+@pytest.mark.parametrize("op", OPS)
+def test_pool_gradient_without_overlap_skips_the_scatter_sort(op, pool, policy, monkeypatch):
     """Windows that never overlap (stride >= kernel) send each input at most one gradient:
-    the backward places them without ``scatter_sum``'s sort, the same bits as with it (the
-    windows' first maxima, NaN windows, all -inf windows, -0 gradients to +0, NaN and inf
-    gradients, fp16 subnormals); overlapping windows still sum by ``scatter_sum``."""
+    the backward places them without ``scatter_sum``'s sort, the same bits as with it (max:
+    the windows' first maxima, NaN windows, all -inf windows; both: -0 gradients to +0, NaN
+    and inf gradients, fp16 subnormals); overlapping windows still sum by ``scatter_sum``."""
     from fpsim.autograd import ops_pool
     rng = np.random.default_rng(len(str(pool)))
     x = rng.standard_normal(pool[0]).astype(np.float32)
@@ -225,7 +226,7 @@ def test_max_pool_gradient_without_overlap_skips_the_scatter_sort(pool, policy, 
     x[0, 0, 0, :] = -np.inf
     x[0, 0, 1, :] = -np.inf
     x.reshape(-1)[-3] = np.nan
-    gy = rng.standard_normal(_output_shape("max_pool2d", x, pool)).astype(np.float32)
+    gy = rng.standard_normal(_output_shape(op, x, pool)).astype(np.float32)
     gy.reshape(-1)[::3] = -0.0
     gy.reshape(-1)[1], gy.reshape(-1)[2], gy.reshape(-1)[4] = np.nan, -np.inf, 2.0 ** -20
     original = ops_pool._scatter_back
@@ -235,9 +236,10 @@ def test_max_pool_gradient_without_overlap_skips_the_scatter_sort(pool, policy, 
         sorted_calls.append(distinct)
         return original(positions, values, padded_shape, padding, in_hw)
 
-    _, dx, _ = _ours("max_pool2d", x, gy, pool, policy)
-    monkeypatch.setattr(ops_pool, "_scatter_back", always_sorted)
-    _, expected, _ = _ours("max_pool2d", x, gy, pool, policy)
+    with np.errstate(invalid="ignore", over="ignore"):   # avg pool's sums of inf and NaN
+        _, dx, _ = _ours(op, x, gy, pool, policy)
+        monkeypatch.setattr(ops_pool, "_scatter_back", always_sorted)
+        _, expected, _ = _ours(op, x, gy, pool, policy)
     np.testing.assert_array_equal(dx.view(np.uint32), expected.view(np.uint32))
     assert sorted_calls == [_overlap(pool) == 1]
 

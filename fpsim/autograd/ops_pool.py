@@ -173,7 +173,8 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, *, accumulation=None) -> 
     def backward(g, g_fmt):
         positions = _window_positions(padded.shape, kernel, stride, out_hw)
         shares = xp.broadcast_to(xp.expand_dims(g, -1), positions.shape)
-        total = _scatter_back(positions, shares, padded.shape, padding, x.shape[2:])
+        apart = stride[0] >= kernel[0] and stride[1] >= kernel[1]   # windows never overlap
+        total = _scatter_back(positions, shares, padded.shape, padding, x.shape[2:], apart)
         with xp.errstate(under="ignore"):
             share = total / backend.scalar(count, xp.float64)
         return (round_array(xp.ascontiguousarray(share), x.grad_fmt),)
