@@ -160,14 +160,14 @@ def test_column_major_bands_give_the_bits_of_row_major_ones(case, policy, monkey
     with quiet():
         ours = {name: _run(values, geometry, policy, None, tuning)
                 for name, tuning in (("smallest", SMALLEST), ("default", {}))}
-    unfold = ops_conv._unfold
+    unfold = ops_conv.unfold
     layouts = []
 
     def row_major(*args, column_major=False):
         layouts.append(column_major)
         return unfold(*args, column_major=False)
 
-    monkeypatch.setattr(ops_conv, "_unfold", row_major)
+    monkeypatch.setattr(ops_conv, "unfold", row_major)
     for name, tuning in (("smallest", SMALLEST), ("default", {})):
         with quiet():
             theirs = _run(values, geometry, policy, None, tuning)

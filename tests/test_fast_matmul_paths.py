@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fpsim import backend
-from fpsim.exact import fast_matmul, open_elements
+from fpsim.exact import fast_matmul, open_elements, widening
 from fpsim.exact.certificate import certify, certify_fp32_open, line_quanta, width_factor
 from fpsim.exact.exact_dots import lowest_bit_exponent
 from fpsim.exact.underflow import count_gradient_underflow, in_backward, note
@@ -171,7 +171,7 @@ def test_widening_with_norms_and_quanta_in_chunks(order, axis, shape):
     x[:, 4] = -0.0
     for quanta in (False, True):
         with backend.use_tuning(widen_chunk=37):        # many chunks, lines crossing them
-            wide, norms, line_q = fast_matmul._widen_with_norms(dev(x), "test", axis, quanta)
+            wide, norms, line_q = widening.widen_with_norms(dev(x), "test", axis, quanta)
         assert wide.dtype == f64
         wide, norms = host(wide), host(norms)
         line_q = None if line_q is None else host(line_q)
@@ -401,7 +401,7 @@ def test_exact_rows_gate_reads_first_lines_before_the_quanta(monkeypatch):
     """Narrow data (fp16 values) whose output outweighs the operands take the exact rows at
     the default gate, their quanta taken with the widening; fp32 data are turned away by
     a's first row before any quanta."""
-    patterns = _count_calls(monkeypatch, fast_matmul, "lowest_bit_patterns")
+    patterns = _count_calls(monkeypatch, widening, "lowest_bit_patterns")
     taken = _count_calls(monkeypatch, fast_matmul, "_certify_exact_rows")
     rng = np.random.default_rng(12)
     a = round_to(rng.standard_normal((64, 16)).astype(np.float32), "fp16")
@@ -426,7 +426,7 @@ def test_prepared_operands_give_the_same_bits(kind, prepared, monkeypatch):
     forced on (their quanta prepared) or left out (none prepared), gathering from the
     float32 original or from the float64 values; a prepared operand is never widened again;
     a non-finite one leaves the product to the general path (None)."""
-    widened = _count_calls(monkeypatch, fast_matmul, "_widen_with_norms")
+    widened = _count_calls(monkeypatch, fast_matmul, "widen_with_norms")
     rng = np.random.default_rng(len(kind) + 70)
     for quanta in (False, True):
         with backend.use_tuning(exact_min_saving=-10 ** 9 if quanta else 0):

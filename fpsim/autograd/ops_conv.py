@@ -42,15 +42,16 @@ and dx unfold bands of samples x output rows, as few as fit (each is one product
 group's columns at most ``tuning().conv_band_share`` of the larger of x and
 the output (g) in elements, unless one output row of one sample needs more; the bias joins
 each band in the certified epilogue. dW's bands are rows of g (output channels) and columns
-(c, i, j) of the unfolded input, both operands together at most
-``conv_weight_band_share`` of the larger of x and g: its products (one per pair of bands)
-widen each operand again, so smaller bands cost time (about 1 ns per widened element:
-with the default share, a C = O = 16 layer's dW takes 1.3-1.8 times the time of the old
-tap-by-tap products, which held 8.4x the input). Splitting the outputs keeps every element's dot
+(c, i, j) of the unfolded input. On the exact model's fast path each operand is widened
+once (``fast_matmul.prepare``): a band of gradient rows (float64) and, for it, each band
+of columns (float32 and float64) together within ``conv_weight_prepared_share`` of the
+larger of x and g (in float32 bytes; the default usually takes all of a group's rows in
+one band, so every column band is unfolded and widened once); other models' bands hold
+both operands together within ``conv_weight_band_share`` of it. Splitting the outputs keeps every element's dot
 product whole, so the bands never change a bit (``tests/test_conv_bands.py`` compares the
 smallest bands with one band). Measured with tracemalloc, the per-thread work buffers
 counted (N = 16, C = O = 16, 32 x 32, 3 x 3, padding 1, fp32): the forward pass peaks at
-2.1 times the input's bytes, its output (1x) included, dx at 2.1x (dx included), dW at 3.1x
+2.1 times the input's bytes, its output (1x) included, dx at 2.1x (dx included), dW at 3.5x
 (before the bands, measured the same way: 5.8x, 5.8x, 8.4x); with O = 2 C
 (``benchmarks/bench_models.py``: N = 64, 8 -> 16 channels, 14 x 14) at 4.7x (its 2x output
 included), 3.1x and 6.9x, 3.4 times the gradient g (before: 6.7x, 7.8x, 11.4x).
@@ -66,7 +67,6 @@ array([[ 1.,  3.,  2.],
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 from .. import backend
 from ..backend import tuning, xp
@@ -76,6 +76,7 @@ from ..exact.fast_matmul import matmul_2d, prepare
 from ..formats import FP32
 from ..options import check_count
 from .accumulate import acc_matmul, acc_sum, accumulation_model
+from .im2col import Unfolding, unfold
 from .numerics import FP64, container_of, round_array
 from .ops_shape import operands
 from .tensor import Tensor, record, register
@@ -119,87 +120,6 @@ def window_values(padded, i, j, rows, out_w, stride, dilation):
                   left:left + sw * (out_w - 1) + 1:sw]
 
 
-class Unfolding(NamedTuple):
-    """How a convolution's output positions read its source (N, C, Hs, Ws), per axis (rows,
-    columns): at output position p, kernel tap i meets the virtual position v = p stride + i
-    dilation - offset, which holds source element v / spread where that is a whole number in
-    [0, Hs), and a zero elsewhere (the padding, or the zeros between a strided gradient's
-    elements). The forward pass and dW read x (offset = padding, spread 1); dx reads g
-    (stride 1, offset d (k-1) - padding, spread = the forward stride). No padded or
-    zero-stuffed copy of the source is made: each band's columns take the part that lands on
-    the source and keep zeros elsewhere."""
-
-    kernel: tuple
-    stride: tuple
-    dilation: tuple
-    offset: tuple
-    spread: tuple
-
-
-def _span(lo, hi, tap, stride, spread, offset, size):
-    """The output positions p in [lo, hi) whose virtual position p stride + tap - offset
-    lands on a source element (``Unfolding``): (their slice in the band, counted from lo;
-    the source elements' slice), or None. One of stride and spread is 1."""
-    base = tap - offset
-    if spread == 1:
-        first = max(lo, -(base // stride))                  # ceil(-base / stride)
-        last = min(hi - 1, (size - 1 - base) // stride)
-        if last < first:
-            return None
-        start = first * stride + base
-        return (slice(first - lo, last - lo + 1),
-                slice(start, start + stride * (last - first) + 1, stride))
-    first = max(lo, -base)
-    first += -(first + base) % spread                       # the next multiple of spread
-    last = min(hi - 1, spread * (size - 1) - base)
-    if last < first:
-        return None
-    count = (last - first) // spread + 1
-    start = (first + base) // spread
-    return (slice(first - lo, first - lo + spread * (count - 1) + 1, spread),
-            slice(start, start + count))
-
-
-def _unfold(source, how, batch, rows, width, first, stop, *, column_major=False):
-    """im2col of one band: (m len(rows) width, stop - first) columns, row (sample, output
-    row, output column), column f in [first, stop) of the (c, i, j) order (f = c kh kw + i kw
-    + j): the source value channel c, kernel tap (i, j) meets there, or zero.
-    ``column_major``: each column contiguous (the transpose of a C-ordered array), so the
-    product's column norms are the rows' BLAS dot products (``fast_matmul``), and each tap
-    is written as whole rows of the source (row-major columns take every tap's channels
-    ``kh kw`` elements apart: measured 1.5-2x slower). The forward pass and dx take it too,
-    but in the float64 reference mode (its BLAS products' bits may depend on the layout)."""
-    part = source[batch]
-    size_h, size_w = part.shape[2:]
-    (kh, kw), taps = how.kernel, how.kernel[0] * how.kernel[1]
-    shape = (part.shape[0], len(rows), width)
-    if column_major:
-        stored = xp.zeros((stop - first,) + shape, source.dtype)
-        columns = xp.transpose(stored, (1, 2, 3, 0))      # a view: writes go to stored
-    else:
-        stored = columns = xp.zeros(shape + (stop - first,), source.dtype)
-    for i in range(kh):
-        down = _span(rows.start, rows.stop, i * how.dilation[0], how.stride[0],
-                     how.spread[0], how.offset[0], size_h)
-        if down is None:
-            continue
-        for j in range(kw):
-            across = _span(0, width, j * how.dilation[1], how.stride[1], how.spread[1],
-                           how.offset[1], size_w)
-            tap = i * kw + j
-            low = max(0, -((tap - first) // taps))          # channels with f in the band
-            high = min(part.shape[1], (stop - 1 - tap) // taps + 1)
-            if across is None or high <= low:
-                continue
-            start = low * taps + tap - first
-            window = part[:, low:high, down[1], across[1]]
-            columns[:, down[0], across[0], start:start + taps * (high - low - 1) + 1:taps] = (
-                xp.transpose(window, (0, 2, 3, 1)))
-    if column_major:
-        return xp.reshape(stored, (stop - first, -1)).T
-    return xp.reshape(stored, (-1, stop - first))
-
-
 def _bands(n, p, per_row, budget):
     """(batch slice, output rows) pairs covering n samples x p output rows, each unfolding
     at most ``budget`` elements (``per_row`` per sample and output row), as few as can be
@@ -228,7 +148,7 @@ def _convolve(source, weight, how, groups, out_hw, fmt, model, budget, bias=None
     with underflow.assembled(out):      # the bands' roundings: one gradient (when counted)
         for batch, rows in _bands(n, p, q * k, budget):
             for g in range(groups):
-                columns = _unfold(source[:, g * cg:(g + 1) * cg], how, batch, rows, q, 0, k,
+                columns = unfold(source[:, g * cg:(g + 1) * cg], how, batch, rows, q, 0, k,
                                   column_major=fmt is not FP64)
                 part = None if bias is None else bias[g * og:(g + 1) * og]
                 product = _band_product(columns, weights[g], fmt, model, part)
@@ -368,7 +288,7 @@ def _banded_weight_gradient(dw, g, x, how, groups, fmt, model, budget):
         rows, cols = _weight_bands(og, k, n * p * q, budget)
         for left in range(0, k, cols):  # each column band unfolded once
             right = min(k, left + cols)
-            columns = _unfold(source, how, slice(0, n), range(p), q, left, right,
+            columns = unfold(source, how, slice(0, n), range(p), q, left, right,
                               column_major=True)
             for first in range(channels.start, channels.stop, rows):
                 stop = min(channels.stop, first + rows)
@@ -406,7 +326,7 @@ def _prepared_weight_gradient(flat, g, source, how, channels, fmt, model, budget
         del grads                                               # values: frees the copy
         for left in range(0, k, cols):
             right = min(k, left + cols)
-            columns = _unfold(source, how, slice(0, n), range(p), q, left, right,
+            columns = unfold(source, how, slice(0, n), range(p), q, left, right,
                               column_major=True)
             out = matmul_2d(prepared, prepare(columns, "b"), fmt)
             if out is None:
@@ -428,7 +348,7 @@ def _plain_weight_gradient(dw, g, x, how, groups, fmt, model):
             for j in range(kw):
                 tap = how._replace(kernel=(1, 1), offset=(how.offset[0] - i * how.dilation[0],
                                                           how.offset[1] - j * how.dilation[1]))
-                columns = _unfold(source, tap, slice(0, n), range(p), q, 0, cg)
+                columns = unfold(source, tap, slice(0, n), range(p), q, 0, cg)
                 dw[group * og:(group + 1) * og, :, i, j] = acc_matmul(grads, columns, fmt,
                                                                       model)
 

@@ -82,21 +82,20 @@ path (``matmul_2d`` and ``matmul_batched`` return None). The fp32 ends are compu
 well, then, where those ends differ, with each element's own w: the same open elements and
 ends): only the elements left open leave the loop, with their ends; every later step works
 on those gathered elements. Work arrays are reused per thread
-(``_scratch``); results are always fresh arrays.
+(``widening.work_array``); results are always fresh arrays.
 """
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
-from ..backend import bitcast, bits, is_contiguous, round_to, scratch, size, tuning, xp
+from ..backend import bitcast, bits, is_contiguous, round_to, size, tuning, xp
 from ..formats import FP32
 from . import underflow
-from .certificate import (certify_fp32_open, error_factor, lowest_bit_patterns,
-                          quanta_from_patterns, width_factor)
+from .certificate import certify_fp32_open, error_factor, width_factor
 from .exact_dots import cauchy_schwarz_bound
 from .open_elements import exact_elements, exact_zero_signs, gather_source
 from .product_count import note_fast
+from .widening import Prepared, prepare, widen_with_norms, work_array
 
 __all__ = ["matmul_2d", "matmul_batched", "round_out", "Prepared", "prepare"]
 
@@ -114,35 +113,6 @@ def round_out(x32: xp.ndarray, fmt) -> xp.ndarray:
     if fmt == FP32:
         return x32
     return round_to(x32, fmt)
-
-
-class Prepared(NamedTuple):
-    """An operand of ``matmul_2d`` widened once for several products (``prepare``): what
-    ``matmul_2d`` computes from it on every call, kept. ``wide``: its values in float64
-    (exact); ``norms``: the 2-norms of its rows (a) or columns (b) in float64, summed in some
-    order (the bound holds for every order, module docstring (1)); ``quanta``: their
-    ``line_quanta`` or None (then no exact rows are tried: the same bits, module docstring
-    (5)); ``source``: the float32 original the exact step gathers from, or None to gather
-    from ``wide`` (as ``gather_source`` does for a strided original)."""
-    source: xp.ndarray | None
-    wide: xp.ndarray
-    norms: xp.ndarray
-    quanta: xp.ndarray | None
-
-    @property
-    def shape(self):
-        return self.wide.shape
-
-
-def prepare(x: xp.ndarray, side: str, *, quanta: bool = False) -> Prepared:
-    """The 2-D float32 ``x`` prepared as ``matmul_2d``'s operand ``side`` ("a": row norms,
-    "b": column norms), in fresh arrays (a caller keeps it across products: a band of im2col
-    columns widened once for every band of output channels). ``quanta``: take the lines'
-    quanta too (worth it only where exact rows will be tried: fp16/bf16 data, a large
-    output)."""
-    x = xp.asarray(x)
-    wide, norms, found = _widen_with_norms(x, None, 1 if side == "a" else 0, quanta)
-    return Prepared(gather_source(x, wide), wide, norms, found)
 
 
 def matmul_2d(a: xp.ndarray | Prepared, b: xp.ndarray | Prepared, out_fmt,
@@ -232,7 +202,7 @@ def _widened(x, name: str, axis: int, try_exact: bool):
     prepared (``Prepared``: as it is) or not (widened into the work buffer ``name``)."""
     if isinstance(x, Prepared):
         return x.wide, x.norms, x.quanta, x.wide if x.source is None else x.source
-    wide, norms, quanta = _widen_with_norms(x, name, axis, try_exact)
+    wide, norms, quanta = widen_with_norms(x, name, axis, try_exact)
     return wide, norms, quanta, gather_source(x, wide)
 
 
@@ -262,7 +232,7 @@ def _matmul_2d(a, b, out_fmt, bias, note, k, blocks: _Blocks):
     shape = approx.shape
     fp32_out = out_fmt == FP32
     # pre is the output itself for fp32; otherwise only a work array (out is rounded from it)
-    pre = xp.empty(shape, xp.float32) if fp32_out else _scratch("pre", shape, xp.float32)
+    pre = xp.empty(shape, xp.float32) if fp32_out else work_array("pre", shape, xp.float32)
     # Floors keep w > 0 where a row or column is all zero (module docstring, (3)); they are
     # below every nonzero norm's factor (norms of float32 values are at least 2**-149).
     row_width = xp.maximum(row_norm * width_factor(k), _ROW_FLOOR)
@@ -295,7 +265,7 @@ def _products(a64, b64, blocks: _Blocks) -> xp.ndarray:
     one batched product of the blocks (views of the folded operands, in their memory order:
     BLAS reads either)."""
     count, m, n = blocks
-    approx = _scratch("approx", (count * m, n), xp.float64)
+    approx = work_array("approx", (count * m, n), xp.float64)
     if count == 1:
         return xp.matmul(a64, b64, out=approx)
     k = a64.shape[1]
@@ -343,7 +313,7 @@ def _certify_exact_rows(approx, exact_rows, row_width, col_width, pre, a, b, blo
     n = approx.shape[1]
     xp.copyto(pre, approx)                  # overflow to inf: the caller's error state
     # flat indices (often thousands of zeros: 1-D gathers are the cheaper ones)
-    zeros = xp.flatnonzero(xp.equal(pre, 0, out=_scratch("zeros", pre.shape, bool)))
+    zeros = xp.flatnonzero(xp.equal(pre, 0, out=work_array("zeros", pre.shape, bool)))
     zeros = zeros[exact_rows[zeros // n] & (_flat(approx)[zeros] == 0)]
     if zeros.shape[0]:
         rows, cols = xp.divmod(zeros, n)
@@ -359,80 +329,9 @@ def _certify_exact_rows(approx, exact_rows, row_width, col_width, pre, a, b, blo
     return rest[opened // n] * n + opened % n, low32, high32
 
 
-def _scratch(name: str | None, shape: tuple, dtype) -> xp.ndarray:
-    """A reused per-thread work array: ``round_to``'s per-thread buffers (fresh large arrays
-    cost page faults on every call), under names of their own; a fresh array for no name
-    (``prepare``: its caller keeps it)."""
-    if name is None:
-        return xp.empty(shape, dtype)
-    return xp.reshape(scratch(name, dtype, math.prod(shape)), shape)
-
-
 def _flat(x) -> xp.ndarray:
     """The C-ordered x as one axis (a view: assigning into it writes x)."""
     return xp.reshape(x, (-1,))
-
-
-def _widen_with_norms(x: xp.ndarray, name: str | None, axis: int, quanta: bool = False):
-    """(x in float64, exact, in a reused buffer (``_scratch``) with x's memory order (BLAS reads either);
-    the 2-norms in float64 over ``axis``; with ``quanta``, the lines' ``line_quanta`` over
-    ``axis``, else None), chunk by chunk along x's memory order, so that the norms and the
-    quanta read the values while they are in cache (without quanta, larger chunks: the
-    copy and the norms alone run faster so on large operands). A norm's sum runs in some order (in
-    partial sums per chunk where a line crosses chunks); the (K/2 + 2) u bound on its error
-    (``cauchy_schwarz_bound``) holds for every order; the quanta's minimum is one
-    (``lowest_bit_patterns`` per chunk, combined). Chunk sizes: ``tuning().widen_chunk``
-    elements with quanta, ``plain_factor`` times more without."""
-    settings = tuning()
-    if is_contiguous(x, "F") and not is_contiguous(x, "C"):
-        src, along_rows = x.T, axis == 0                # src is C-ordered
-        wide = _scratch(name, src.shape, xp.float64)
-        out = wide.T
-    else:
-        src, along_rows = x, axis == 1
-        wide = out = _scratch(name, x.shape, xp.float64)
-    lines, width = src.shape
-    step = max(1, settings.widen_chunk * (1 if quanta else settings.plain_factor)
-               // max(1, width))
-    across = 1 if along_rows else 0
-    if step >= lines:                                   # one chunk
-        xp.copyto(wide, src)
-        squares = (_row_squares(wide, settings.dot_from) if along_rows
-                   else xp.einsum("pq,pq->q", wide, wide))
-        patterns = lowest_bit_patterns(src, across) if quanta else None
-    else:
-        squares = xp.empty(lines, xp.float64) if along_rows else xp.zeros(width, xp.float64)
-        patterns = xp.empty(lines, xp.int32) if quanta and along_rows else None
-        for lo in range(0, lines, step):
-            part = wide[lo:lo + step]
-            xp.copyto(part, src[lo:lo + step])
-            if along_rows:
-                _row_squares(part, settings.dot_from, squares[lo:lo + step])
-            else:
-                squares += xp.einsum("pq,pq->q", part, part)
-            if not quanta:
-                continue
-            found = lowest_bit_patterns(src[lo:lo + step], across)
-            if along_rows:
-                patterns[lo:lo + step] = found
-            elif patterns is None:
-                patterns = found
-            else:
-                xp.minimum(patterns, found, out=patterns)
-    norms = xp.sqrt(squares, out=squares)
-    return out, norms, None if patterns is None else quanta_from_patterns(patterns)
-
-
-def _row_squares(x: xp.ndarray, dot_from: int, out: xp.ndarray | None = None) -> xp.ndarray:
-    """Each row's sum of squares of the C-ordered float64 x, as a stack of 1 x K by K x 1
-    matrix products (BLAS dot products: about twice as fast as einsum's loop for long
-    rows, slower below ``dot_from`` elements (``tuning().dot_from``); any summation order
-    keeps the norms' bound)."""
-    if x.shape[1] < dot_from:
-        return xp.einsum("pq,pq->p", x, x, out=out)
-    # views by indexing, not reshape calls: out[:, None, None] writes into out
-    into = None if out is None else out[:, None, None]
-    return xp.matmul(x[:, None, :], x[:, :, None], out=into)[:, 0, 0]
 
 
 def _settle_open(a, b, a64, b64, row_norm, col_norm, approx, opened, low32, pre, out, bias,

@@ -1,0 +1,114 @@
+"""Operands of the certified products (``fast_matmul``) widened to float64 with their
+norms and, optionally, their lines' quanta: in the products' reused work arrays
+(``work_array``), or once for several products (``prepare``, a ``Prepared`` operand).
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from ..backend import is_contiguous, scratch, tuning, xp
+from .certificate import lowest_bit_patterns, quanta_from_patterns
+from .open_elements import gather_source
+
+__all__ = ["Prepared", "prepare", "widen_with_norms", "work_array"]
+
+
+class Prepared(NamedTuple):
+    """An operand of ``matmul_2d`` widened once for several products (``prepare``): what
+    ``matmul_2d`` computes from it on every call, kept. ``wide``: its values in float64
+    (exact); ``norms``: the 2-norms of its rows (a) or columns (b) in float64, summed in some
+    order (the bound holds for every order, module docstring (1)); ``quanta``: their
+    ``line_quanta`` or None (then no exact rows are tried: the same bits, module docstring
+    (5)); ``source``: the float32 original the exact step gathers from, or None to gather
+    from ``wide`` (as ``gather_source`` does for a strided original)."""
+    source: xp.ndarray | None
+    wide: xp.ndarray
+    norms: xp.ndarray
+    quanta: xp.ndarray | None
+
+    @property
+    def shape(self):
+        return self.wide.shape
+
+
+def prepare(x: xp.ndarray, side: str, *, quanta: bool = False) -> Prepared:
+    """The 2-D float32 ``x`` prepared as ``matmul_2d``'s operand ``side`` ("a": row norms,
+    "b": column norms), in fresh arrays (a caller keeps it across products: a band of im2col
+    columns widened once for every band of output channels). ``quanta``: take the lines'
+    quanta too (worth it only where exact rows will be tried: fp16/bf16 data, a large
+    output)."""
+    x = xp.asarray(x)
+    wide, norms, found = widen_with_norms(x, None, 1 if side == "a" else 0, quanta)
+    return Prepared(gather_source(x, wide), wide, norms, found)
+
+
+def work_array(name: str | None, shape: tuple, dtype) -> xp.ndarray:
+    """A reused per-thread work array: ``round_to``'s per-thread buffers (fresh large arrays
+    cost page faults on every call), under names of their own; a fresh array for no name
+    (``prepare``: its caller keeps it)."""
+    if name is None:
+        return xp.empty(shape, dtype)
+    return xp.reshape(scratch(name, dtype, math.prod(shape)), shape)
+
+
+def widen_with_norms(x: xp.ndarray, name: str | None, axis: int, quanta: bool = False):
+    """(x in float64, exact, in a reused buffer (``work_array``) with x's memory order (BLAS reads either);
+    the 2-norms in float64 over ``axis``; with ``quanta``, the lines' ``line_quanta`` over
+    ``axis``, else None), chunk by chunk along x's memory order, so that the norms and the
+    quanta read the values while they are in cache (without quanta, larger chunks: the
+    copy and the norms alone run faster so on large operands). A norm's sum runs in some order (in
+    partial sums per chunk where a line crosses chunks); the (K/2 + 2) u bound on its error
+    (``cauchy_schwarz_bound``) holds for every order; the quanta's minimum is one
+    (``lowest_bit_patterns`` per chunk, combined). Chunk sizes: ``tuning().widen_chunk``
+    elements with quanta, ``plain_factor`` times more without."""
+    settings = tuning()
+    if is_contiguous(x, "F") and not is_contiguous(x, "C"):
+        src, along_rows = x.T, axis == 0                # src is C-ordered
+        wide = work_array(name, src.shape, xp.float64)
+        out = wide.T
+    else:
+        src, along_rows = x, axis == 1
+        wide = out = work_array(name, x.shape, xp.float64)
+    lines, width = src.shape
+    step = max(1, settings.widen_chunk * (1 if quanta else settings.plain_factor)
+               // max(1, width))
+    across = 1 if along_rows else 0
+    if step >= lines:                                   # one chunk
+        xp.copyto(wide, src)
+        squares = (_row_squares(wide, settings.dot_from) if along_rows
+                   else xp.einsum("pq,pq->q", wide, wide))
+        patterns = lowest_bit_patterns(src, across) if quanta else None
+    else:
+        squares = xp.empty(lines, xp.float64) if along_rows else xp.zeros(width, xp.float64)
+        patterns = xp.empty(lines, xp.int32) if quanta and along_rows else None
+        for lo in range(0, lines, step):
+            part = wide[lo:lo + step]
+            xp.copyto(part, src[lo:lo + step])
+            if along_rows:
+                _row_squares(part, settings.dot_from, squares[lo:lo + step])
+            else:
+                squares += xp.einsum("pq,pq->q", part, part)
+            if not quanta:
+                continue
+            found = lowest_bit_patterns(src[lo:lo + step], across)
+            if along_rows:
+                patterns[lo:lo + step] = found
+            elif patterns is None:
+                patterns = found
+            else:
+                xp.minimum(patterns, found, out=patterns)
+    norms = xp.sqrt(squares, out=squares)
+    return out, norms, None if patterns is None else quanta_from_patterns(patterns)
+
+
+def _row_squares(x: xp.ndarray, dot_from: int, out: xp.ndarray | None = None) -> xp.ndarray:
+    """Each row's sum of squares of the C-ordered float64 x, as a stack of 1 x K by K x 1
+    matrix products (BLAS dot products: about twice as fast as einsum's loop for long
+    rows, slower below ``dot_from`` elements (``tuning().dot_from``); any summation order
+    keeps the norms' bound)."""
+    if x.shape[1] < dot_from:
+        return xp.einsum("pq,pq->p", x, x, out=out)
+    # views by indexing, not reshape calls: out[:, None, None] writes into out
+    into = None if out is None else out[:, None, None]
+    return xp.matmul(x[:, None, :], x[:, :, None], out=into)[:, 0, 0]
