@@ -15,10 +15,12 @@ its thread count.
   ``add_round_to_odd``): the exact sum rounded to odd, then rounded once to any format.
 - ``exact_dots.py``: the ``exact`` model's general path: float64 BLAS plus the certificate,
   exact sums for the elements it cannot certify (``exact_matmul``, ``exact_rows_sum``).
-- ``fast_matmul.py``: the ``ExactAccumulation(fp32)`` 2-D fast path, certified straight to
-  the output format (``matmul_2d``, ``round_out``); ``open_elements.py``: its exact step,
+- ``fast_matmul.py``: the ``ExactAccumulation(fp32)`` fast path, certified straight to
+  the output format, 2-D and batched (``matmul_2d``, ``matmul_batched``, ``round_out``);
+  ``widening.py``: its operands widened to float64 with their norms and quanta, chunk by
+  chunk, or once in advance for reuse (``prepare``); ``open_elements.py``: its exact step,
   the elements the certificates leave open, summed from their gathered products (or their
-  supports).
+  supports); ``product_count.py``: how many products and elements took each path.
 - ``scatter.py``: scatter-add with exact, order-free totals (``scatter_sum``), the
   gradient of a gather with repeated indices.
 - ``sums.py``: exact sums of float64 terms rounded to odd (``round_to_odd_sum``): certified
