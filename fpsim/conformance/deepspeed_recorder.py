@@ -33,6 +33,7 @@ no ZeRO) and steps it::
 from __future__ import annotations
 
 from .deepspeed_adapters import deepspeed_version, growth_tracker_of, single_process_group
+from .step_hook import StepHookRecorder
 from .trace import TraceStep, TraceWriter
 
 __all__ = ["FP16OptimizerRecorder", "single_process_group"]
@@ -44,7 +45,7 @@ def _fp16_optimizer_types() -> tuple:
     return FP16_Optimizer, FP16_UnfusedOptimizer
 
 
-class FP16OptimizerRecorder:
+class FP16OptimizerRecorder(StepHookRecorder):
     """Record DeepSpeed's fp16 optimizer: call ``recorder.step()`` where the loop called
     ``optimizer.step()`` (or ``engine.step()``); see the module docstring. ``target`` is a
     path or text stream. Attach before the first step: an optimizer whose scaler has counted
@@ -77,12 +78,7 @@ class FP16OptimizerRecorder:
                 "backoff_factor": float(config.scale_factor),
                 "growth_interval": int(config.scale_window),
                 "min_scale": float(config.min_loss_scale)})
-        self._stepped = False
-        self._hook = optimizer.optimizer.register_step_post_hook(self._on_step)
-        self.steps = 0
-
-    def _on_step(self, *_args) -> None:
-        self._stepped = True
+        self.watch(optimizer.optimizer)
 
     def _grad_stats(self) -> dict:
         count = nonfinite = 0
@@ -100,24 +96,12 @@ class FP16OptimizerRecorder:
             return self.engine.step()
         config = self.config
         scale_before, stats = float(config.cur_scale), self._grad_stats()
-        self._stepped = False
+        self.expect_step()
         result = (self.engine or self.optimizer).step()
         self._writer.write(TraceStep(
             self.steps, bool(self.optimizer.overflow), scale_before, float(config.cur_scale),
-            not self._stepped,
+            not self.stepped,
             growth_tracker=growth_tracker_of(config.cur_iter, config.last_overflow_iter,
                                              config.scale_window), grad_stats=stats))
         self.steps += 1
         return result
-
-    def close(self) -> None:
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
-        self._writer.close()
-
-    def __enter__(self) -> "FP16OptimizerRecorder":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

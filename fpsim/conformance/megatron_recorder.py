@@ -50,6 +50,7 @@ import tempfile
 from contextlib import ExitStack, contextmanager
 
 from .megatron_adapter import cuda_as_cpu
+from .step_hook import StepHookRecorder
 from .trace import TraceStep, TraceWriter
 
 __all__ = ["MegatronOptimizerRecorder", "megatron_on_cpu", "single_process_model_parallel"]
@@ -113,7 +114,7 @@ def _megatron_version() -> str:
         return "unknown"
 
 
-class MegatronOptimizerRecorder:
+class MegatronOptimizerRecorder(StepHookRecorder):
     """Record a Megatron-core ``MixedPrecisionOptimizer``'s loss scale: call
     ``recorder.step()`` where the loop called ``optimizer.step()`` (see the module
     docstring). Attach before the first step: a scaler whose growth tracker or hysteresis
@@ -140,37 +141,20 @@ class MegatronOptimizerRecorder:
                 "backoff_factor": float(scaler.backoff_factor.item()),
                 "growth_interval": int(scaler.growth_interval),
                 "hysteresis": int(scaler.hysteresis)})
-        self._stepped = False
-        self._hook = optimizer.optimizer.register_step_post_hook(self._on_step)
-        self.steps = 0
-
-    def _on_step(self, *_args) -> None:
-        self._stepped = True
+        self.watch(optimizer.optimizer)
 
     def step(self):
         """``optimizer.step()`` (under ``megatron_on_cpu()`` on CPU), recorded; returns what
         it returned (``(success, grad_norm, num_zeros_in_grad)``)."""
         scaler = self.scaler
         scale_before = float(scaler.scale.item())
-        self._stepped = False
+        self.expect_step()
         with megatron_on_cpu() if self._on_cpu else ExitStack():
             result = self.optimizer.step()
         self._writer.write(TraceStep(
             self.steps, float(self.optimizer.found_inf.item()) > 0, scale_before,
-            float(scaler.scale.item()), not self._stepped,
+            float(scaler.scale.item()), not self.stepped,
             growth_tracker=int(scaler._growth_tracker),
             hysteresis=int(scaler._hysteresis_tracker)))
         self.steps += 1
         return result
-
-    def close(self) -> None:
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
-        self._writer.close()
-
-    def __enter__(self) -> "MegatronOptimizerRecorder":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
