@@ -10,14 +10,19 @@ and flags.
 >>> check_choice("rounding mode", "sideways", ("nearest_even", "toward_zero"))
 Traceback (most recent call last):
 ValueError: unknown rounding mode 'sideways'; accepted: nearest_even, toward_zero
+>>> check_choice("rounding mode", "nearest_evn", ("nearest_even", "toward_zero"))
+Traceback (most recent call last):
+ValueError: unknown rounding mode 'nearest_evn'; did you mean 'nearest_even'? accepted: nearest_even, toward_zero
 >>> check_count("hidden size", 8.9, 1)
 Traceback (most recent call last):
 TypeError: hidden size must be a positive integer, got 8.9
 """
 from __future__ import annotations
 
+import difflib
 import math
 import os
+import struct
 from numbers import Integral, Real
 from pathlib import Path
 
@@ -29,8 +34,17 @@ def check_choice(what: str, value, choices: tuple):
     """``value`` if it is one of ``choices`` (strings), else an error naming them."""
     if not isinstance(value, str) or value not in choices:
         error = ValueError if isinstance(value, str) else TypeError
-        raise error(f"unknown {what} {value!r}; accepted: {', '.join(choices)}")
+        raise error(f"unknown {what} {value!r};{suggestion(value, choices)} accepted: "
+                    f"{', '.join(choices)}")
     return value
+
+
+def suggestion(value, choices) -> str:
+    """`` did you mean 'x'?`` for the choice closest to a mistyped string, else ''."""
+    if not isinstance(value, str):
+        return ""
+    close = difflib.get_close_matches(value, [getattr(c, "value", c) for c in choices], 1, 0.6)
+    return f" did you mean {close[0]!r}?" if close else ""
 
 
 def check_flag(name: str, value) -> bool:
@@ -113,3 +127,57 @@ def check_count_between(name: str, value, low: int, high: int) -> int:
     if not low <= value <= high:
         raise ValueError(f"{name} must be {wanted}, got {value!r}")
     return int(value)
+
+
+__all__ += ["check_float32", "suggestion"]
+
+
+def check_float32(name: str, value, low: float = -math.inf, high: float = math.inf, *,
+                  low_open: bool = False, high_open: bool = False) -> float:
+    """A real number (not a bool) in [low, high] (an end open with ``low_open`` /
+    ``high_open``) both as given and as float32 holds it, as a Python float (as given).
+    Learning rates, scales and the like are used in float32 or a narrower format, where 1e-50
+    is 0 and 1e39 is inf (float32's range is 2**-149 .. 3.4e38), so a value that is allowed
+    but becomes one that is not is refused too.
+
+    >>> check_float32("lr", 1e-50, 0.0, low_open=True)
+    Traceback (most recent call last):
+    ValueError: lr=1e-50 is 0.0 in float32, the format it is used in; give a value in (0.0, inf) that float32 keeps there (its range is 2**-149 to 3.4e38)
+    >>> check_float32("beta1", "0.9", 0.0, 1.0, high_open=True)
+    Traceback (most recent call last):
+    TypeError: beta1 must be a number in [0.0, 1.0), got '0.9'
+    """
+    closing = ")" if high_open or high == math.inf else "]"
+    interval = f"{'(' if low_open else '['}{low}, {high}{closing}"
+
+    def outside(number: float) -> bool:
+        return (not math.isfinite(number) or number < low or number > high
+                or (low_open and number == low) or (high_open and number == high))
+
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a number in {interval}, got {value!r}")
+    number = _as_float(value)
+    if outside(number):
+        raise ValueError(f"{name} must be a number in {interval}, got {value!r}")
+    stored = _in_float32(number)
+    if outside(stored):
+        raise ValueError(f"{name}={value!r} is {stored!r} in float32, the format it is used "
+                         f"in; give a value in {interval} that float32 keeps there (its range "
+                         f"is 2**-149 to 3.4e38)")
+    return number
+
+
+def _as_float(value) -> float:
+    """``float(value)``, with a number too large for a float (10**400) as infinity."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def _in_float32(number: float) -> float:
+    """``number`` rounded to float32 (nearest, ties to even; beyond its range, infinity)."""
+    try:
+        return struct.unpack("f", struct.pack("f", number))[0]
+    except OverflowError:
+        return math.copysign(math.inf, number)

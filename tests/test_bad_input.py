@@ -211,9 +211,9 @@ def test_decode_names_the_pattern_outside_the_format(bits, words):
     assert words in str(err.value)
 
 
-@pytest.mark.parametrize("retries", [-1, 1.5, True])
-def test_run_sweep_refuses_a_retry_count_that_is_not_one(tmp_path, retries):
+@pytest.mark.parametrize("retries,kind", [(-1, ValueError), (1.5, TypeError), (True, TypeError)])
+def test_run_sweep_refuses_a_retry_count_that_is_not_one(tmp_path, retries, kind):
     from fpsim.sweep import run_sweep
-    with pytest.raises(ValueError, match="retries must be an integer >= 0"):
+    with pytest.raises(kind, match="retries must be an integer >= 0"):
         run_sweep(None, tmp_path / "out", retries=retries)
     assert not (tmp_path / "out").exists()

@@ -16,12 +16,12 @@ from numbers import Real
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
-from ..backend import copy, round_to, scalar, xp
-from ..formats import FP32
+from ..backend import copy, scalar, xp
+from ..options import check_flag, check_float32
 
 from .arith import Arith
 
-__all__ = ["SGD", "Adam", "AdamW", "Update", "check_number", "check_flag"]
+__all__ = ["SGD", "Adam", "AdamW", "Update", "check_number"]
 
 
 class Update(NamedTuple):
@@ -66,31 +66,10 @@ class Update(NamedTuple):
                 int(xp.count_nonzero(xp.logical_and(moved, kept, out=kept))))
 
 
-def check_number(name: str, value: float, low: float, *, low_open=False, high=None) -> None:
-    """Refuse ``value`` unless it is a real number (not a bool) in [low, high) ((low, high)
-    with ``low_open``) both as given and as float32 holds it: every update computes in a
-    format no wider than float32, where 1e-50 is 0 and 1e39 is inf (float32's range is
-    2**-149 .. 3.4e38), so a value that is allowed but becomes one that is not is refused too."""
-    interval = f"{'(' if low_open else '['}{low}, {high if high is not None else 'inf'})"
-
-    def outside(v) -> bool:
-        return (not math.isfinite(v) or v < low or (low_open and v == low)
-                or (high is not None and v >= high))
-
-    # any real number (NumPy's scalars too), but not a bool
-    if not isinstance(value, Real) or isinstance(value, bool) or outside(float(value)):
-        raise ValueError(f"{name} must be a number in {interval}, got {value!r}")
-    stored = float(round_to(float(value), FP32))
-    if outside(stored):
-        raise ValueError(f"{name}={value!r} is {stored!r} in float32, the widest format an "
-                         f"update computes in; give a value in {interval} that float32 keeps "
-                         f"there (its range is 2**-149 to 3.4e38)")
-
-
-def check_flag(name: str, value) -> None:
-    """Refuse anything but True or False (Python would read 'yes', 0.5 or [] as a truth)."""
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
+# The hyperparameters are checked with ``check_float32``: every update computes in a format no
+# wider than float32, so a value float32 turns into a refused one (1e-50 -> 0) is refused too.
+# The name transforms.py imports it by:
+check_number = check_float32
 
 
 def _plain_numbers(rule) -> None:
@@ -131,11 +110,11 @@ class SGD:
 
     def __post_init__(self) -> None:
         _plain_numbers(self)
-        check_number("lr", self.lr, 0.0, low_open=True)
-        check_number("momentum", self.momentum, 0.0)
-        check_number("dampening", self.dampening, 0.0)
-        check_number("weight_decay", self.weight_decay, 0.0)
-        check_flag("nesterov", self.nesterov)
+        check_float32("lr", self.lr, 0.0, low_open=True)
+        check_float32("momentum", self.momentum, 0.0)
+        check_float32("dampening", self.dampening, 0.0)
+        check_float32("weight_decay", self.weight_decay, 0.0)
+        object.__setattr__(self, "nesterov", check_flag("nesterov", self.nesterov))
         if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
             raise ValueError("nesterov=True needs momentum > 0 and dampening = 0")
 
@@ -192,12 +171,12 @@ class Adam:
 
     def __post_init__(self) -> None:
         _plain_numbers(self)
-        check_number("lr", self.lr, 0.0, low_open=True)
-        check_number("beta1", self.beta1, 0.0, high=1.0)
-        check_number("beta2", self.beta2, 0.0, high=1.0)
-        check_number("eps", self.eps, 0.0, low_open=True)
-        check_number("weight_decay", self.weight_decay, 0.0)
-        check_flag("decoupled", self.decoupled)
+        check_float32("lr", self.lr, 0.0, low_open=True)
+        check_float32("beta1", self.beta1, 0.0, 1.0, high_open=True)
+        check_float32("beta2", self.beta2, 0.0, 1.0, high_open=True)
+        check_float32("eps", self.eps, 0.0, low_open=True)
+        check_float32("weight_decay", self.weight_decay, 0.0)
+        object.__setattr__(self, "decoupled", check_flag("decoupled", self.decoupled))
 
     def init(self, param) -> AdamState:
         zeros = xp.zeros(xp.shape(param), xp.float32)

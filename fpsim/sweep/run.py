@@ -32,7 +32,7 @@ from .. import backend
 from .._version import __version__
 from ..train.progress import progress_bar
 from ..files import LOCK_NAME, folder_lock, write_text
-from ..options import check_instance, check_path
+from ..options import check_count, check_instance, check_path
 from .baseline import find_baselines, judge
 from .cells import Cell, cell_count, expand, run_cell
 from .record import SWEEP_FORMAT, cell_row_text, read_cell_row, read_sweep_record
@@ -276,17 +276,17 @@ def run_sweep(spec: SweepSpec, out: "str | Path", *, workers: int | None = None,
     what every cell computes on (default: this process's backend; recorded in sweep.json,
     and a folder swept on another is refused). ``announce``
     (a function of one line) hears the plan before any worker starts, and a note when a stale
-    lock is taken over. Bad input raises ``ValueError`` before anything is written."""
+    lock is taken over. Bad input raises ``TypeError`` (a wrong type) or ``ValueError`` before
+    anything is written."""
     announce = announce or (lambda line: None)
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        raise ValueError(f"retries must be an integer >= 0, got {retries!r}")
+    check_count("retries", retries, 0)
     if scheduler is not None and workers is not None:
         raise ValueError("--workers sizes the local cluster; with --scheduler the cluster's "
                          "own workers run the cells")
     limit = local_worker_limit()
     if workers is None:
         workers = max(1, os.cpu_count() or 1)
-    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= limit:
+    if check_count("--workers", workers, 1) > limit:
         raise ValueError(f"--workers must be an integer from 1 to {limit} ({WORKERS_PER_CORE} "
                          f"per CPU core of this machine), got {workers!r}; for more workers "
                          f"start a Dask cluster and give --scheduler ADDRESS")
