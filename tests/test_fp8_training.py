@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from fpsim import nn
+from fpsim.nn.gemm import named_gemm_slots
 from fpsim.autograd import Policy, Tensor, get_policy, linear, no_grad, use_policy
 from fpsim.autograd.ops_fp8 import ScalingSlots
 from fpsim.formats import E4M3FN, E5M2
@@ -71,10 +72,50 @@ def test_the_recipe_class_checks_what_the_strings_check(settings, error, message
 
 def test_the_recipe_class_keeps_python_numbers():
     recipe = Fp8Recipe(ScalingKind.DELAYED, history=np.int64(4), margin=np.int32(2),
-                       algorithm="most_recent", epsilon=np.float32(0.5))
+                       algorithm="most_recent")
     assert recipe.record()["history"] == 4 and type(recipe.history) is int
     assert type(recipe.margin) is int and recipe.algorithm is AmaxAlgorithm.MOST_RECENT
     assert json.dumps(recipe.record())      # run.json takes it
+    current = Fp8Recipe(ScalingKind.CURRENT, epsilon=np.float32(0.5), power_2=np.bool_(True))
+    assert type(current.epsilon) is float and current.power_2 is True
+    assert json.dumps(current.record())
+
+
+@pytest.mark.parametrize("kind,settings,message", [
+    # the example: every bad value is refused, the first named
+    (ScalingKind.MX, dict(history=-5, margin="x", epsilon=-1.0),
+     "history must be an integer from 1 to 16384, got -5"),
+    # a setting the kind does not use (its engine would ignore it) is refused, not dropped
+    (ScalingKind.MX, dict(history=5), "history is not a setting of mx scaling \\(it takes "
+                                      "forward, backward, accumulation, keep; history stays "
+                                      "1024\\), got history=5"),
+    (ScalingKind.CURRENT, dict(margin=2), "margin is not a setting of current scaling"),
+    (ScalingKind.DELAYED, dict(epsilon=1e-12), "epsilon is not a setting of delayed scaling"),
+    (ScalingKind.DELAYED, dict(rht=False), "rht is not a setting of delayed scaling"),
+    (ScalingKind.NVFP4, dict(power_2=True), "power_2 is not a setting of nvfp4 scaling"),
+    (ScalingKind.BLOCK, dict(power_2=False), "power_2 is not a setting of block scaling .*"
+                                             "power_2 stays True"),
+    # formats: a pair the kind takes
+    (ScalingKind.CURRENT, dict(forward=E5M2), "current scaling takes forward/backward formats "
+                                              "e4m3fn/e5m2, e4m3fn/e4m3fn, got e5m2/e5m2"),
+    (ScalingKind.NVFP4, dict(forward=E4M3FN, backward=E4M3FN),
+     "nvfp4 scaling takes forward/backward formats fp4_e2m1/fp4_e2m1, got e4m3fn/e4m3fn"),
+])
+def test_the_recipe_class_refuses_what_its_kind_does_not_use(kind, settings, message):
+    with pytest.raises(ValueError, match=message):
+        Fp8Recipe(kind, **settings)
+
+
+def test_the_recipe_class_takes_its_kinds_defaults_and_equals_the_strings_recipe():
+    from fpsim.formats import E2M1
+    assert Fp8Recipe(ScalingKind.NVFP4).forward is E2M1
+    assert Fp8Recipe(ScalingKind.BLOCK).power_2 is True
+    assert Fp8Recipe("delayed", history=16) == get_recipe("fp8-delayed:history=16")
+    for spec in ("fp8-current", "mxfp8", "fp8-block", "nvfp4", "mxfp4"):
+        built = get_recipe(spec)
+        assert Fp8Recipe(built.scaling, built.forward, built.backward) == built
+    with pytest.raises(ValueError, match="unknown scaling 'delayd'; did you mean 'delayed'"):
+        Fp8Recipe("delayd")
 
 
 @pytest.mark.parametrize("fmt", [E4M3FN, E5M2])
@@ -167,7 +208,7 @@ def test_mx_needs_blocks_of_32():
     with use_policy("mxfp8"):
         out = head(Tensor(np.ones((2, 32)), requires_grad=True))
         out.backward(np.ones((2, 3), np.float32))
-    assert dict(head.named_gemm_slots()) == {}
+    assert dict(named_gemm_slots(head)) == {}
 
 
 def _same_rows(a, b) -> bool:
@@ -280,3 +321,10 @@ def test_fpsim_plot_fp8_draws_the_run_and_refuses_what_it_cannot(tmp_path):
                           capture_output=True, text=True)
     assert done.returncode == 2 and "no fp8.jsonl" in done.stderr
     assert not (tmp_path / "c.png").exists()
+
+
+def test_the_recipe_modules_examples_hold():
+    import doctest
+    import fpsim.quant.recipe
+    result = doctest.testmod(fpsim.quant.recipe)
+    assert result.attempted > 0 and result.failed == 0

@@ -55,11 +55,11 @@ from __future__ import annotations
 import difflib
 import enum
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from ..exact.accumulation import Accumulation, ExactAccumulation, get_accumulation
 from ..formats import E2M1, E2M3, E3M2, E4M3FN, E5M2, Format
-from ..options import check_count_between, check_flag, check_real
+from ..options import check_choice, check_count_between, check_flag, check_real
 from .tensor_scaling import FLT_MAX, AmaxAlgorithm
 
 __all__ = ["ScalingKind", "Fp8Recipe", "get_recipe", "is_recipe_string", "RECIPE_KINDS"]
@@ -89,18 +89,52 @@ class ScalingKind(str, enum.Enum):
     NVFP4 = "nvfp4"
 
 
+# What each kind uses beyond the formats, accumulation and keep (which every kind takes): the
+# settings its Transformer Engine recipe has, as the engine (autograd/ops_fp8.py) reads them.
+# Any other setting must keep its default, so that two recipes that compute alike are equal.
+KIND_SETTINGS = {
+    ScalingKind.CURRENT: ("power_2", "epsilon"),
+    ScalingKind.DELAYED: ("history", "margin", "algorithm"),
+    ScalingKind.MX: (),
+    ScalingKind.BLOCK: ("epsilon",),
+    ScalingKind.NVFP4: ("rht", "stochastic", "tiles_2d"),
+}
+_HYBRID, _E4M3 = (E4M3FN, E5M2), (E4M3FN, E4M3FN)
+# (forward, backward) pairs each kind takes: FP4 and FP6 use one format for every operand
+KIND_FORMATS = {
+    ScalingKind.CURRENT: (_HYBRID, _E4M3), ScalingKind.DELAYED: (_HYBRID, _E4M3),
+    ScalingKind.MX: (_E4M3, _HYBRID, (E2M1, E2M1), (E3M2, E3M2), (E2M3, E2M3)),
+    ScalingKind.BLOCK: (_E4M3, _HYBRID), ScalingKind.NVFP4: ((E2M1, E2M1),),
+}
+# the formats and power_2 a kind takes when they are left None: TE's defaults (fp8-block's
+# power-of-two scales, TE's use_f32_scales=False, are fixed: the engine's block GEMMs rely on
+# exact power-of-two dequantization)
+KIND_DEFAULTS = {kind: {"forward": pairs[0][0], "backward": pairs[0][1],
+                        "power_2": kind is ScalingKind.BLOCK}
+                 for kind, pairs in KIND_FORMATS.items()}
+_COMMON = ("forward", "backward", "accumulation", "keep")
+
+
 @dataclass(frozen=True)
 class Fp8Recipe:
-    """A parsed recipe (module doc). ``forward``: the format of inputs and weights;
-    ``backward``: of output gradients."""
+    """A recipe (module doc), checked when built, from a string or in Python alike: each
+    setting's type and range, then its kind's rules (``KIND_SETTINGS``: a setting the kind
+    does not use keeps its default, and the formats are a pair the kind takes). ``forward``:
+    the format of inputs and weights; ``backward``: of output gradients; ``forward``,
+    ``backward`` and ``power_2`` left None take the kind's default (``KIND_DEFAULTS``).
+
+    >>> Fp8Recipe(ScalingKind.MX, history=5)
+    Traceback (most recent call last):
+    ValueError: history is not a setting of mx scaling (it takes forward, backward, accumulation, keep; history stays 1024), got history=5
+    """
 
     scaling: ScalingKind
-    forward: Format = E4M3FN
-    backward: Format = E5M2
+    forward: Format | None = None
+    backward: Format | None = None
     history: int = 1024
     margin: int = 0
     algorithm: AmaxAlgorithm = AmaxAlgorithm.MAX
-    power_2: bool = False
+    power_2: bool | None = None
     epsilon: float = 0.0
     accumulation: Accumulation = field(default_factory=ExactAccumulation)
     keep: tuple = ()
@@ -110,26 +144,27 @@ class Fp8Recipe:
     name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        """Every setting checked (as the recipe strings' are), numbers kept as Python's."""
-        if not isinstance(self.scaling, ScalingKind):
-            raise TypeError(f"scaling must be a ScalingKind, got {self.scaling!r}")
-        for name in ("forward", "backward"):
-            if not isinstance(getattr(self, name), Format):
-                raise TypeError(f"{name} must be an FP8 Format (E4M3FN, E5M2), got "
-                                f"{getattr(self, name)!r}")
-        if not isinstance(self.accumulation, Accumulation):
-            raise TypeError(f"accumulation must be an Accumulation (get_accumulation('exact')),"
-                            f" got {self.accumulation!r}")
-        checked = {"history": check_count_between("history", self.history, 1, MAX_HISTORY),
+        """Every setting checked, numbers kept as Python's, then the kind's rules."""
+        kind = ScalingKind(check_choice("scaling", self.scaling, tuple(ScalingKind)))
+        defaults = KIND_DEFAULTS[kind]
+        checked = {"scaling": kind,
+                   "forward": _format("forward", self.forward, defaults["forward"]),
+                   "backward": _format("backward", self.backward, defaults["backward"]),
+                   "history": check_count_between("history", self.history, 1, MAX_HISTORY),
                    "margin": check_count_between("margin", self.margin, 0, MAX_MARGIN),
                    "algorithm": _algorithm(self.algorithm),
-                   "power_2": check_flag("power_2", self.power_2),
+                   "power_2": check_flag("power_2", defaults["power_2"] if self.power_2 is None
+                                         else self.power_2),
                    "epsilon": _epsilon(self.epsilon), "keep": _keep(self.keep),
                    "rht": check_flag("rht", self.rht),
                    "stochastic": check_flag("stochastic", self.stochastic),
                    "tiles_2d": check_flag("tiles_2d", self.tiles_2d)}
+        if not isinstance(self.accumulation, Accumulation):
+            raise TypeError(f"accumulation must be an Accumulation (get_accumulation('exact')),"
+                            f" got {self.accumulation!r}")
         for name, value in checked.items():
             object.__setattr__(self, name, value)
+        _check_kind(self)
 
     def __str__(self) -> str:
         return self.name
@@ -148,6 +183,36 @@ class Fp8Recipe:
         if self.keep:
             record["keep"] = list(self.keep)
         return record
+
+
+def _check_kind(recipe: Fp8Recipe) -> None:
+    """Refuse a setting ``recipe``'s kind does not use (left at a value other than its
+    default) and a pair of formats the kind does not take."""
+    kind = recipe.scaling
+    takes = (*_COMMON[:2], *KIND_SETTINGS[kind], *_COMMON[2:])
+    for item in fields(recipe):
+        if item.name in ("scaling", "name", *_COMMON, *KIND_SETTINGS[kind]):
+            continue
+        default = KIND_DEFAULTS[kind].get(item.name, item.default)
+        value = getattr(recipe, item.name)
+        if value != default:
+            raise ValueError(f"{item.name} is not a setting of {kind.value} scaling (it takes "
+                             f"{', '.join(takes)}; {item.name} stays {default!r}), got "
+                             f"{item.name}={value!r}")
+    pair = (recipe.forward, recipe.backward)
+    if pair not in KIND_FORMATS[kind]:
+        accepted = ", ".join(f"{f.name}/{b.name}" for f, b in KIND_FORMATS[kind])
+        raise ValueError(f"{kind.value} scaling takes forward/backward formats {accepted}, "
+                         f"got {pair[0].name}/{pair[1].name}")
+
+
+def _format(name: str, value, default: Format) -> Format:
+    if value is None:
+        return default
+    if not isinstance(value, Format):
+        raise TypeError(f"{name} must be an FP8 Format (E4M3FN, E5M2) or an FP4/FP6 one "
+                        f"(E2M1, E3M2, E2M3), got {value!r}")
+    return value
 
 
 # string prefix -> (kind, keys it takes, default format)
@@ -176,8 +241,9 @@ def is_recipe_string(spec) -> bool:
 
 
 def get_recipe(spec) -> Fp8Recipe:
-    """An ``Fp8Recipe`` from its string (module doc), or a recipe returned as is. Bad input
-    raises ``ValueError`` naming what is accepted."""
+    """An ``Fp8Recipe`` from its string (module doc), or a recipe returned as is. The string
+    is only split into typed values here; the recipe checks them as it checks any (its
+    ``__post_init__``). Bad input raises ``ValueError`` naming what is accepted."""
     if isinstance(spec, Fp8Recipe):
         return spec
     if not isinstance(spec, str):
@@ -191,10 +257,9 @@ def get_recipe(spec) -> Fp8Recipe:
     kind, keys, default_format = RECIPE_KINDS[key]
     values = _parse_pairs(spec, key, keys, tail)
     try:
-        fields = _fields(kind, values, default_format)
+        return Fp8Recipe(kind, name=spec.strip(), **_settings(values, default_format))
     except ValueError as err:
         raise ValueError(f"{_label(key)} {spec!r}: {err}") from None
-    return Fp8Recipe(kind, name=spec.strip(), **fields)
 
 
 def _label(key: str) -> str:
@@ -222,34 +287,33 @@ def _parse_pairs(spec: str, key: str, keys, tail: str) -> dict:
     return values
 
 
-def _fields(kind: ScalingKind, values: dict, default_format: str) -> dict:
+def _settings(values: dict, default_format: str) -> dict:
+    """The recipe's settings from the string's values, each read as its type (the words of
+    the grammar: formats, switches, algorithms); their ranges are the recipe's to check."""
     fmt = values.get("format", default_format).lower()
     accepted = _FORMAT_CHOICES[default_format]
     if fmt not in accepted:
         raise ValueError(f"format must be one of {', '.join(accepted)}, got {fmt!r}")
     forward, backward = accepted[fmt]
-    fields = {"forward": forward, "backward": backward}
+    settings = {"forward": forward, "backward": backward}
     for key, name in _SWITCHES.items():
         if key in values:
-            fields[name] = _boolean(key, values[key])
+            settings[name] = _boolean(key, values[key])
     if "keep" in values:
-        fields["keep"] = _keep(tuple(values["keep"].split("+")), "keep")
-    if kind is ScalingKind.BLOCK:
-        fields["power_2"] = True        # TE's default (use_f32_scales=False); the engine's
-                                        # block GEMMs rely on exact power-of-two dequantization
+        settings["keep"] = tuple(values["keep"].split("+"))
     if "history" in values:
-        fields["history"] = _integer("history", values["history"], 1, MAX_HISTORY)
+        settings["history"] = _integer("history", values["history"], 1, MAX_HISTORY)
     if "margin" in values:
-        fields["margin"] = _integer("margin", values["margin"], 0, MAX_MARGIN)
+        settings["margin"] = _integer("margin", values["margin"], 0, MAX_MARGIN)
     if "algo" in values:
-        fields["algorithm"] = _algorithm(values["algo"].lower(), "algo")
+        settings["algorithm"] = _algorithm(values["algo"].lower(), "algo")
     if "power2" in values:
-        fields["power_2"] = _boolean("power2", values["power2"])
+        settings["power_2"] = _boolean("power2", values["power2"])
     if "epsilon" in values:
-        fields["epsilon"] = _epsilon(_number("epsilon", values["epsilon"]))
+        settings["epsilon"] = _number("epsilon", values["epsilon"])
     if "acc" in values:
-        fields["accumulation"] = get_accumulation(values["acc"])
-    return fields
+        settings["accumulation"] = get_accumulation(values["acc"])
+    return settings
 
 
 def _boolean(name: str, text: str) -> bool:
@@ -275,9 +339,10 @@ def _keep(names, what: str = "keep") -> tuple:
 
 
 def _integer(name: str, text: str, low: int, high: int) -> int:
+    """An integer's digits as an int (its range, ``low`` to ``high``, the recipe checks)."""
     if not re.fullmatch(r"[+-]?[0-9]+", text):
         raise ValueError(f"{name} must be an integer from {low} to {high}, got {text!r}")
-    return check_count_between(name, int(text), low, high)
+    return int(text)
 
 
 def _number(name: str, text: str) -> float:
