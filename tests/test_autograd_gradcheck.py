@@ -63,6 +63,10 @@ CASES = {
                    lambda r: [_rand(r, 2, 2, 5, 6)]),
     "avg_pool2d": (lambda x: ag.avg_pool2d(x, (2, 3), stride=1, padding=(1, 1)),
                    lambda r: [_rand(r, 2, 2, 4, 5)]),
+    "adaptive_avg_pool2d": (lambda x: ag.adaptive_avg_pool2d(x, (2, 3)),
+                            lambda r: [_rand(r, 2, 2, 5, 7)]),
+    "adaptive_avg_pool2d_global": (lambda x: ag.adaptive_avg_pool2d(x, 1),
+                                   lambda r: [_rand(r, 2, 3, 3, 4)]),
     "layer_norm": (lambda x, w, b: ag.layer_norm(x, (3, 4), w, b, eps=1e-3),
                    lambda r: [_rand(r, 2, 3, 4), _rand(r, 3, 4), _rand(r, 3, 4)]),
     "layer_norm_plain": (lambda x: ag.layer_norm(x, 5), lambda r: [_rand(r, 3, 5)]),
@@ -81,6 +85,8 @@ CASES = {
     "sigmoid": (lambda a: a.sigmoid(), lambda r: [_rand(r, 5) * 4]),
     "relu": (lambda a: a.relu(), lambda r: [_away_from_zero(r, 6)]),
     "gelu": (lambda a: a.gelu(), lambda r: [_rand(r, 6)]),
+    "leaky_relu": (lambda a: ag.leaky_relu(a, 0.2), lambda r: [_away_from_zero(r, 6)]),
+    "elu": (lambda a: ag.elu(a, 1.5), lambda r: [_away_from_zero(r, 8) * 2]),
     "gelu_tanh": (lambda a: a.gelu("tanh"), lambda r: [_rand(r, 8, low=-4.0, high=4.0)]),
     "where": (lambda a, b: ag.where(np.array([[True, False, True], [False, False, True]]),
                                     a, b) * b,
@@ -162,8 +168,9 @@ def test_gradient_float64_reference(name):
 
 
 FP32_CASES = ["cast", "add_broadcast", "mul_broadcast", "div", "matmul_batched", "linear", "conv2d",
-              "max_pool2d", "avg_pool2d", "layer_norm", "silu", "sum_axes",
+              "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "layer_norm", "silu", "sum_axes",
               "mean_axis", "exp", "log", "tanh", "sigmoid", "gelu", "gelu_tanh", "where",
+              "leaky_relu", "elu",
               "masked_fill", "dropout", "batch_norm_train", "batch_norm_eval", "softmax",
               "log_softmax",
               "getitem_repeated_index", "cross_entropy", "mse_loss", "mlp"]

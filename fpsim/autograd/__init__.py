@@ -5,8 +5,9 @@ themselves stored in a format.
 - ``Tensor`` (``tensor.py``): data, ``fmt``, ``grad_fmt``, ``requires_grad``, ``.grad``,
   ``backward``, ``detach``, ``zero_grad``, ``retain_grad``.
 - Ops (``ops_*.py``), each beside its backward: ``add sub mul div neg pow exp log sqrt tanh
-  sigmoid silu relu gelu``; ``matmul linear``; ``conv2d`` (``ops_conv.py``: im2col through
-  the same accumulation); ``max_pool2d avg_pool2d`` (``ops_pool.py``); ``layer_norm
+  sigmoid silu relu gelu leaky_relu elu``; ``matmul linear``; ``conv2d`` (``ops_conv.py``: im2col through
+  the same accumulation); ``max_pool2d avg_pool2d
+  adaptive_avg_pool2d`` (``ops_pool.py``); ``layer_norm
   batch_norm`` (``ops_norm.py``); ``where masked_fill dropout`` (``ops_select.py``: masks);
   ``sum mean max softmax log_softmax``; ``reshape transpose getitem concatenate stack
   cast``; ``cross_entropy mse_loss``. The ops import
@@ -31,13 +32,13 @@ from .context import (current_policy, enable_grad, is_grad_enabled, no_grad,
                       set_default_policy, use_policy)
 from .numerics import FP64
 # Importing the ops modules registers them with Tensor (its operators and methods).
-from .ops_elementwise import (add, div, exp, gelu, log, mul, neg, pow, relu, sigmoid, silu,
-                              sqrt, sub, tanh)
+from .ops_elementwise import (add, div, elu, exp, gelu, leaky_relu, log, mul, neg, pow, relu,
+                              sigmoid, silu, sqrt, sub, tanh)
 from .ops_loss import cross_entropy, mse_loss
 from .ops_matmul import linear, matmul
 from .ops_fp8 import ScalingSlots
 from .ops_conv import conv2d
-from .ops_pool import avg_pool2d, max_pool2d
+from .ops_pool import adaptive_avg_pool2d, avg_pool2d, max_pool2d
 from .ops_norm import batch_norm, layer_norm
 from .ops_select import dropout, masked_fill, where
 from .ops_reduce import log_softmax, max, mean, softmax, sum
@@ -50,8 +51,8 @@ __all__ = [
     "current_policy", "use_policy", "set_default_policy", "no_grad", "enable_grad",
     "is_grad_enabled",
     "add", "sub", "mul", "div", "neg", "pow", "exp", "log", "sqrt", "tanh", "sigmoid", "relu",
-    "gelu", "silu", "where", "masked_fill", "dropout", "matmul", "linear", "conv2d",
-    "max_pool2d", "avg_pool2d", "layer_norm", "batch_norm",
+    "gelu", "silu", "leaky_relu", "elu", "where", "masked_fill", "dropout", "matmul", "linear", "conv2d",
+    "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "layer_norm", "batch_norm",
     "sum", "mean", "max", "softmax", "log_softmax", "reshape",
     "transpose", "getitem", "concatenate", "stack", "cast", "cross_entropy", "mse_loss",
 ]

@@ -34,6 +34,7 @@ from numbers import Real
 from .. import backend
 from ..backend import xp
 
+from ..options import check_real
 from .numerics import FP64, round_array
 from ..exact import cr_exp, cr_gelu, cr_log, cr_sigmoid, cr_silu, cr_tanh, silu64
 from ..exact.correctly_rounded import (GELU_TANH_KAPPA, TWO_SQRT_2_OVER_PI, cr_gelu_tanh,
@@ -45,7 +46,7 @@ from .ops_shape import convert, operands
 from .tensor import Tensor, record, register
 
 __all__ = ["add", "sub", "mul", "div", "neg", "pow", "exp", "log", "sqrt", "tanh", "sigmoid",
-           "silu", "relu", "gelu"]
+           "silu", "relu", "gelu", "leaky_relu", "elu"]
 
 
 def _is_scalar(v) -> bool:
@@ -299,4 +300,49 @@ def _gelu_tanh_grad(g, d, o):
     return nan_as_input(d, _f64(g) * (s + d * s * (1.0 - s) * slope))
 
 
-register(add, sub, mul, div, neg, pow, exp, log, sqrt, tanh, sigmoid, silu, relu, gelu)
+def leaky_relu(x, negative_slope: float = 0.01) -> Tensor:
+    """x where x > 0, else x * negative_slope: PyTorch's CPU kernel (``a > 0 ? a : a * s``
+    with s the slope in float32, fp16 and bf16 computed in float32), so one float32 product
+    rounded once to the format; NaN and -0.0 take the product (NaN, -0.0 for s > 0).
+    Backward: g where x > 0, else g * s in float32, rounded once to the gradient format
+    (``leaky_relu_backward``). On neither autocast list (``elementwise``)."""
+    slope = check_real("negative_slope", negative_slope)
+
+    def values(d):
+        return xp.where(xp.greater(d, 0), d, d * _opmath(d, slope))
+
+    def grad(g, d, o):
+        return xp.where(xp.greater(d, 0), g, g * _opmath(g, slope))
+
+    return _unary("leaky_relu", x, "elementwise", values, grad)
+
+
+def elu(x, alpha: float = 1.0) -> Tensor:
+    """x where x > 0, else alpha * (e**x - 1), as ``torch.nn.functional.elu`` (scale 1). The
+    negative side is alpha times the libm-free float64 expm1 (``fpsim.exact.elementary``:
+    within 3 float64 ulps), rounded once to the format: the correctly rounded value except
+    within that error of a rounding boundary. PyTorch's kernel rounds expm1 (Sleef, 1 ulp)
+    and then the float32 product by alpha: within 2 fp32 ulps of ours (1 for alpha = 1,
+    whose product is exact). x >= 0, NaN and -0.0 pass unchanged. Backward: g where x > 0,
+    else g * alpha * e**x (NaN for a NaN x), as ``elu_backward`` on the input, in float64,
+    rounded once. On
+    neither autocast list (``elementwise``)."""
+    alpha = check_real("alpha", alpha)
+
+    def values(d):
+        d64 = _f64(d)
+        negative = xp.less(d64, 0)
+        return xp.where(negative, alpha * elementary.expm1_neg(xp.where(negative, d64, 0.0)),
+                        d64)
+
+    def grad(g, d, o):
+        d64 = _f64(d)
+        below = xp.logical_not(xp.greater(d64, 0))        # NaN too, as torch's kernel
+        slope = alpha * elementary.exp(xp.where(below, d64, 0.0))
+        return xp.where(below, _f64(g) * slope, _f64(g))
+
+    return _unary("elu", x, "elementwise", values, grad)
+
+
+register(add, sub, mul, div, neg, pow, exp, log, sqrt, tanh, sigmoid, silu, relu, gelu,
+         leaky_relu, elu)

@@ -19,6 +19,13 @@ as PyTorch requires.
   divide, cast). Backward: each input element's exact sum of the gradients of the windows
   holding it (``scatter_sum``, correct to 53 bits), divided by ``kh kw`` in float64, rounded
   once to the gradient format (correctly rounded when ``kh kw`` is a power of two).
+- ``adaptive_avg_pool2d`` (an output size, PyTorch's windows ``[floor(i in / out),
+  ceil((i + 1) in / out))``, which overlap when ``in`` is not a multiple of ``out``): an
+  output size of (1, 1) is ``mean`` over H and W, the route PyTorch takes there (its bits:
+  one division by H W). Otherwise, as PyTorch's CPU kernel: each window summed by the
+  accumulation model into fp32, divided by its ``kh`` then by its ``kw`` (two float32
+  divisions), rounded once to the output format. Backward: each input element's float64
+  sum of the ``g / (kh kw)`` of the windows holding it (at most a few terms), rounded once.
 
 >>> from fpsim.autograd import Tensor
 >>> x = Tensor([[[[1.0, 5.0, 2.0, 0.0], [3.0, 4.0, 8.0, 6.0]]]])
@@ -37,10 +44,11 @@ from ..formats import FP32
 from .accumulate import acc_sum, accumulation_model
 from .numerics import FP64, round_array
 from .ops_conv import conv_output_size, pad_frame, pair, window_values
+from .ops_reduce import mean
 from .ops_shape import convert, operands
-from .tensor import Tensor, record, register
+from .tensor import Tensor, as_tensor, record, register
 
-__all__ = ["max_pool2d", "avg_pool2d"]
+__all__ = ["max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"]
 
 
 def _geometry(x, kernel_size, stride, padding, op):
@@ -182,4 +190,48 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, *, accumulation=None) -> 
     return record(out, fmt, (x,), backward, "avg_pool2d")
 
 
-register(max_pool2d, avg_pool2d)
+def adaptive_windows(size: int, out: int) -> list[tuple[int, int]]:
+    """PyTorch's adaptive pooling windows along one axis: ``[floor(i size / out),
+    ceil((i + 1) size / out))`` for each output position ``i``."""
+    return [(i * size // out, -(-(i + 1) * size // out)) for i in range(out)]
+
+
+def adaptive_avg_pool2d(x, output_size, *, accumulation=None) -> Tensor:
+    """Mean of each of PyTorch's adaptive windows (module doc); ``output_size`` an int or
+    (rows, columns), each at least 1."""
+    out_hw = pair(output_size, "output_size", 1)
+    x = as_tensor(x)
+    if x.ndim != 4:
+        raise ValueError(f"adaptive_avg_pool2d takes an (N, C, H, W) input, got shape "
+                         f"{x.shape}")
+    if out_hw == (1, 1):
+        return mean(x, (2, 3), keepdims=True, accumulation=accumulation)
+    fmt, (x,) = operands("elementwise", x)
+    rows, cols = (adaptive_windows(n, o) for n, o in zip(x.shape[2:], out_hw))
+    acc_fmt = FP64 if fmt is FP64 else FP32
+    model = accumulation_model(accumulation)
+    lead = tuple(x.shape[:2])
+    columns = []
+    for r0, r1 in rows:
+        for c0, c1 in cols:
+            window = xp.reshape(x.data[:, :, r0:r1, c0:c1], lead + (-1,))   # row by row
+            total = acc_sum(window, -1, False, acc_fmt, model)
+            with xp.errstate(over="ignore", under="ignore"):
+                columns.append(total / backend.scalar(r1 - r0, total.dtype)
+                               / backend.scalar(c1 - c0, total.dtype))
+    out = round_array(xp.reshape(xp.stack(columns, -1), lead + out_hw), fmt)
+
+    def backward(g, g_fmt):
+        g64 = backend.astype(g, xp.float64)
+        total = xp.zeros(x.shape, xp.float64)
+        with xp.errstate(under="ignore"):
+            for i, (r0, r1) in enumerate(rows):
+                for j, (c0, c1) in enumerate(cols):
+                    share = g64[:, :, i, j] / backend.scalar((r1 - r0) * (c1 - c0), xp.float64)
+                    total[:, :, r0:r1, c0:c1] += xp.reshape(share, lead + (1, 1))
+        return (round_array(total, x.grad_fmt),)
+
+    return record(out, fmt, (x,), backward, "adaptive_avg_pool2d")
+
+
+register(max_pool2d, avg_pool2d, adaptive_avg_pool2d)

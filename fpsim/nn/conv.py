@@ -1,4 +1,5 @@
-"""Image layers (NCHW, as PyTorch): ``Conv2d``, ``MaxPool2d``, ``AvgPool2d``, ``Flatten``.
+"""Image layers (NCHW, as PyTorch): ``Conv2d``, ``MaxPool2d``, ``AvgPool2d``,
+``AdaptiveAvgPool2d``, ``Flatten``, ``Unflatten``.
 
 Each calls one autograd op (``fpsim.autograd.conv2d``, ``max_pool2d``, ``avg_pool2d``,
 ``reshape``), whose module docs say where it rounds; parameters are created in the current
@@ -15,14 +16,16 @@ policy's ``param`` format.
 """
 from __future__ import annotations
 
-from ..options import check_count
+from numbers import Integral
+
+from ..options import check_count, check_instance
 
 from .. import autograd as ag
 from ..autograd.ops_conv import pair
 from . import init
 from .module import Module, parameter
 
-__all__ = ["Conv2d", "MaxPool2d", "AvgPool2d", "Flatten"]
+__all__ = ["Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "Flatten", "Unflatten"]
 
 
 class Conv2d(Module):
@@ -92,6 +95,24 @@ class AvgPool2d(_Pool):
     op = staticmethod(ag.avg_pool2d)
 
 
+class AdaptiveAvgPool2d(Module):
+    """``autograd.adaptive_avg_pool2d`` to ``output_size`` (an int or (rows, columns)), as
+    ``torch.nn.AdaptiveAvgPool2d``: (1, 1), global average pooling, is ``mean`` over H and W
+    (PyTorch's route: one fp32 division by H W, rounded once); other sizes take PyTorch's
+    windows ``[floor(i H / out), ceil((i + 1) H / out))``, overlapping where H is not a
+    multiple, each window's fp32 sum divided by its height, then its width, rounded once."""
+
+    def __init__(self, output_size):
+        super().__init__()
+        self.output_size = pair(output_size, "output_size", 1)
+
+    def forward(self, x):
+        return ag.adaptive_avg_pool2d(x, self.output_size)
+
+    def __repr__(self) -> str:
+        return f"AdaptiveAvgPool2d(output_size={self.output_size})"
+
+
 class Flatten(Module):
     """Axes ``start_dim`` to the last joined into one (a reshape: no rounding)."""
 
@@ -108,3 +129,30 @@ class Flatten(Module):
 
     def __repr__(self) -> str:
         return f"Flatten(start_dim={self.start_dim})"
+
+
+class Unflatten(Module):
+    """Axis ``dim`` (an int, negative from the end) split into ``unflattened_size`` (a tuple
+    of positive ints, one of them may be -1), as ``torch.nn.Unflatten``: a reshape, no
+    rounding."""
+
+    def __init__(self, dim: int, unflattened_size):
+        super().__init__()
+        self.dim = int(check_instance("dim", dim, Integral, "an integer axis such as 1"))
+        sizes = check_instance("unflattened_size", unflattened_size, (tuple, list),
+                               "a tuple of sizes such as (3, 4)")
+        if not sizes or sum(size == -1 for size in sizes) > 1:
+            raise ValueError(f"unflattened_size must hold at least one size and at most one "
+                             f"-1, got {unflattened_size!r}")
+        self.unflattened_size = tuple(-1 if size == -1 and not isinstance(size, bool) else
+                                      check_count("unflattened_size", size, 1)
+                                      for size in sizes)
+
+    def forward(self, x):
+        if not -x.ndim <= self.dim < x.ndim:
+            raise ValueError(f"Unflatten(dim={self.dim}) is out of range for shape {x.shape}")
+        dim = self.dim % x.ndim
+        return ag.reshape(x, x.shape[:dim] + self.unflattened_size + x.shape[dim + 1:])
+
+    def __repr__(self) -> str:
+        return f"Unflatten(dim={self.dim}, unflattened_size={self.unflattened_size})"

@@ -39,15 +39,17 @@ from ..backend import xp
 from ..autograd import Tensor, current_policy
 from .attention import MultiheadAttention, TransformerBlock
 from .conv import AvgPool2d, Conv2d, Flatten, MaxPool2d
-from .layers import (GELU, Dropout, Embedding, Linear, ModuleList, ReLU, Sequential, Sigmoid,
-                     SiLU, Tanh)
+from .conv import AdaptiveAvgPool2d, Unflatten
+from .layers import (ELU, GELU, Dropout, Embedding, Identity, LeakyReLU, Linear, LogSoftmax,
+                     ModuleList, ReLU, Sequential, Sigmoid, SiLU, Softmax, Tanh)
 from .lstm import LSTM
 from .module import parameter
 from .norm import BatchNorm2d, LayerNorm
 
 __all__ = ["from_torch", "SUPPORTED"]
 
-SUPPORTED = ("Linear", "Conv2d", "MaxPool2d", "AvgPool2d", "Flatten", "LayerNorm",
+SUPPORTED = ("Linear", "Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "Identity",
+             "Flatten", "Unflatten", "LeakyReLU", "ELU", "Softmax", "LogSoftmax", "LayerNorm",
              "BatchNorm2d", "Embedding", "ReLU", "Tanh", "Sigmoid", "GELU", "SiLU", "Dropout",
              "Sequential", "ModuleList", "MultiheadAttention", "LSTM",
              "TransformerEncoderLayer")
@@ -146,6 +148,35 @@ def _embedding(layer, path, ctx):
 
 def _gelu(layer, path, ctx):
     return GELU(layer.approximate)
+
+
+def _adaptive_avg_pool(layer, path, ctx):
+    size = layer.output_size
+    sizes = tuple(size) if isinstance(size, (tuple, list)) else (size, size)
+    if any(n is None for n in sizes):
+        _refuse(layer, path, f"output_size {size!r}: None (keep the input's size) is not "
+                             f"supported; give each size")
+    return AdaptiveAvgPool2d(sizes)
+
+
+def _softmax(layer, path, ctx):
+    if layer.dim is None:
+        _refuse(layer, path, "dim=None (PyTorch's implicit, deprecated choice) is not "
+                             "supported; give dim")
+    return (Softmax if _name(layer) == "Softmax" else LogSoftmax)(layer.dim)
+
+
+def _elu(layer, path, ctx):
+    if layer.inplace:
+        _refuse(layer, path, "inplace=True (PyTorch then takes the gradient from the output, "
+                             "g (y + alpha)) is not supported")
+    return ELU(layer.alpha)
+
+
+def _unflatten(layer, path, ctx):
+    if not isinstance(layer.unflattened_size, (tuple, list)):
+        _refuse(layer, path, "only a tuple unflattened_size (no named dims) is supported")
+    return Unflatten(layer.dim, tuple(layer.unflattened_size))
 
 
 def _dropout(layer, path, ctx):
@@ -345,6 +376,9 @@ def _convert(layer, path, ctx):
     if container:
         ours = converter(layer, path, ctx)
         _adopt_tensors(ours, layer, path, ctx, own_only=True)
+    "AdaptiveAvgPool2d": _adaptive_avg_pool, "Identity": lambda layer, path, ctx: Identity(),
+    "LeakyReLU": lambda layer, path, ctx: LeakyReLU(layer.negative_slope), "ELU": _elu,
+    "Softmax": _softmax, "LogSoftmax": _softmax, "Unflatten": _unflatten,
         ours.training = bool(layer.training)    # its children keep their own modes
     else:
         _check_one_mode(layer, path)

@@ -1,5 +1,6 @@
 """Layers: ``Linear``, ``Embedding``, ``ModuleList``, ``Sequential``, ``Dropout``,
-activations and the ``MLP`` builder.
+``Identity``, activations (``ReLU``, ``LeakyReLU``, ``ELU``, ``Tanh``, ``Sigmoid``, ``GELU``,
+``SiLU``, ``Softmax``, ``LogSoftmax``) and the ``MLP`` builder.
 
 Parameters are created in the current policy's ``param`` format (build the model inside
 ``use_policy("16-true")`` for fp16 parameters); forward passes round as the policy in force
@@ -18,6 +19,7 @@ when they run says (``fpsim.autograd.policy``).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from numbers import Integral
 
 from .. import backend
 from ..options import (check_choice, check_count, check_instance, check_real,
@@ -27,12 +29,14 @@ from ..backend import xp
 from .. import autograd as ag
 from . import init
 from .module import Module, parameter
+from .gemm import GemmModule
 
-__all__ = ["Linear", "Embedding", "ModuleList", "Sequential", "Dropout", "ReLU", "Tanh",
-           "Sigmoid", "GELU", "SiLU", "MLP", "ACTIVATIONS"]
+__all__ = ["Linear", "Embedding", "ModuleList", "Sequential", "Dropout", "Identity", "ReLU",
+           "LeakyReLU", "ELU", "Tanh", "Sigmoid", "GELU", "SiLU", "Softmax", "LogSoftmax", "MLP",
+           "ACTIVATIONS"]
 
 
-class Linear(Module):
+class Linear(GemmModule):
     """y = x @ weight.T + bias, weight (out, in) initialised U(+-1/sqrt(in)) like PyTorch;
     one fused op (``autograd.linear``: bias added in the fp32 accumulator). Under an FP8
     recipe the layer keeps its GEMM's scaling state (``gemm_slots()``, TE's ``fp8_meta``),
@@ -177,6 +181,17 @@ class Dropout(Module):
         return f"Dropout(p={self.p}, seed={self.seed})"
 
 
+class Identity(Module):
+    """Its input, unchanged (no op, no rounding), as ``torch.nn.Identity``: a placeholder,
+    such as a ResNet block's shortcut; extra arguments are ignored, as PyTorch's are."""
+
+    def forward(self, x, *args, **kwargs):
+        return x
+
+    def __repr__(self) -> str:
+        return "Identity()"
+
+
 class _Activation(Module):
     fn = None
 
@@ -216,6 +231,58 @@ class GELU(Module):
 
 class SiLU(_Activation):
     fn = staticmethod(ag.silu)
+
+
+class LeakyReLU(Module):
+    """x where x > 0, else ``negative_slope`` x (``autograd.leaky_relu``: PyTorch's float32
+    product, rounded once)."""
+
+    def __init__(self, negative_slope: float = 0.01):
+        super().__init__()
+        self.negative_slope = check_real("negative_slope", negative_slope)
+
+    def forward(self, x):
+        return ag.leaky_relu(x, self.negative_slope)
+
+    def __repr__(self) -> str:
+        return f"LeakyReLU(negative_slope={self.negative_slope})"
+
+
+class ELU(Module):
+    """x where x > 0, else ``alpha`` (e**x - 1) (``autograd.elu``: float64, rounded once)."""
+
+    def __init__(self, alpha: float = 1.0):
+        super().__init__()
+        self.alpha = check_real("alpha", alpha)
+
+    def forward(self, x):
+        return ag.elu(x, self.alpha)
+
+    def __repr__(self) -> str:
+        return f"ELU(alpha={self.alpha})"
+
+
+class Softmax(Module):
+    """``autograd.softmax`` along ``dim`` (an int, negative from the end; PyTorch's implicit
+    ``dim=None`` is not offered): correctly rounded, autocast's float32 list (``wide``)."""
+
+    fn = staticmethod(ag.softmax)
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = int(check_instance("dim", dim, Integral, "an integer axis such as -1"))
+
+    def forward(self, x):
+        return type(self).fn(x, self.dim)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(dim={self.dim})"
+
+
+class LogSoftmax(Softmax):
+    """``autograd.log_softmax`` along ``dim`` (an int): correctly rounded, ``wide``."""
+
+    fn = staticmethod(ag.log_softmax)
 
 
 ACTIVATIONS = {"relu": ReLU, "tanh": Tanh, "sigmoid": Sigmoid, "gelu": GELU}
