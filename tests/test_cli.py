@@ -66,13 +66,13 @@ def test_train_command_writes_run_trace_and_checkpoint(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["train", "--lr", "0"], "lr must be a number in (0.0, inf)"),
+    (["train", "--lr", "0"], "lr (--lr) must be a number > 0"),
     (["train", "--scaler", "nvidia"], "unknown scaler 'nvidia'"),
     (["train", "--policy", "fp17-mixed"], "unknown precision policy"),
-    (["train", "--optimizer", "lion"], "unknown optimizer 'lion'"),
-    (["train", "--hidden", "64,x"], "--hidden takes comma-separated positive integers"),
-    (["train", "--hidden", "8,,8"], "--hidden takes comma-separated positive integers"),
-    (["train", "--hidden", "8,0"], "--hidden takes comma-separated positive integers"),
+    (["train", "--optimizer", "lion"], "unknown optimizer (--optimizer) 'lion'"),
+    (["train", "--hidden", "64,x"], "hidden (--hidden) takes comma-separated positive integers"),
+    (["train", "--hidden", "8,,8"], "hidden (--hidden) takes comma-separated positive integers"),
+    (["train", "--hidden", "8,0"], "hidden (--hidden) takes comma-separated positive integers"),
     (["train", "--resume", "/nonexistent/checkpoint.npz"], "no checkpoint at"),
 ])
 def test_train_bad_input_exits_2(capsys, argv, message):

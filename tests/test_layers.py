@@ -14,7 +14,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "fpsim"
 
 LAYERS = [
-    ["formats", "_version", "files", "options"],
+    ["formats", "_version", "files", "options", "grammar"],
     ["rounding"],
     ["encoding", "describe"],
     ["backend"],

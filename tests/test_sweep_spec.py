@@ -57,10 +57,10 @@ def test_key_covers_the_whole_configuration_and_the_version():
      "[base] has unknown field 'learning_rate'"),
     ("[grid]\npolicy = ['16-mixed', 'fp17-mixed']", "[grid] policy: unknown precision policy"),
     ("[grid]\nscaler = ['dynamic', 'nvidia']", "[grid] scaler: unknown scaler 'nvidia'"),
-    ("[grid]\noptimizer = ['sgd', 'lion']", "unknown optimizer 'lion'"),
+    ("[grid]\noptimizer = ['sgd', 'lion']", "unknown optimizer (--optimizer) 'lion'"),
     ("[grid]\nsteps = [5, 'ten']", "[grid] steps: must be an integer, got 'ten'"),
-    ("[grid]\nlr = [0.1, 0]", "[grid] lr: must be > 0, got 0.0"),
-    ("[grid]\nhidden = ['8', '8,x']", "hidden sizes are comma-separated positive integers"),
+    ("[grid]\nlr = [0.1, 0]", "[grid] lr: lr (--lr) must be a number > 0, got 0.0"),
+    ("[grid]\nhidden = ['8', '8,x']", "hidden (--hidden) takes comma-separated positive integers"),
     ("[grid]\nseed = [0, 0]", "[grid] seed: 0 is listed twice"),
     ("[grid]\nseed = 3", "[grid] seed: an axis is a non-empty list of values"),
     ("[base]\nout = 'x'\n[grid]\nseed = [0, 1]", "'out' is set by the sweep itself"),
@@ -85,7 +85,7 @@ def test_cli_reports_one_line_exits_2_and_writes_nothing(tmp_path, capsys):
     assert main(["sweep", str(spec), "--out", str(out), "--workers", "1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("fpsim: error: ")
-    assert "[grid] activation: unknown activation 'swish'" in err
+    assert "[grid] activation: unknown activation (--activation) 'swish'" in err
     assert not out.exists()
     assert main(["sweep", str(tmp_path / "missing.toml"), "--out", str(out)]) == 2
     assert "missing.toml not found" in capsys.readouterr().err

@@ -144,7 +144,7 @@ def bad_data_with_nan():
     (lambda: Dataset(np.ones((10, 8), np.float32), np.zeros(9, np.int64), 3), "shape \\(10,\\)"),
     (lambda: Dataset(np.ones((4, 2), np.float32), np.array([0, 1, 5, 0]), 3), "0..2"),
     (lambda: make_dataset("mnist"), "unknown data set 'mnist'"),
-    (lambda: small_run(steps=0), "steps must be a positive integer"),
+    (lambda: small_run(steps=0), r"steps \(--steps\) must be a positive integer"),
     (lambda: small_run(scaler="static:0"), "scale must be finite and > 0"),
     (lambda: small_run(scaler="nvidia"), "unknown scaler 'nvidia'"),
     (lambda: small_run(policy="17-mixed"), "unknown precision policy"),

@@ -26,12 +26,13 @@ One training step::
 from .dynamic import PRECISIONS, DynamicScaler, trajectory
 from .numerics import check_overflow, found_inf, scale_loss, unscale
 from .presets import PRESETS, preset, preset_names
+from .spec import SCALER_FORMS, get_scaler
 from .state import Decision, LossScaleMinimumError, ScalerState
 from .static import NoScaler, StaticScaler
 
 __all__ = [
     "ScalerState", "Decision", "LossScaleMinimumError",
     "DynamicScaler", "StaticScaler", "NoScaler", "PRECISIONS", "trajectory",
-    "preset", "PRESETS", "preset_names",
+    "preset", "PRESETS", "preset_names", "get_scaler", "SCALER_FORMS",
     "scale_loss", "unscale", "found_inf", "check_overflow",
 ]

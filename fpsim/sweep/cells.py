@@ -1,13 +1,13 @@
 """Cells: one ``fpsim train`` run each, expanded from a spec and keyed by a hash of the full
 training configuration and fpsim's version.
 
-``run_cell`` is what a Dask worker executes: the same entry point as ``fpsim train``
-(``fpsim.train.cli.run``), in a temporary folder on the worker's own disk; it returns the
-results row and the run's files, which the client writes, so workers need no shared disk.
+``run_cell`` is what a Dask worker executes: ``train(config)``, the cell's ``TrainConfig`` (what
+``fpsim train`` runs for the same options), in a temporary folder on the worker's own disk; it
+returns the results row and the run's files, which the client writes, so workers need no
+shared disk.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import itertools
@@ -20,12 +20,12 @@ from pathlib import Path
 
 from .. import backend
 from .._version import __version__
-from ..train import cli as train_cli
-from ..train import read_trace
+from ..train import read_trace, train
+from ..train.config import from_options
 from ..train.fp8_stats import FP8_TABLE
 from ..train.layer_stats import LAYERS
 from .results import summarize
-from .spec import SweepSpec, train_defaults
+from .spec import SweepSpec
 
 __all__ = ["Cell", "expand", "config_key", "run_cell", "CELL_FILES", "cell_count"]
 
@@ -80,14 +80,6 @@ def expand(spec: SweepSpec) -> list[Cell]:
     return cells
 
 
-def train_arguments(config: dict, out: "str | Path") -> argparse.Namespace:
-    """The arguments ``fpsim train`` would parse for this configuration, writing to ``out``."""
-    args = train_defaults()
-    vars(args).update(config, command="train", out=str(out), resume=None, checkpoint_every=None,
-                      trace_format="jsonl", quiet=True)
-    return args
-
-
 def run_cell(cell: Cell, backend_name: str = "numpy") -> dict:
     """Train one cell (on a worker) on the sweep's backend: ``{"fpsim": version, "row":
     results row, "files": {name: text}}``. A configuration that fails gives a row with status
@@ -97,9 +89,7 @@ def run_cell(cell: Cell, backend_name: str = "numpy") -> dict:
         error = None
         began = time.perf_counter()
         try:
-            status = train_cli.run(train_arguments(cell.config, folder))
-            if status != 0:
-                error = f"fpsim train exited with status {status}"
+            train(from_options(dict(cell.config, out=folder)), progress=False)
         except CELL_ERRORS as err:
             error = f"{type(err).__name__}: {err}"
         wall_time = time.perf_counter() - began

@@ -89,12 +89,14 @@ def check_folder(spec: SweepSpec, out: Path, backend_name: str = "numpy") -> Non
     record = out / "sweep.json"
     if record.exists():
         earlier = read_sweep_record(record)
+        if earlier["fpsim"] != __version__:      # first: a version's specs hold other fields
+            raise ValueError(f"{out} was swept with fpsim {earlier['fpsim']}, this is fpsim "
+                             f"{__version__} (its cells' configurations and keys differ); "
+                             f"choose another --out, or resume it with fpsim "
+                             f"{earlier['fpsim']}")
         if earlier["spec"] != spec.as_dict():
             raise ValueError(f"{out} holds a different sweep (its sweep.json has another spec); "
                              f"choose another --out, or rerun that sweep's own spec to resume")
-        if earlier["fpsim"] != __version__:
-            raise ValueError(f"{out} was swept with fpsim {earlier['fpsim']}, this is fpsim "
-                             f"{__version__}; choose another --out")
         if earlier["backend"] != backend_name:
             raise ValueError(f"{out} was swept on the {earlier['backend']} backend, this run "
                              f"asks for {backend_name}; resume it with --backend "

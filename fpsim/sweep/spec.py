@@ -17,34 +17,28 @@ runs.
     momentum = [0.0, 0.9]
 
 A field is any option of ``fpsim train`` except those the sweep owns (``out``, ``resume``,
-``checkpoint-every``, ``trace-format``, ``quiet``, ``overwrite``, ``allow-change``, ``plot``); its default is ``fpsim train``'s. Each value
-is checked for its type and, where the field names something (policy, scaler, optimizer, data
-set, activation, master format, hidden sizes), that the name is known. A problem raises
+``checkpoint-every``, ``trace-format``, ``quiet``, ``overwrite``, ``allow-change``, ``plot``);
+its default is ``fpsim train``'s. Each value is checked for its type and by the
+``TrainConfig`` field's own check (``fpsim.train.config.check_field``), as ``fpsim train``
+checks it. A problem raises
 ``SpecError`` (a ``ValueError``) naming the file, the table, the field and what is accepted.
 Combinations that only fail together (Adam with a momentum) are not errors here: such a cell
 is run, fails, and is recorded as failed.
 """
 from __future__ import annotations
 
-import argparse
-import math
-import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import formats, nn
 from ..options import check_instance, check_path
-from ..autograd import get_policy
-from ..train import DATASETS, LOSSES, resolve_scaler
-from ..train.factories import MODELS, is_factory, parse_arguments
-from ..train import cli as train_cli
+from ..train.config import OPTIONS, RUN_OPTIONS, Option, TrainConfig, check_field
 
 
 __all__ = ["SweepSpec", "SpecError", "load_spec", "parse_spec", "train_fields", "SWEEP_OWNED"]
 
 SWEEP_OWNED = ("out", "resume", "checkpoint_every", "trace_format", "quiet", "overwrite",
-               "allow_change", "plot", "backend")
+               "allow_change", "plot", "backend")       # fpsim train's options a spec cannot set
 TABLES = ("sweep", "base", "grid", "zip")
 SWEEP_KEYS = ("name", "description")
 
@@ -75,23 +69,19 @@ class SweepSpec:
                 "grid": self.grid, "zip": self.zipped}
 
 
-def _train_parser() -> argparse.ArgumentParser:
-    commands = argparse.ArgumentParser().add_subparsers(dest="command")
-    train_cli.register(commands)
-    return commands.choices["train"]
+def train_fields() -> dict[str, Option]:
+    """``fpsim train``'s options a spec may set, by flag with underscores (``batch_size``,
+    ``model_arg``): ``TrainConfig``'s fields, so a sweep accepts exactly what ``fpsim train``
+    accepts, with the same defaults and checks."""
+    return {OPTIONS[name].flag.replace("-", "_"): OPTIONS[name] for name in RUN_OPTIONS}
 
 
-def train_fields() -> dict[str, argparse.Action]:
-    """``fpsim train``'s options by field name (underscores), read from its own parser, so a
-    sweep accepts exactly what ``fpsim train`` accepts, with the same defaults."""
-    return {action.dest: action for action in _train_parser()._actions
-            if action.dest not in ("help", *SWEEP_OWNED)}
-
-
-def train_defaults() -> argparse.Namespace:
-    """What ``fpsim train`` parses from no options: every option at its default, the ones
-    the sweep owns included, so a cell's arguments are complete whatever train adds."""
-    return _train_parser().parse_args([])
+def default_value(option: Option):
+    """A field's default as a spec writes it (``hidden = "64,64"``, ``model_arg = []``)."""
+    value = getattr(TrainConfig(), option.name)
+    if option.kind is list:
+        return []
+    return ",".join(map(str, value)) if option.name == "hidden" else value
 
 
 def load_spec(path: "str | Path") -> SweepSpec:
@@ -150,7 +140,7 @@ def parse_spec(text: str, source: str = "<spec>") -> SweepSpec:
         raise SpecError(f"{source}: the lists in [zip] must have one length ({listed})")
     if not tables["grid"] and not tables["zip"]:
         raise SpecError(f"{source}: nothing to vary: give at least one list in [grid] or [zip]")
-    base = {name: action.default for name, action in fields.items()}
+    base = {name: default_value(option) for name, option in fields.items()}
     base.update(tables["base"])
     for name in (*tables["grid"], *tables["zip"]):
         base.pop(name)
@@ -179,23 +169,15 @@ def _check_axis(name: str, values, action, where: str) -> list:
     return checked
 
 
-_SIZES = re.compile(r"^\s*([1-9][0-9]*\s*(,\s*[1-9][0-9]*\s*)*)?$")  # "" = no hidden layer
-
-
-def check_value(name: str, value, action, where: str):
-    """``value`` as the training field ``name`` takes it (an ``int``, a ``float`` or a
-    string), or ``SpecError``."""
-    kind = action.type or (bool if isinstance(action.default, bool) else str)
-    if isinstance(action.default, list):      # a repeatable option: --model-arg K=V ...
+def check_value(name: str, value, option: Option, where: str):
+    """``value`` as the training field ``name`` takes it (an ``int``, a ``float``, a string, a
+    list of ``KEY=VALUE`` strings), checked by ``TrainConfig``'s own check, or ``SpecError``."""
+    kind = option.kind
+    if kind is list:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise SpecError(f"{where}: must be a list of strings like [\"width=8\"], got "
                             f"{value!r}")
-        try:
-            parse_arguments(value, f"--{name.replace('_', '-')}")
-        except ValueError as err:
-            raise SpecError(f"{where}: {err}") from None
-        return value
-    if kind is int:
+    elif kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise SpecError(f"{where}: must be an integer, got {value!r}")
     elif kind is float:
@@ -207,50 +189,8 @@ def check_value(name: str, value, action, where: str):
             raise SpecError(f"{where}: must be true or false, got {value!r}")
     elif not isinstance(value, str):
         raise SpecError(f"{where}: must be a string, got {value!r}")
-    if action.choices is not None and value not in action.choices:
-        raise SpecError(f"{where}: {value!r} is not accepted; choose "
-                        f"{', '.join(map(str, action.choices))}")
-    problem = _check_meaning(name, value)
-    if problem:
-        raise SpecError(f"{where}: {problem}")
-    return value
-
-
-_AT_LEAST = {"steps": 1, "batch_size": 1, "samples": 1, "features": 1, "classes": 2, "seed": 0}
-_NON_NEGATIVE = ("momentum", "weight_decay")
-_POSITIVE = ("lr", "clip_norm")
-
-
-def _check_meaning(name: str, value) -> str | None:
-    """What is wrong with one value of a field on its own, or None."""
-    if name in _AT_LEAST and value < _AT_LEAST[name]:
-        return f"must be >= {_AT_LEAST[name]}, got {value!r}"
-    if isinstance(value, float) and not math.isfinite(value):
-        return f"must be finite, got {value!r}"
-    if name in _POSITIVE and value <= 0:
-        return f"must be > 0, got {value!r}"
-    if name in _NON_NEGATIVE and value < 0:
-        return f"must be >= 0, got {value!r}"
     try:
-        if name == "policy":
-            get_policy(value)
-        elif name == "scaler":
-            resolve_scaler(value)
-        elif name == "optimizer" and value not in train_cli.OPTIMIZERS:
-            return f"unknown optimizer {value!r}; choose {', '.join(train_cli.OPTIMIZERS)}"
-        elif name == "data" and value not in DATASETS and not is_factory(value):
-            return (f"unknown data set {value!r}; choose {', '.join(DATASETS)}, or "
-                    f"MODULE:FACTORY")
-        elif name == "model" and value not in MODELS and not is_factory(value):
-            return f"unknown model {value!r}; choose {', '.join(MODELS)}, or MODULE:FACTORY"
-        elif name == "loss" and value not in LOSSES:
-            return f"unknown loss {value!r}; choose {', '.join(LOSSES)}"
-        elif name == "activation" and value not in nn.ACTIVATIONS:
-            return f"unknown activation {value!r}; choose {', '.join(nn.ACTIVATIONS)}"
-        elif name == "master" and value.lower() != "none":
-            formats.get(value)
-        elif name == "hidden" and not _SIZES.match(value):
-            return f"hidden sizes are comma-separated positive integers like '64,64', got {value!r}"
+        check_field(option.name, value)
     except (ValueError, TypeError) as err:
-        return str(err)
-    return None
+        raise SpecError(f"{where}: {err}") from None
+    return value

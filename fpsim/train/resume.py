@@ -33,6 +33,11 @@ __all__ = ["ADJUSTABLE_ON_RESUME", "check_allowed_changes", "run_identity",
 # the next updates without changing what the checkpoint's state means.
 ADJUSTABLE_ON_RESUME = ("lr", "weight_decay", "clip_norm")
 
+# Fields fpsim 0.1 recorded for every run but that reach only some (the built-in data sets'
+# sizes, the built-in mlp's layers): a checkpoint may hold them where this run, which does not
+# use them, does not record them.
+RECORDED_WHERE_USED = ("samples", "features", "classes", "hidden", "activation")
+
 _COUNTERS = ("scale", "growth_tracker", "hysteresis_left", "step", "last_overflow_step",
              "consecutive_skips", "total_skips", "total_overflows", "growths", "backoffs")
 
@@ -54,7 +59,8 @@ def run_identity(settings: dict, optimizer: Optimizer, data: Dataset, model) -> 
     resumed run must match."""
     # the recipe's account (recipe, overrides, scaler_name) follows from policy, master and
     # scaler, which are compared themselves
-    derived = ("steps", "optimizer", "command", "recipe", "overrides", "scaler_name")
+    derived = ("steps", "optimizer", "command", "recipe", "overrides", "scaler_name",
+               "data_spec")      # the data is compared by its bytes (data_sha256)
     ident = {k: v for k, v in settings.items() if k not in derived}
     rule = optimizer.rule
     ident["optimizer"] = type(rule).__name__
@@ -189,7 +195,8 @@ def check_same_config(what: str, saved, identity: dict, allow_changes: frozenset
         raise CheckpointError(f"{what}: the recorded configuration must be an object, got "
                               f"{saved!r}")
     differ = [k for k in sorted(set(saved) | set(identity))
-              if saved.get(k) != identity.get(k) and k not in allow_changes]
+              if saved.get(k) != identity.get(k) and k not in allow_changes
+              and not (k in RECORDED_WHERE_USED and k not in identity)]
     if differ:
         shown = "; ".join(f"{k}: recorded {saved.get(k)!r}, now {identity.get(k)!r}"
                           for k in differ[:6])

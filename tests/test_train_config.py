@@ -1,0 +1,138 @@
+"""One configuration: ``TrainConfig`` checked once; ``fpsim train``'s parser, sweep specs and
+``run.json`` all made from it; ``train(config)`` equal to the command line; gradient
+accumulation as documented."""
+import argparse
+import json
+
+import numpy as np
+import pytest
+
+from fpsim import backend, nn, use_policy
+from fpsim.autograd import Tensor, cross_entropy
+from fpsim.cli import main
+from fpsim.optim import SGD, Optimizer
+from fpsim.scaling import get_scaler
+from fpsim.sweep.spec import parse_spec, train_fields
+from fpsim.train import TrainConfig, make_dataset, train
+from fpsim.train.cli import add_config_options
+from fpsim.train.config import OPTIONS, RUN_OPTIONS, check_field, from_options
+
+
+def test_fields_are_checked_and_normalised_when_built():
+    config = TrainConfig(hidden="32, 16", model_args=["width=8", "act=relu"], master="FP32",
+                         policy=16)
+    assert config.hidden == (32, 16)
+    assert config.model_args == {"width": 8, "act": "relu"}
+    assert (config.master, config.policy) == ("fp32", "16")
+    assert TrainConfig(hidden=config.hidden) == TrainConfig(hidden="32,16")
+
+
+@pytest.mark.parametrize("changes, error, message", [
+    ({"lr": 0.0}, ValueError, r"^lr \(--lr\) must be a number > 0, got 0.0$"),
+    ({"lr": "0.1"}, TypeError, r"^lr \(--lr\) must be a real number"),
+    ({"steps": 2.0}, TypeError, r"^steps \(--steps\) must be a positive integer, got 2.0$"),
+    ({"classes": 1}, ValueError, r"^classes \(--classes\) must be an integer >= 2, got 1$"),
+    ({"policy": "17-mixed"}, ValueError, r"unknown precision policy '17-mixed'"),
+    ({"scaler": "nvidia"}, ValueError, r"^unknown scaler 'nvidia'"),
+    ({"model": "resnet"}, ValueError, r"^unknown model 'resnet' for --model; choose mlp"),
+    ({"hidden": "8,,8"}, ValueError, r"^hidden \(--hidden\) takes comma-separated"),
+    ({"optimizer": "adam", "momentum": 0.9}, ValueError,
+     r"^momentum \(--momentum\) is an SGD option; adam has beta1"),
+    ({"allow_changes": ["lr"]}, ValueError, r"applies to a resumed run"),
+    ({"allow_changes": ["seed"]}, ValueError, r"seed cannot change on resume"),
+    ({"accumulate": 0}, ValueError, r"^accumulate \(--accumulate\) must be a positive integer"),
+    ({"per_layer": "yes"}, TypeError, r"^per_layer \(--per-layer\) must be True or False"),
+    ({"model_args": ["width"]}, ValueError, r"^--model-arg 'width': give KEY=VALUE"),
+])
+def test_a_bad_field_is_one_sentence_naming_it(changes, error, message):
+    with pytest.raises(error, match=message):
+        TrainConfig(**changes)
+
+
+def test_every_field_has_one_check_and_one_option():
+    fields = [f for f in TrainConfig.__dataclass_fields__]
+    assert list(OPTIONS) == fields
+    for name in fields:
+        assert check_field(name, getattr(TrainConfig(), name)) == getattr(TrainConfig(), name)
+    with pytest.raises(ValueError, match="unknown training option 'speed'"):
+        check_field("speed", 1)
+
+
+def test_the_command_line_is_generated_from_the_config():
+    parser = argparse.ArgumentParser()
+    add_config_options(parser)
+    flags = {a.option_strings[0] for a in parser._actions if a.option_strings} - {"-h"}
+    assert flags == {f"--{option.flag}" for option in OPTIONS.values()}
+    args = parser.parse_args(["--hidden", "8", "--model-arg", "x=1", "--per-layer"])
+    config = TrainConfig(**vars(args))
+    assert (config.hidden, config.model_args, config.per_layer) == ((8,), {"x": 1}, True)
+    assert TrainConfig(**vars(parser.parse_args([]))) == TrainConfig()
+
+
+def test_a_sweep_takes_the_run_fields_with_the_configs_checks():
+    assert {o.name for o in train_fields().values()} == set(RUN_OPTIONS)
+    spec = parse_spec("[base]\nhidden = '8'\n[grid]\nlr = [0.1, 1]\n")
+    assert spec.base["hidden"] == "8" and spec.grid["lr"] == [0.1, 1.0]
+    with pytest.raises(ValueError, match=r"\[grid\] accumulate: accumulate \(--accumulate\) "
+                                         r"must be a positive integer, got 0"):
+        parse_spec("[grid]\naccumulate = [1, 0]\n")
+    assert from_options({"model-arg": ["a=1"], "batch_size": 8}).model_args == {"a": 1}
+
+
+def test_train_config_gives_the_command_lines_bits(tmp_path, capsys):
+    argv = ["train", "--data", "blobs", "--samples", "128", "--features", "4", "--hidden", "8",
+            "--steps", "6", "--batch-size", "16", "--policy", "16-true", "--quiet", "--out",
+            str(tmp_path / "cli")]
+    assert main(argv) == 0
+    config = TrainConfig(data="blobs", samples=128, features=4, hidden="8", steps=6,
+                         batch_size=16, policy="16-true", out=tmp_path / "api")
+    result = train(config, progress=False)
+    from_cli = json.loads((tmp_path / "cli" / "run.json").read_text())
+    from_api = json.loads((tmp_path / "api" / "run.json").read_text())
+    assert from_api["summary"]["loss_sha256"] == from_cli["summary"]["loss_sha256"] \
+        == result.loss_hash
+    assert from_api["identity"] == from_cli["identity"]
+    with pytest.raises(TypeError, match=r"train\(config\) takes the run from the TrainConfig; "
+                                        r"got data, steps besides"):
+        train(config, make_dataset("blobs", n=8), steps=3)
+
+
+def test_run_json_records_what_the_run_used(tmp_path):
+    train(TrainConfig(data="tokens", model="transformer", samples=64, classes=8,
+                      data_args=["length=4"], steps=2, batch_size=4, accumulate=2,
+                      out=tmp_path), progress=False)
+    config = json.loads((tmp_path / "run.json").read_text())["config"]
+    assert config["data_spec"] == "tokens" and config["data_args"] == {"length": 4}
+    assert config["accumulate"] == 2
+    assert "hidden" not in config and "activation" not in config    # the transformer's own
+    assert config["samples"] == 64
+
+
+def accumulation_pieces():
+    data = make_dataset("teacher", n=64, features=4, classes=3, seed=0)
+    with use_policy("16-mixed"):
+        model = nn.MLP([4, 8, 3], rng=0)
+        optimizer = Optimizer(model, SGD(lr=0.1), master="fp32")
+    return data, model, optimizer
+
+
+def test_accumulation_is_the_documented_sum_of_divided_micro_batches():
+    data, model, optimizer = accumulation_pieces()
+    result = train(model, data, optimizer=optimizer, policy="16-mixed", scaler="static:1024",
+                   steps=3, batch_size=8, accumulate=2, seed=5, progress=False)
+    data, twin, twin_optimizer = accumulation_pieces()
+    rng, state, losses = backend.host_rng(5), get_scaler("static:1024").init(), []
+    for _ in range(3):
+        total = 0.0
+        for _ in range(2):
+            idx = rng.integers(0, len(data), 8)
+            with use_policy("16-mixed"):
+                loss = cross_entropy(twin(Tensor(data.x[idx])), data.y[idx]) / 2
+                loss.backward(np.full(loss.shape, 1024.0, np.float32))
+            total += float(loss.item())
+        state = twin_optimizer.step(state).scaler_state
+        twin_optimizer.zero_grad()
+        losses.append(float(np.float32(total)))
+    assert [r.loss for r in result.records] == losses
+    for (_, mine), (_, theirs) in zip(model.named_parameters(), twin.named_parameters()):
+        assert np.array_equal(backend.to_numpy(mine.data), backend.to_numpy(theirs.data))
