@@ -359,14 +359,14 @@ def test_update_together_rejoins_only_what_changed():
     replaced in between is joined anew, and without a master the weights the model holds
     are what the next step updates."""
     from fpsim.optim.flat import rejoin
-    from fpsim.optim.transforms import ApplyRule, WriteBack
+    from fpsim.optim.transforms import ApplyRule, StoreValues
     rng = np.random.default_rng(4)
     params = [Tensor(rng.standard_normal(s), "fp32", requires_grad=True) for s in (5, (2, 3))]
     opt = Optimizer(params, SGD(lr=0.1, momentum=0.9))
     for p in params:
         p.grad = Tensor(rng.standard_normal(p.shape), "fp32")
     opt.step()
-    written = opt.chain_state[opt.transform.index(WriteBack)]
+    written = opt.chain_state[opt.transform.index(StoreValues)]
     rule_state = opt.chain_state[opt.transform.index(ApplyRule)]
     masters = [opt.masters[str(i)] for i in range(2)]
     xp = backend.xp

@@ -127,9 +127,10 @@ def test_the_chain_gives_the_bits_of_the_step_before_it(case, together_max):
 # --- each transform alone ---------------------------------------------------------------------
 from fpsim.exact import exact_global_norm  # noqa: E402
 from fpsim.optim.transforms import (  # noqa: E402
-    ApplyRule, EmptyState, Params, RuleState, StepData, WriteBack, apply_rule, chain,
+    ApplyRule, EmptyState, Params, RuleState, StepData, StoreValues, apply_rule, chain,
     clip_by_global_norm, count_lost_updates, find_overflow, measure_global_norm,
-    skip_on_overflow, unscale_gradients, write_back)
+    skip_on_overflow, store_values, unscale_gradients)
+from fpsim.optim.updates import apply_updates  # noqa: E402
 from fpsim.scaling import ScalerState, check_overflow, unscale  # noqa: E402
 
 
@@ -162,7 +163,7 @@ def test_skip_on_overflow_follows_the_scaler_and_the_chain_stops_there():
     w = Tensor(np.float32([1.0, 2.0]), "fp32", requires_grad=True)
     named = [("w", w)]
     steps = chain(find_overflow(), skip_on_overflow(), unscale_gradients(),
-                  apply_rule(SGD(lr=1.0), "fp32"), write_back("fp32"))
+                  apply_rule(SGD(lr=1.0), "fp32"), store_values("fp32"))
     states = steps.init(named)
     params = Params((w,), states[-1].values)
     step, after = steps.update(StepData.of(_grads([np.inf, 1.0]), state), states, params)
@@ -170,7 +171,9 @@ def test_skip_on_overflow_follows_the_scaler_and_the_chain_stops_there():
     assert after[3] is states[3] and after[4] is states[4]     # later states kept as they were
     assert backend.to_list(w.data) == [1.0, 2.0]
     step, after = steps.update(StepData.of(_grads([1024.0, -2048.0]), state), states, params)
-    assert not step.skipped and after[3].count == 1 and backend.to_list(w.data) == [0.0, 4.0]
+    assert not step.skipped and after[3].count == 1 and backend.to_list(after[4].values[0]) \
+        == [0.0, 4.0]
+    assert backend.to_list(w.data) == [1.0, 2.0]               # the chain writes no weight
     alone, _ = skip_on_overflow().update(StepData.of([])._replace(found_inf=True),
                                          EmptyState())
     assert not alone.skipped                                  # no scaler: nothing skipped
@@ -280,28 +283,50 @@ def test_count_lost_updates_counts_moved_and_unchanged_elements():
     assert each.lost_by_parameter == ((2, 1), (2, 0))
 
 
-def test_write_back_keeps_masters_and_rounds_the_weights():
+def test_store_values_keeps_masters_and_writes_no_weight():
     w16 = Tensor(np.float32([1.0, 2.0]), "fp16")
     w32 = Tensor(np.float32([3.0]), "fp32")
     named = [("a", w16), ("b", w32)]
-    transform = write_back("fp32")
+    transform = store_values("fp32")
     state = transform.init(named)
     assert [backend.to_list(m) for m in state.values] == [[1.0, 2.0], [3.0]]
     assert not backend.xp.shares_memory(state.values[1], w32.data)        # copies
     new = (on(np.float32([1 + 2.0 ** -12, 2.0])), on(np.float32([3.5])))
     step = StepData.of([])._replace(new=new)
+    before = (w16.data, w32.data)
     _, state = transform.update(step, state, Params((w16, w32), state.values))
     assert state.values == new and state.flat is None
+    assert (w16.data, w32.data) == before                                  # pure
+    flat = on(np.float32([1.0, 2.0, 3.0]))
+    _, joined = transform.update(StepData.of([])._replace(new=(flat,)), state,
+                                 Params((w16, w32), (flat,), FP32))
+    assert joined.flat is flat and [backend.to_list(v) for v in joined.values] == [
+        [1.0, 2.0], [3.0]] and backend.xp.shares_memory(joined.values[1], flat)
+    with pytest.raises(ValueError, match="'x' .* does not fit the master format"):
+        store_values("fp16").init([("x", Tensor(np.float32([0.1]), "fp32"))])
+    plain = store_values(None)
+    assert plain.init(named).values == ()
+    assert plain.update(step, plain.init(named), Params((w16, w32), ()))[1].values == new
+
+
+def test_apply_updates_rounds_into_the_weights_or_takes_the_array():
+    w16 = Tensor(np.float32([1.0, 2.0]), "fp16")
+    w32 = Tensor(np.float32([3.0]), "fp32")
+    new = (on(np.float32([1 + 2.0 ** -12, 2.0])), on(np.float32([3.5])))
+    apply_updates((w16, w32), new, FP32)
     assert backend.to_list(w16.data) == [1.0, 2.0] and w32.data is new[1]  # fp16 rounds
     signalling = np.float32([0.0]).view(np.uint32) | np.uint32(0x7F800001)
-    _, state = transform.update(step._replace(new=(new[0], on(signalling.view(np.float32)))),
-                                state, Params((w16, w32), state.values))
-    assert w32.data is not state.values[1] and np.isnan(host(w32.data)[0])  # NaN: round_to
-    with pytest.raises(ValueError, match="'x' .* does not fit the master format"):
-        write_back("fp16").init([("x", Tensor(np.float32([0.1]), "fp32"))])
-    plain = write_back(None)
-    _, state = plain.update(step, plain.init(named), Params((w16, w32), ()))
-    assert w16.data is new[0] and state.values == new                    # no master
+    with_nan = on(signalling.view(np.float32))
+    apply_updates((w16, w32), (new[0], with_nan), FP32)
+    assert w32.data is not with_nan and np.isnan(host(w32.data)[0])        # NaN: round_to
+    flat = on(np.float32([1.5, 2.5, 4.0]))
+    parts = (flat[:2], flat[2:])
+    apply_updates((w16, w32), parts, FP32, flat=flat)
+    assert w32.data is parts[1] and backend.to_list(w16.data) == [1.5, 2.5]
+    apply_updates((w16, w32), new, None)                                   # no master
+    assert w16.data is new[0] and w32.data is new[1]
+    with pytest.raises(ValueError, match="one value per tensor, got 1 values for 2"):
+        apply_updates((w16, w32), new[:1], FP32)
 
 
 def test_the_chain_states_are_frozen():
@@ -329,5 +354,6 @@ def test_the_chain_states_are_frozen():
     kinds = [type(t).__name__ for t in optimizer.transform.transforms]
     assert kinds == ["FindOverflow", "SkipOnOverflow", "UnscaleGradients",
                      "MeasureGlobalNorm", "ClipByGlobalNorm", "ApplyRule",
-                     "CountLostUpdates", "WriteBack"]
-    assert optimizer.transform.index(ApplyRule) == 5 and optimizer.transform.index(WriteBack) == 7
+                     "CountLostUpdates", "StoreValues"]
+    assert optimizer.transform.index(ApplyRule) == 5
+    assert optimizer.transform.index(StoreValues) == 7

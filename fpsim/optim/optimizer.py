@@ -13,7 +13,7 @@ One ``step(scaler_state)`` runs a chain of transforms (``fpsim.optim.transforms`
     if clip_norm and norm > clip_norm: grads *= fp32(clip_norm / (norm + 1e-6))   (torch)
     master = rule(master, grads) in the master format (fp32 by default)    (apply_rule)
     count the updates that did not change the stored value         (count_lost_updates)
-    param  = round(master, param format)         # the working copy the model computes with
+    param  = round(master, param format)         # the working copy (apply_updates)
 
 Without a master copy (``master=None``) the rule computes in each parameter's own format and
 writes there directly: an update smaller than half an ulp of its weight is lost (for fp16,
@@ -34,19 +34,21 @@ NaNs of opposite signs.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Iterable, NamedTuple
 
 from ..autograd import Tensor
 from ..backend import isdtype, scalar, xp
 from ..formats import FP32, Format, get
-from ..options import check_flag, check_instance, described
+from ..options import check_between, check_flag, check_instance, described
 from ..scaling import ScalerState
 from .flat import join, rejoin, together_format
-from .transforms import (ApplyRule, RuleState, StepData, Params, WriteBack, WriteBackState,
-                         apply_rule, chain, clip_by_global_norm, count_lost_updates,
-                         find_overflow, measure_global_norm, skip_on_overflow,
-                         unscale_gradients, write_back)
+from .transforms import (ApplyRule, Chain, RuleState, StepData, Params, StoreValues,
+                         StoredValues, apply_rule, chain, clip_by_global_norm,
+                         count_lost_updates, find_overflow, measure_global_norm,
+                         skip_on_overflow, store_values, unscale_gradients)
+from .updates import apply_updates, check_extra, check_gradients
 
 __all__ = ["Optimizer", "StepReport"]
 
@@ -82,32 +84,95 @@ class Optimizer:
     update the weights in their own format (where the weights are in the master's format,
     after a step ``p.data`` is the master array itself, not a copy). ``clip_norm``: clip the
     global gradient norm after unscaling, as ``torch.nn.utils.clip_grad_norm_`` does.
+    ``extra``: the user's own transforms, run in order after unscaling and clipping and
+    before the rule, on one float32 gradient per parameter (``fpsim.optim.updates`` says
+    what they get and may return). Here one that freezes a parameter by zeroing its
+    gradient (its state, from ``init``, says which parameters it zeroes):
 
-    ``transform`` is the chain of transforms a step runs and ``chain_state`` their states
-    (frozen: each step makes new ones); ``step_count``, ``states`` (the rule's state per
-    parameter) and ``masters`` (the master copies) are read from them.
+    >>> from dataclasses import dataclass
+    >>> from fpsim.backend import xp
+    >>> from fpsim.optim import SGD
+    >>> @dataclass(frozen=True)
+    ... class ZeroGradientOf:
+    ...     name: str
+    ...     def init(self, named):
+    ...         return tuple(n == self.name for n, _ in named)
+    ...     def update(self, step, state, params):
+    ...         grads = tuple(xp.zeros_like(g) if zeroed else g
+    ...                       for g, zeroed in zip(step.grads, state))
+    ...         return step._replace(grads=grads), state
+    >>> a, b = (Tensor(xp.ones(2, xp.float32), requires_grad=True) for _ in range(2))
+    >>> opt = Optimizer([("a", a), ("b", b)], SGD(lr=0.5), extra=(ZeroGradientOf("a"),))
+    >>> a.grad = b.grad = Tensor(xp.ones(2, xp.float32))
+    >>> _ = opt.step()
+    >>> a.data.tolist(), b.data.tolist()
+    ([1.0, 1.0], [0.5, 0.5])
+
+    ``transform`` is the chain of transforms a step runs (pure: the weights are written
+    after it by ``apply_updates``) and ``chain_state`` their states (frozen: each step makes
+    new ones); ``step_count``, ``states`` (the rule's state per parameter) and ``masters``
+    (the master copies) are read from them. ``rule`` is read-only: ``set_learning_rate``
+    changes the learning rate; another rule needs another optimizer.
     """
 
     def __init__(self, params, rule, *, master: "Format | str | None" = FP32,
-                 clip_norm: float | None = None):
+                 clip_norm: float | None = None, extra: tuple = ()):
         self.named = _named(params)
         if not self.named:
             raise ValueError("the optimizer got no parameters")
         _check_rule(rule)
+        extra = check_extra(extra)
         clipping = [] if clip_norm is None else [clip_by_global_norm(clip_norm)]
-        self.rule = rule
+        checked = (*extra, check_gradients()) if extra else ()
+        self._rule = rule
         self.clip_norm = clip_norm
+        self.extra = extra
         self.master_fmt = _master_format(master)
         for name, p in self.named:
             _check_format(name, p)
         self.transform = chain(find_overflow(), skip_on_overflow(), unscale_gradients(),
-                               measure_global_norm(), *clipping,
+                               measure_global_norm(), *clipping, *checked,
                                apply_rule(rule, self.master_fmt), count_lost_updates(),
-                               write_back(self.master_fmt))
+                               store_values(self.master_fmt))
         self.chain_state = self.transform.init(self.named)
         self._tensors = tuple(p for _, p in self.named)
         self._rule_at = self.transform.index(ApplyRule)
-        self._write_back_at = self.transform.index(WriteBack)
+        self._stored_at = self.transform.index(StoreValues)
+
+    @property
+    def rule(self):
+        """The update rule the next step applies (read-only; see ``set_learning_rate``)."""
+        return self._rule
+
+    @rule.setter
+    def rule(self, value) -> None:
+        raise AttributeError("Optimizer.rule cannot be assigned (the chain and the rule's "
+                             "states were built from it): call set_learning_rate(lr) to "
+                             "change the learning rate, or build a new Optimizer for "
+                             "another rule")
+
+    @property
+    def learning_rate(self) -> float:
+        """The learning rate the next step applies (the rule's ``lr``)."""
+        return self._rule.lr
+
+    def set_learning_rate(self, lr: float) -> None:
+        """From the next step on, update as an optimizer built with ``rule`` of learning
+        rate ``lr`` (``dataclasses.replace(rule, lr=lr)``) would, bit for bit; the rule's
+        states, the step count and the master copies are kept. What a training loop calls
+        before each step to follow a schedule (``fpsim.optim.schedules``). ``lr``: a finite
+        number >= 0 (0, where a schedule reaches it, as torch allows: the states still
+        advance and the weights stay; the rules refuse 0 as the lr they are built with)."""
+        lr = check_between("lr", lr, 0.0)
+        if not (dataclasses.is_dataclass(self._rule)
+                and "lr" in {f.name for f in dataclasses.fields(self._rule)}):
+            raise TypeError(f"set_learning_rate needs a rule with an lr field (SGD, Adam, "
+                            f"AdamW or a dataclass like them), got {described(self._rule)}")
+        rule = _with_learning_rate(self._rule, lr)
+        transforms = list(self.transform.transforms)
+        transforms[self._rule_at] = apply_rule(rule, self.master_fmt)
+        self.transform = Chain(tuple(transforms))
+        self._rule = rule
 
     @property
     def step_count(self) -> int:
@@ -125,7 +190,7 @@ class Optimizer:
         if self.master_fmt is None:
             return {}
         return {name: value for (name, _), value in
-                zip(self.named, self.chain_state[self._write_back_at].values)}
+                zip(self.named, self.chain_state[self._stored_at].values)}
 
     # --- the step ---------------------------------------------------------------------------
     def step(self, scaler_state=None, *, per_parameter: bool = False) -> StepReport:
@@ -139,7 +204,7 @@ class Optimizer:
         tensors = self._tensors
         grads = tuple(_grad_array(p) for p in tensors)
         states = self.chain_state
-        written: WriteBackState = states[self._write_back_at]
+        written: StoredValues = states[self._stored_at]
         stored = self._stored()
         together = self.together_format(stored)
         if together is None:
@@ -149,6 +214,9 @@ class Optimizer:
             stored = (rejoin(stored, written.joined),)
         step, self.chain_state = self.transform.update(step, states,
                                                        Params(tensors, stored, together))
+        if not step.skipped:
+            kept: StoredValues = self.chain_state[self._stored_at]
+            apply_updates(tensors, kept.values, self.master_fmt, flat=kept.flat)
         grad_norm = float("nan") if step.grad_norm is None else float(step.grad_norm)
         return StepReport(self.step_count, step.found_inf, step.skipped,
                           1.0 if scaler_state is None else scaler_state.scale, grad_norm,
@@ -160,13 +228,16 @@ class Optimizer:
             p.grad = None
 
     def _stored(self) -> tuple:
-        return self.transform.transforms[self._write_back_at].stored(
-            self.chain_state[self._write_back_at], self._tensors)
+        return self.transform.transforms[self._stored_at].stored(
+            self.chain_state[self._stored_at], self._tensors)
 
     def together_format(self, stored: "tuple | None" = None) -> "Format | None":
         """The format in which the next step updates all parameters as one flat array
-        (``fpsim.optim.flat.together_format``), or None where it goes one by one."""
-        return together_format(self.rule, self._tensors,
+        (``fpsim.optim.flat.together_format``), or None where it goes one by one (always
+        with ``extra`` transforms: they see one gradient per parameter)."""
+        if self.extra:
+            return None
+        return together_format(self._rule, self._tensors,
                                self._stored() if stored is None else stored,
                                self.chain_state[self._rule_at].states, self.master_fmt)
 
@@ -209,14 +280,14 @@ class Optimizer:
         for name, p in self.named:
             if self.master_fmt is not None:
                 masters.append(xp.array(arrays[f"master/{name}"], xp.float32))
-            template = self.rule.init(p.data)
+            template = self._rule.init(p.data)
             fields = {f: (xp.array(arrays[f"state/{name}/{f}"])
                           if f"state/{name}/{f}" in arrays else None)
                       for f in template._fields}
             states.append(type(template)(**fields))
         chain_state = list(self.chain_state)
         chain_state[self._rule_at] = RuleState(step_count, tuple(states))
-        chain_state[self._write_back_at] = WriteBackState(tuple(masters))
+        chain_state[self._stored_at] = StoredValues(tuple(masters))
         self.chain_state = tuple(chain_state)
 
     def _expected_state(self) -> dict:
@@ -227,9 +298,19 @@ class Optimizer:
             _check_format(name, p)
             if self.master_fmt is not None:
                 expected[f"master/{name}"] = (tuple(p.shape), "real floating")
-            for field in self.rule.init(p.data)._fields:
+            for field in self._rule.init(p.data)._fields:
                 expected[f"state/{name}/{field}"] = (tuple(p.shape), "real floating")
         return expected
+
+
+def _with_learning_rate(rule, lr: float):
+    """``rule`` with learning rate ``lr``: ``dataclasses.replace`` (its checks run again); an
+    lr of 0, which the rules refuse as the one they are built with, set after the checks."""
+    if lr > 0:
+        return dataclasses.replace(rule, lr=lr)
+    zeroed = dataclasses.replace(rule, lr=1.0)        # the other fields checked as given
+    object.__setattr__(zeroed, "lr", 0.0)
+    return zeroed
 
 
 def _check_rule(rule) -> None:

@@ -18,9 +18,16 @@ were (optax's ``apply_if_finite``, jmp's ``select_tree(finite, new, old)``).
           unscale_gradients(),                # grads * inv_scale as the framework does it
           measure_global_norm(),              # fp32 L2 norm, correctly rounded
           clip_by_global_norm(clip_norm),     # only with clip_norm (torch's rule)
+          *extra,                             # the user's transforms (Optimizer(extra=)),
+          check_gradients(),                  # then a check of their gradients (updates.py)
           apply_rule(rule, master_fmt),       # new stored values; state: count, rule states
           count_lost_updates(),               # moved and lost elements
-          write_back(master_fmt))             # state: the master copies; writes the weights
+          store_values(master_fmt))           # state: the new master copies (or weights)
+
+The chain is pure: it returns the new step data and states and touches no ``Tensor``; the
+weights are written afterwards, as optax's ``apply_updates`` does, by
+``fpsim.optim.updates.apply_updates`` (``Optimizer.step`` calls it unless the step was
+skipped).
 
 >>> from fpsim.backend import xp
 >>> from fpsim.scaling import preset
@@ -51,10 +58,11 @@ from .rules import Update, check_number
 
 __all__ = ["StepData", "Params", "EmptyState", "Chain", "chain", "find_overflow",
            "skip_on_overflow", "unscale_gradients", "measure_global_norm",
-           "clip_by_global_norm", "apply_rule", "count_lost_updates", "write_back",
-           "RuleState", "WriteBackState", "FindOverflow", "SkipOnOverflow",
-           "UnscaleGradients", "MeasureGlobalNorm", "ClipByGlobalNorm", "ApplyRule",
-           "CountLostUpdates", "WriteBack", "arith_of", "overflow_test_is_elementwise"]
+           "clip_by_global_norm", "apply_rule", "count_lost_updates",
+           "store_values", "RuleState", "StoredValues", "FindOverflow", "SkipOnOverflow",
+           "UnscaleGradients", "MeasureGlobalNorm", "ClipByGlobalNorm",
+           "ApplyRule", "CountLostUpdates", "StoreValues", "arith_of",
+           "overflow_test_is_elementwise"]
 
 
 class StepData(NamedTuple):
@@ -113,7 +121,13 @@ class Chain:
     def update(self, step: StepData, state: tuple, params: "Params | None" = None):
         states = list(state)
         for i, transform in enumerate(self.transforms):
-            step, states[i] = transform.update(step, states[i], params)
+            result = transform.update(step, states[i], params)
+            if not (type(result) is tuple and len(result) == 2
+                    and isinstance(result[0], StepData)):
+                raise TypeError(f"{type(transform).__name__}.update must return a pair "
+                                f"(step, state) with step a StepData (step._replace(...)), "
+                                f"got {_kinds(result)}")
+            step, states[i] = result
             if step.skipped:
                 break
         return step, tuple(states)
@@ -121,6 +135,12 @@ class Chain:
     def index(self, kind) -> int:
         """The position of the (first) transform of type ``kind``, its state's in ``init``."""
         return next(i for i, t in enumerate(self.transforms) if isinstance(t, kind))
+
+
+def _kinds(result) -> str:
+    if type(result) is tuple:
+        return "(" + ", ".join(type(item).__name__ for item in result) + ")"
+    return type(result).__name__
 
 
 def chain(*transforms) -> Chain:
@@ -334,8 +354,8 @@ def _tally_each(step, params: Params) -> tuple:
     return tuple(counts)
 
 
-class WriteBackState(NamedTuple):
-    """``values``: the master copies (with a master), or the weights last written (without
+class StoredValues(NamedTuple):
+    """``values``: the master copies (with a master), or the weights' new values (without
     one); ``flat``: the flat array they are views of after a step that updated all
     parameters together (else None)."""
 
@@ -348,20 +368,20 @@ class WriteBackState(NamedTuple):
 
 
 @dataclass(frozen=True)
-class WriteBack:
-    """The new stored values become the master copies (the state), and the weights the
-    model computes with: ``round(master, weight format)``, or the master array itself where
-    the weight is in the master's format (no NaN: rounding would quiet a signalling one).
-    Without a master (``master_fmt`` None) the new values are the weights. ``init`` checks
-    that every weight fits the master format and copies it there.
+class StoreValues:
+    """The new stored values, one array per parameter (split from the flat update where all
+    parameters went together), become the state: the master copies, or without a master
+    (``master_fmt`` None) the weights' new values. Pure: the weights are written from this
+    state by ``fpsim.optim.updates.apply_updates``. ``init`` checks that every weight fits
+    the master format and copies it there.
 
     >>> from fpsim.backend import xp
     >>> from fpsim.autograd import Tensor
     >>> w = Tensor(xp.asarray([1.0], xp.float32), "bf16")
-    >>> master = write_back("fp32")
+    >>> master = store_values("fp32")
     >>> step = StepData.of([])._replace(new=(xp.asarray([1.00390625], xp.float32),))
     >>> _, state = master.update(step, master.init([("w", w)]), Params((w,), ()))
-    >>> state.values[0].tolist(), w.data.tolist()      # bf16 keeps 8 bits: 1 + 2**-8 ties
+    >>> state.values[0].tolist(), w.data.tolist()          # the weight is not written here
     ([1.00390625], [1.0])
     """
 
@@ -370,9 +390,9 @@ class WriteBack:
     def __post_init__(self) -> None:
         object.__setattr__(self, "master_fmt", _format_or_none(self.master_fmt))
 
-    def init(self, named) -> WriteBackState:
+    def init(self, named) -> StoredValues:
         if self.master_fmt is None:
-            return WriteBackState(())
+            return StoredValues(())
         masters = []
         for name, p in named:
             widened = round_to(xp.asarray(p.data, xp.float32), self.master_fmt)
@@ -380,37 +400,17 @@ class WriteBack:
                 raise ValueError(f"parameter {name!r} ({p.fmt}) does not fit the master "
                                  f"format {self.master_fmt}; pick a wider master")
             masters.append(copy(widened))
-        return WriteBackState(tuple(masters))
+        return StoredValues(tuple(masters))
 
-    def stored(self, state: WriteBackState, tensors) -> tuple:
+    def stored(self, state: StoredValues, tensors) -> tuple:
         """The values the rule updates: the master copies, or the weights themselves."""
         return state.values if self.master_fmt is not None else tuple(p.data for p in tensors)
 
     def update(self, step, state, params: Params):
-        tensors = params.tensors
-        if params.together is not None:
-            flat = step.new[0]
-            nan_free = size(flat) == 0 or not xp.isnan(xp.min(flat))
-            values = split(flat, [p.shape for p in tensors]).parts
-        else:
-            flat, nan_free, values = None, None, step.new
-        for p, value in zip(tensors, values):
-            self.write(p, value, nan_free)
-        return step, WriteBackState(tuple(values), flat)
-
-    def write(self, p, new, nan_free: "bool | None") -> None:
-        """``new`` (in the update format) into the weights of ``p``; ``nan_free``: whether
-        ``new`` is known to hold no NaN (None: look)."""
-        if self.master_fmt is None:
-            p.data = new
-            return
-        if p.fmt == self.master_fmt:
-            if nan_free is None:
-                nan_free = size(new) == 0 or not xp.isnan(xp.min(new))
-            if nan_free:
-                p.data = new       # rounding into its own format: the identity; one array for
-                return             # both (fpsim never writes into either in place)
-        p.data = round_to(new, p.fmt)
+        if params.together is None:
+            return step, StoredValues(tuple(step.new))
+        flat = step.new[0]
+        return step, StoredValues(split(flat, [p.shape for p in params.tensors]).parts, flat)
 
 
 # optax's spelling: the lower-case names build the transforms (the classes are the types
@@ -422,7 +422,7 @@ measure_global_norm = MeasureGlobalNorm
 clip_by_global_norm = ClipByGlobalNorm
 apply_rule = ApplyRule
 count_lost_updates = CountLostUpdates
-write_back = WriteBack
+store_values = StoreValues
 
 
 def _one_dimensional(array):
