@@ -36,6 +36,10 @@ def not_a_model(seed=0):
     return [1, 2]
 
 NOT_CALLABLE = 3
+
+def mean_squared_logit(output, labels):
+    from fpsim.autograd import cross_entropy
+    return cross_entropy(output, labels) * 2.0
 '''
 
 
@@ -74,6 +78,23 @@ def test_a_users_model_and_data_from_factories_match_python(user_module, tmp_pat
     expected = train(model, my_models.stripes(n=64, seed=3), steps=6, batch_size=16, seed=3,
                      policy="16-mixed", progress=False)
     assert info["summary"]["loss_sha256"] == expected.loss_hash
+
+
+def test_factories_import_from_the_current_folder_and_the_loss_may_be_one(tmp_path, capsys,
+                                                                        monkeypatch):
+    (tmp_path / "mylm.py").write_text(textwrap.dedent(USER_MODULE))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", ".")])
+    out = tmp_path / "run"
+    assert main([*COMMON, "--model", "mylm:small_cnn", "--data", "mylm:stripes",
+                 "--loss", "mylm:mean_squared_logit", "--out", str(out)]) == 0
+    config = json.loads((out / "run.json").read_text())["config"]
+    assert config["loss"] == "mylm:mean_squared_logit"
+    assert config["data_spec"] == "mylm:stripes" and config["model_spec"] == "mylm:small_cnn"
+    for unused in ("samples", "features", "classes", "hidden", "activation"):
+        assert unused not in config          # the factories do not take them
+    assert main([*COMMON, "--loss", "mylm:NOT_CALLABLE"]) == 2
+    assert "--loss mylm:NOT_CALLABLE: 'NOT_CALLABLE' is a int" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("option,factory,message", [

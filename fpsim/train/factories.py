@@ -7,6 +7,9 @@ built-in data set (``DATASETS``: the 2-D ``blobs``, ``spirals``, ``teacher``; ``
 (repeatable) pass keyword arguments; a value is read as JSON where it is JSON (``8``,
 ``0.5``, ``true``, ``[8, 16]``, ``"x"``), else taken as the text given (``relu``). A factory
 whose signature has a ``seed`` parameter is given ``--seed`` unless an argument names it.
+``MODULE`` is imported from the current folder first, as ``python -m`` does, then from the
+Python path. ``--loss MODULE:FUNCTION`` names a loss function the same way (not called: it is
+the loss).
 
 A factory returns an ``fpsim.nn.Module`` (models) or an ``fpsim.train.Dataset`` (data). Every
 way it can fail (the module not importable, no such name, not callable, raising, returning
@@ -21,6 +24,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import os
+import sys
 
 from .. import nn
 from .data import DATASETS, Dataset, make_dataset
@@ -60,8 +65,14 @@ def load_factory(spec: str, option: str):
     if not module_name or not attribute:
         raise ValueError(f"{option} {spec!r}: a factory is MODULE:NAME, e.g. "
                          f"{option} mypackage.models:small_cnn")
+    _current_folder_importable()
     try:
         found = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        raise ValueError(f"{option} {spec}: cannot import module {module_name!r} "
+                         f"(ModuleNotFoundError: {_first_line(err)}); it is looked for in the "
+                         f"current folder "
+                         f"({os.getcwd()}) and on the Python path") from None
     except Exception as err:          # the user's module: any error importing it
         raise ValueError(f"{option} {spec}: cannot import module {module_name!r} "
                          f"({type(err).__name__}: {_first_line(err)})") from None
@@ -73,6 +84,14 @@ def load_factory(spec: str, option: str):
         raise ValueError(f"{option} {spec}: {attribute!r} is a {type(found).__name__}, not a "
                          f"callable that builds one")
     return found
+
+
+def _current_folder_importable() -> None:
+    """Put the current folder first on the import path, as ``python -m`` does, so that
+    ``--model mylm:tiny_lm`` finds ``mylm.py`` beside the user (once per process)."""
+    here = os.getcwd()
+    if not any(entry in ("", ".", here) for entry in sys.path):
+        sys.path.insert(0, here)
 
 
 def _call(factory, spec: str, option: str, arguments: dict, seed: int, wanted: type,
