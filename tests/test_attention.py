@@ -133,8 +133,38 @@ def test_attention_formats_under_16_mixed_and_masks():
         nn.MultiheadAttention(10, 3)
     with pytest.raises(ValueError, match="attn_mask has shape"):
         attn(x, attn_mask=np.zeros((3, 3), bool))
-    with pytest.raises(ValueError, match="batch_first"):
-        nn.MultiheadAttention(8, 2, batch_first=False)
+    with pytest.raises(TypeError, match="batch_first must be"):
+        nn.MultiheadAttention(8, 2, batch_first="no")
+
+
+def test_sequence_first_attention_and_post_ln_block_are_the_batch_first_ones_transposed():
+    """batch_first=False (PyTorch's default) only transposes: the same bits as batch first;
+    a post-LN block (norm_first=False) rounds where its own ops do (against torch:
+    test_from_torch_traced.py)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 5, 8))
+    mask = nn.causal_mask(5)
+    with use_policy("16-mixed"):
+        first = nn.MultiheadAttention(8, 2, rng=0)
+        seq = nn.MultiheadAttention(8, 2, batch_first=False, rng=0)
+        a, wa = first(Tensor(x), attn_mask=mask)
+        b, wb = seq(Tensor(x.transpose(1, 0, 2)), attn_mask=mask)
+        np.testing.assert_array_equal(_np(a), _np(b).transpose(1, 0, 2))
+        np.testing.assert_array_equal(_np(wa), _np(wb))
+        memory = Tensor(rng.standard_normal((6, 2, 8)))
+        assert seq(Tensor(x.transpose(1, 0, 2)), memory, memory)[0].shape == (5, 2, 8)
+        post = nn.TransformerBlock(8, 2, dropout=0.0, rng=1, norm_first=False)
+        post_seq = nn.TransformerBlock(8, 2, dropout=0.0, rng=1, norm_first=False,
+                                       batch_first=False)
+        y = post(Tensor(x), attn_mask=mask)
+        np.testing.assert_array_equal(_np(y), _np(post_seq(Tensor(x.transpose(1, 0, 2)),
+                                                           attn_mask=mask)).transpose(1, 0, 2))
+        h = post.norm1(Tensor(x) + post.self_attn(Tensor(x), attn_mask=mask,
+                                                  need_weights=False)[0])
+        expected = post.norm2(h + post.linear2(post.activation(post.linear1(h))))
+        np.testing.assert_array_equal(_np(y), _np(expected))
+    with pytest.raises(ValueError, match=r"expects \(length, batch, embed_dim\) inputs"):
+        seq(Tensor(x[0]))
 
 
 def test_causal_mask_is_torchs():

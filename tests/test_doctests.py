@@ -18,7 +18,8 @@ MODULES = ["fpsim.formats", "fpsim.files", "fpsim.rounding", "fpsim.encoding", "
            "fpsim.autograd.ops_shape", "fpsim.autograd.ops_matmul",
            "fpsim.autograd.ops_elementwise", "fpsim.autograd.ops_reduce",
            "fpsim.autograd.ops_loss", "fpsim.nn", "fpsim.nn.module", "fpsim.nn.init",
-           "fpsim.nn.layers", "fpsim.nn.lstm", "fpsim.conformance", "fpsim.conformance.trace",
+           "fpsim.nn.layers", "fpsim.nn.lstm", "fpsim.nn.attention",
+           "fpsim.conformance", "fpsim.conformance.trace",
            "fpsim.conformance.replay", "fpsim.conformance.adapters",
            "fpsim.conformance.patterns", "fpsim.conformance.cast_check",
            "fpsim.conformance.expect", "fpsim.conformance.mx_check", "fpsim.quant.nvfp4"]

@@ -1,5 +1,5 @@
-"""Attention: ``MultiheadAttention`` (batch first), ``causal_mask``, and the pre-LN
-``TransformerBlock``.
+"""Attention: ``MultiheadAttention``, ``causal_mask``, the pre-LN or post-LN
+``TransformerBlock`` and ``TransformerEncoder`` (a stack of blocks, PyTorch's names).
 
 ``MultiheadAttention`` follows ``torch.nn.MultiheadAttention``'s computation with
 ``need_weights=True`` (its default, ``F.multi_head_attention_forward``'s explicit path), each
@@ -26,12 +26,25 @@ Masks, as PyTorch: ``attn_mask`` (L, S) or (B * num_heads, L, S), boolean (True:
 allowed) or float (added); ``key_padding_mask`` (B, S), boolean (True: padding) or float;
 ``causal_mask(L)`` is the boolean (L, L) mask above the diagonal.
 
-``TransformerBlock`` is ``torch.nn.TransformerEncoderLayer(norm_first=True,
-batch_first=True)`` with the same sub-module names (``norm1``, ``self_attn``, ``norm2``,
-``linear1``, ``linear2``, ``dropout``, ``dropout1``, ``dropout2``)::
+``batch_first=False`` (PyTorch's default) takes and gives (L, B, E): the same computation
+between two transposes, which move values and never round.
+
+``TransformerBlock`` is ``torch.nn.TransformerEncoderLayer`` with the same sub-module names
+(``norm1``, ``self_attn``, ``norm2``, ``linear1``, ``linear2``, ``dropout``, ``dropout1``,
+``dropout2``); ``norm_first=True`` (pre-LN, fpsim's default)::
 
     x = x + dropout1(self_attn(norm1(x)))
     x = x + dropout2(linear2(dropout(activation(linear1(norm2(x))))))
+
+and ``norm_first=False`` (post-LN, PyTorch's default)::
+
+    x = norm1(x + dropout1(self_attn(x)))
+    x = norm2(x + dropout2(linear2(dropout(activation(linear1(x))))))
+
+``TransformerEncoder(layers, norm=None)`` is ``torch.nn.TransformerEncoder``: the blocks in
+turn (``layers.0``, ``layers.1``, ...), then ``norm`` when given; ``forward(src, mask=None,
+src_key_padding_mask=None, is_causal=None)`` with PyTorch's argument names (``is_causal`` is
+PyTorch's hint that ``mask`` is causal: the mask alone decides, here as there).
 
 >>> import numpy as np
 >>> from fpsim.autograd import Tensor, use_policy
@@ -48,13 +61,14 @@ import math
 from .. import autograd as ag
 from .. import backend
 from ..backend import xp
-from ..options import check_choice, check_count, check_real
+from ..options import check_choice, check_count, check_flag, check_instance, check_real
 from . import init
-from .layers import GELU, Dropout, Linear, ReLU
+from .layers import GELU, Dropout, Linear, ModuleList, ReLU
 from .module import Module, parameter
+from .gemm import GemmModule
 from .norm import LayerNorm
 
-__all__ = ["MultiheadAttention", "TransformerBlock", "causal_mask"]
+__all__ = ["MultiheadAttention", "TransformerBlock", "TransformerEncoder", "causal_mask"]
 
 
 def causal_mask(length: int):
@@ -70,12 +84,12 @@ def _mask_array(mask):
     return mask.data if isinstance(mask, ag.Tensor) else xp.asarray(mask)
 
 
-class MultiheadAttention(Module):
-    """Multi-head attention, batch first: ``forward(query, key=None, value=None,
-    key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True)``
-    returns ``(output (B, L, E), weights)``, weights (B, L, S) averaged over heads, (B, H, L,
-    S) with ``average_attn_weights=False``, None with ``need_weights=False``. key and value
-    default to query (self-attention).
+class MultiheadAttention(GemmModule):
+    """Multi-head attention: ``forward(query, key=None, value=None, key_padding_mask=None,
+    need_weights=True, attn_mask=None, average_attn_weights=True)`` returns ``(output (B, L,
+    E), weights)`` (output (L, B, E) with ``batch_first=False``), weights (B, L, S) averaged
+    over heads, (B, H, L, S) with ``average_attn_weights=False``, None with
+    ``need_weights=False``. key and value default to query (self-attention).
 
     Parameters as PyTorch's (same names, same initialisation): ``in_proj_weight`` (3E, E)
     Xavier-uniform, ``in_proj_bias`` (3E) zeros, ``out_proj`` a ``Linear(E, E)`` whose bias
@@ -91,10 +105,8 @@ class MultiheadAttention(Module):
         if embed_dim % num_heads:
             raise ValueError(f"MultiheadAttention: embed_dim {embed_dim} is not divisible by "
                              f"num_heads {num_heads}")
-        if batch_first is not True:
-            raise ValueError("MultiheadAttention: only batch_first=True (inputs (B, L, E)) "
-                             "is supported")
         rng = init.as_rng(rng)
+        self.batch_first = check_flag("batch_first", batch_first)
         self.embed_dim, self.num_heads = embed_dim, num_heads
         self.head_dim = embed_dim // num_heads
         self.accumulation = accumulation
@@ -128,12 +140,21 @@ class MultiheadAttention(Module):
         query = ag.as_tensor(query)
         key = query if key is None else ag.as_tensor(key)
         value = key if value is None else ag.as_tensor(value)
+        if not self.batch_first:        # (L, B, E): the same computation between transposes
+            out, weights = self._attend(*_batch_first(query, key, value), key_padding_mask,
+                                        need_weights, attn_mask, average_attn_weights)
+            return out.transpose(1, 0, 2), weights
+        return self._attend(query, key, value, key_padding_mask, need_weights, attn_mask,
+                            average_attn_weights)
+
+    def _attend(self, query, key, value, key_padding_mask, need_weights, attn_mask,
+                average_attn_weights):
         if query.ndim != 3 or query.shape[2] != self.embed_dim:
-            raise ValueError(f"MultiheadAttention expects query (batch, length, "
-                             f"{self.embed_dim}), got shape {query.shape}")
+            raise ValueError(f"MultiheadAttention expects query {self._layout()}, got "
+                             f"shape {query.shape}")
         if key.shape != value.shape or key.ndim != 3 or key.shape[0] != query.shape[0]:
-            raise ValueError(f"MultiheadAttention: key {key.shape} and value {value.shape} "
-                             f"must both be (batch, source length, {self.embed_dim})")
+            raise ValueError(f"MultiheadAttention: key and value must both be "
+                             f"{self._layout('source length')} with the query's batch")
         batch, length, source = query.shape[0], query.shape[1], key.shape[1]
         q, k, v = self._project(query, key, value)
         q = self._heads(q, length) * math.sqrt(1.0 / self.head_dim)
@@ -146,6 +167,10 @@ class MultiheadAttention(Module):
         if not need_weights:
             return out, None
         return out, (weights.mean(axis=1) if average_attn_weights else weights)
+
+    def _layout(self, length="length"):
+        axes = ["batch", length, str(self.embed_dim)]
+        return "(" + ", ".join(axes if self.batch_first else [length] + axes[::2]) + ")"
 
     def _masked(self, scores, attn_mask, key_padding_mask, batch, length, source):
         heads = self.num_heads
@@ -173,9 +198,23 @@ class MultiheadAttention(Module):
                 f"fmt={self.in_proj_weight.fmt})")
 
 
+def _batch_first(*tensors):
+    """(L, B, E) -> (B, L, E) for each, a tensor used twice transposed once (self-attention
+    stays recognisable: one projection, then split)."""
+    done = {}
+    for t in tensors:
+        if id(t) not in done:
+            if t.ndim != 3:
+                raise ValueError(f"MultiheadAttention (batch_first=False) expects (length, "
+                                 f"batch, embed_dim) inputs, got shape {t.shape}")
+            done[id(t)] = t.transpose(1, 0, 2)
+    return tuple(done[id(t)] for t in tensors)
+
+
 class TransformerBlock(Module):
-    """Pre-LN transformer block (module doc): ``forward(x, attn_mask=None,
-    key_padding_mask=None)`` on (B, L, d_model). The feed-forward width is
+    """Transformer block (module doc), pre-LN or with ``norm_first=False`` post-LN:
+    ``forward(x, attn_mask=None, key_padding_mask=None)`` on (B, L, d_model), (L, B, d_model)
+    with ``batch_first=False``. The feed-forward width is
     ``dim_feedforward`` (default ``mlp_ratio * d_model``); ``activation`` "gelu" (exact,
     PyTorch's ``F.gelu``) or "relu"; ``dropout`` on the attention weights, after the
     activation and on both residual branches, as PyTorch (seeds ``seed`` .. ``seed + 3``)."""
@@ -183,16 +222,17 @@ class TransformerBlock(Module):
     def __init__(self, d_model: int, num_heads: int, mlp_ratio: int = 4, dropout: float = 0.0,
                  *, dim_feedforward: int | None = None, activation: str = "gelu",
                  layer_norm_eps: float = 1e-5, bias: bool = True, rng=None, seed: int = 0,
-                 accumulation=None):
+                 accumulation=None, norm_first: bool = True, batch_first: bool = True):
         super().__init__()
         check_count("d_model", d_model, 1)
+        self.norm_first = check_flag("norm_first", norm_first)
         width = (check_count("mlp_ratio", mlp_ratio, 1) * d_model if dim_feedforward is None
                  else check_count("dim_feedforward", dim_feedforward, 1))
         check_choice("activation", activation, ("gelu", "relu"))
         rng = init.as_rng(rng)
         self.d_model, self.dim_feedforward = d_model, width
-        self.self_attn = MultiheadAttention(d_model, num_heads, dropout, bias, rng=rng,
-                                            seed=seed, accumulation=accumulation)
+        self.self_attn = MultiheadAttention(d_model, num_heads, dropout, bias, batch_first,
+                                            rng=rng, seed=seed, accumulation=accumulation)
         self.linear1 = Linear(d_model, width, bias, rng=rng, accumulation=accumulation)
         self.dropout = Dropout(dropout, seed=seed + 1)
         self.linear2 = Linear(width, d_model, bias, rng=rng, accumulation=accumulation)
@@ -204,13 +244,46 @@ class TransformerBlock(Module):
 
     def forward(self, x, attn_mask=None, key_padding_mask=None):
         x = ag.as_tensor(x)
-        h = self.norm1(x)
+        if not self.norm_first:
+            x = self.norm1(x + self._attended(x, attn_mask, key_padding_mask))
+            return self.norm2(x + self._feed_forward(x))
+        x = x + self._attended(self.norm1(x), attn_mask, key_padding_mask)
+        return x + self._feed_forward(self.norm2(x))
+
+    def _attended(self, h, attn_mask, key_padding_mask):
         attended, _ = self.self_attn(h, h, h, key_padding_mask=key_padding_mask,
                                      need_weights=False, attn_mask=attn_mask)
-        x = x + self.dropout1(attended)
-        hidden = self.dropout(self.activation(self.linear1(self.norm2(x))))
-        return x + self.dropout2(self.linear2(hidden))
+        return self.dropout1(attended)
+
+    def _feed_forward(self, h):
+        hidden = self.dropout(self.activation(self.linear1(h)))
+        return self.dropout2(self.linear2(hidden))
 
     def __repr__(self) -> str:
         return (f"TransformerBlock({self.d_model}, heads={self.self_attn.num_heads}, "
                 f"dim_feedforward={self.dim_feedforward})")
+
+
+class TransformerEncoder(Module):
+    """``torch.nn.TransformerEncoder`` (module doc): ``layers`` (blocks, kept as the
+    ``ModuleList`` ``layers``) in turn, then ``norm`` (a ``LayerNorm``, or None)."""
+
+    def __init__(self, layers, norm=None):
+        super().__init__()
+        layers = list(layers)
+        if not layers or not all(isinstance(layer, TransformerBlock) for layer in layers):
+            raise TypeError(f"TransformerEncoder: layers must be one or more "
+                            f"TransformerBlock, got {[type(x).__name__ for x in layers]}")
+        check_instance("norm", norm, (LayerNorm, type(None)), "a LayerNorm or None")
+        self.layers = ModuleList(layers)
+        self.num_layers = len(layers)
+        self.norm = norm
+
+    def forward(self, src, mask=None, src_key_padding_mask=None, is_causal=None):
+        x = ag.as_tensor(src)
+        for layer in self.layers:
+            x = layer(x, attn_mask=mask, key_padding_mask=src_key_padding_mask)
+        return x if self.norm is None else self.norm(x)
+
+    def __repr__(self) -> str:
+        return f"TransformerEncoder({self.num_layers} x {self.layers[0]!r})"

@@ -12,11 +12,13 @@ Supported (``SUPPORTED``): Linear, Conv2d (zero padding), MaxPool2d and AvgPool2
 ceil_mode, dilation, divisor_override; AvgPool2d counting padding, PyTorch's default),
 Flatten (to the last axis), LayerNorm, BatchNorm2d (a numeric momentum), Embedding (no
 padding_idx, max_norm), ReLU, Tanh, Sigmoid, GELU, SiLU, Dropout, Sequential, ModuleList,
-MultiheadAttention (batch_first=True, one embedding size, no bias_k / add_zero_attn), LSTM
+MultiheadAttention (one embedding size, no bias_k / add_zero_attn), LSTM
 (one layer, batch_first=True, unidirectional, no projection; fpsim's ``LSTM`` returns h and c
-as (B, H), PyTorch as (1, B, H)), TransformerEncoderLayer (norm_first=True,
-batch_first=True, relu or gelu: ``TransformerBlock``). Anything else, or a supported layer
-with an option fpsim lacks, is a ``ValueError`` naming it (and its path in the model).
+as (B, H), PyTorch as (1, B, H)), TransformerEncoderLayer (pre-LN or post-LN, relu or gelu:
+``TransformerBlock``), TransformerEncoder (its layers, then a LayerNorm or none). Any other
+torch.nn layer, or a supported layer with an option fpsim lacks, is a ``ValueError`` naming
+it (and its path in the model). Any other module (a subclass of ``torch.nn.Module`` with its
+own ``forward``) is traced (``fpsim.nn.traced``).
 
 Dropout layers get seeds 0, 1, 2, ... in model order (PyTorch's masks come from its own
 generator; fpsim's from Philox, so only their distribution is shared).
@@ -35,14 +37,16 @@ from __future__ import annotations
 import sys
 
 from ..backend import xp
+from ..options import described
 
 from ..autograd import Tensor, current_policy
-from .attention import MultiheadAttention, TransformerBlock
+from .attention import MultiheadAttention, TransformerBlock, TransformerEncoder
 from .conv import AvgPool2d, Conv2d, Flatten, MaxPool2d
 from .conv import AdaptiveAvgPool2d, Unflatten
 from .layers import (ELU, GELU, Dropout, Embedding, Identity, LeakyReLU, Linear, LogSoftmax,
                      ModuleList, ReLU, Sequential, Sigmoid, SiLU, Softmax, Tanh)
 from .lstm import LSTM
+from . import traced
 from .module import parameter
 from .norm import BatchNorm2d, LayerNorm
 
@@ -52,7 +56,7 @@ SUPPORTED = ("Linear", "Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", 
              "Flatten", "Unflatten", "LeakyReLU", "ELU", "Softmax", "LogSoftmax", "LayerNorm",
              "BatchNorm2d", "Embedding", "ReLU", "Tanh", "Sigmoid", "GELU", "SiLU", "Dropout",
              "Sequential", "ModuleList", "MultiheadAttention", "LSTM",
-             "TransformerEncoderLayer")
+             "TransformerEncoderLayer", "TransformerEncoder")
 
 
 class _Context:
@@ -146,10 +150,6 @@ def _embedding(layer, path, ctx):
     return _loaded(Embedding(layer.num_embeddings, layer.embedding_dim), layer)
 
 
-def _gelu(layer, path, ctx):
-    return GELU(layer.approximate)
-
-
 def _adaptive_avg_pool(layer, path, ctx):
     size = layer.output_size
     sizes = tuple(size) if isinstance(size, (tuple, list)) else (size, size)
@@ -179,17 +179,20 @@ def _unflatten(layer, path, ctx):
     return Unflatten(layer.dim, tuple(layer.unflattened_size))
 
 
+def _gelu(layer, path, ctx):
+    return GELU(layer.approximate)
+
+
 def _dropout(layer, path, ctx):
     return Dropout(layer.p, seed=ctx.seed())
 
 
 def _attention(layer, path, ctx):
-    if not layer.batch_first:
-        _refuse(layer, path, "only batch_first=True is supported")
     if layer.in_proj_weight is None or layer.bias_k is not None or layer.add_zero_attn:
         _refuse(layer, path, "kdim/vdim, add_bias_kv and add_zero_attn are not supported")
     ours = MultiheadAttention(layer.embed_dim, layer.num_heads, layer.dropout,
-                              layer.in_proj_bias is not None, seed=ctx.seed())
+                              layer.in_proj_bias is not None, bool(layer.batch_first),
+                              seed=ctx.seed())
     return _loaded(ours, layer)
 
 
@@ -205,8 +208,6 @@ def _lstm(layer, path, ctx):
 
 
 def _encoder_layer(layer, path, ctx):
-    if not layer.norm_first or not layer.self_attn.batch_first:
-        _refuse(layer, path, "only norm_first=True, batch_first=True (pre-LN) is supported")
     act = layer.activation
     act_name = getattr(act, "__name__", _name(act)).lower()
     if act_name not in ("gelu", "relu") or getattr(act, "approximate", "none") != "none":
@@ -215,9 +216,22 @@ def _encoder_layer(layer, path, ctx):
     ours = TransformerBlock(layer.self_attn.embed_dim, layer.self_attn.num_heads,
                             dropout=layer.dropout.p, dim_feedforward=linear1.out_features,
                             activation=act_name, layer_norm_eps=layer.norm1.eps,
-                            bias=linear1.bias is not None, seed=ctx.seed())
+                            bias=linear1.bias is not None, seed=ctx.seed(),
+                            norm_first=bool(layer.norm_first),
+                            batch_first=bool(layer.self_attn.batch_first))
     ctx.seeds += 3          # the block's four dropouts take seed .. seed + 3
     return _loaded(ours, layer)
+
+
+def _encoder(layer, path, ctx):
+    """TransformerEncoder: its (deep-copied) layers one by one, then its norm."""
+    blocks = [_convert(block, _join(path, f"layers.{i}"), ctx)
+              for i, block in enumerate(layer.layers)]
+    norm = None if layer.norm is None else _convert(layer.norm, _join(path, "norm"), ctx)
+    if norm is not None and not isinstance(norm, LayerNorm):
+        _refuse(layer, path, f"its norm is {type(layer.norm).__name__}; only LayerNorm is "
+                             f"supported")
+    return TransformerEncoder(blocks, norm)
 
 
 def _container(layer, path, ctx):
@@ -356,11 +370,15 @@ _CONVERTERS = {
     "Linear": _linear, "Conv2d": _conv, "Flatten": _flatten, "LayerNorm": _layer_norm,
     "BatchNorm2d": _batch_norm, "Embedding": _embedding, "GELU": _gelu, "Dropout": _dropout,
     "MultiheadAttention": _attention, "LSTM": _lstm, "TransformerEncoderLayer": _encoder_layer,
+    "TransformerEncoder": _encoder,
     "Sequential": _container, "ModuleList": _container,
     "MaxPool2d": lambda layer, path, ctx: MaxPool2d(*_pool_options(layer, path, False)),
     "AvgPool2d": lambda layer, path, ctx: AvgPool2d(*_pool_options(layer, path, True)),
     "ReLU": lambda layer, path, ctx: ReLU(), "Tanh": lambda layer, path, ctx: Tanh(),
     "Sigmoid": lambda layer, path, ctx: Sigmoid(), "SiLU": lambda layer, path, ctx: SiLU(),
+    "AdaptiveAvgPool2d": _adaptive_avg_pool, "Identity": lambda layer, path, ctx: Identity(),
+    "LeakyReLU": lambda layer, path, ctx: LeakyReLU(layer.negative_slope), "ELU": _elu,
+    "Softmax": _softmax, "LogSoftmax": _softmax, "Unflatten": _unflatten,
 }
 
 
@@ -376,9 +394,6 @@ def _convert(layer, path, ctx):
     if container:
         ours = converter(layer, path, ctx)
         _adopt_tensors(ours, layer, path, ctx, own_only=True)
-    "AdaptiveAvgPool2d": _adaptive_avg_pool, "Identity": lambda layer, path, ctx: Identity(),
-    "LeakyReLU": lambda layer, path, ctx: LeakyReLU(layer.negative_slope), "ELU": _elu,
-    "Softmax": _softmax, "LogSoftmax": _softmax, "Unflatten": _unflatten,
         ours.training = bool(layer.training)    # its children keep their own modes
     else:
         _check_one_mode(layer, path)
@@ -392,9 +407,54 @@ def _convert(layer, path, ctx):
     return ours
 
 
+_HOLDERS = ("Sequential", "ModuleList", "ModuleDict", "Module")     # hold parts, no forward
+
+
+def _table_only(layer) -> bool:
+    """Whether the layer converts by the table alone (no traced forward needed)."""
+    name = _name(layer)
+    if name in ("Sequential", "ModuleList"):
+        return all(_table_only(child) for child in layer._modules.values()
+                   if child is not None)
+    return bool(name)
+
+
+def _kind(layer) -> str:
+    """How a traced model's sub-module converts: "layer" (by the table), "Sequential",
+    "ModuleList" or "holder" (its parts, under its names), or "refused"."""
+    kind = _name(layer)
+    if kind in _CONVERTERS and kind not in _HOLDERS:
+        return "layer"
+    if kind in ("Sequential", "ModuleList"):
+        return kind
+    return "holder" if not kind or kind in _HOLDERS else "refused"
+
+
+def _own_state(ours, layer, path, ctx):
+    """A holder's own parameters, buffers and mode, checked as a container's are."""
+    _check_module_hooks(layer, path, deep=False)
+    _copy_own_state(ours, layer, path)
+    _adopt_tensors(ours, layer, path, ctx, own_only=True)
+    ours.training = bool(layer.training)
+
+
+def _lent(ctx) -> traced.Lent:
+    return traced.Lent(kind=_kind, convert=lambda layer, path: _convert(layer, path, ctx),
+                       own_state=lambda ours, layer, path: _own_state(ours, layer, path, ctx),
+                       supported=", ".join(k for k in SUPPORTED if k not in _HOLDERS))
+
+
 def from_torch(module):
     """The fpsim ``Module`` equivalent to the ``torch.nn.Module`` ``module`` (module doc):
     same structure, same parameter and buffer names and values, same training modes, the
-    same sharing."""
+    same sharing. Known layers and ``Sequential`` chains of them convert by the table, any
+    other module by tracing its forward (``fpsim.nn.traced``)."""
+    if not any(f"{c.__module__}.{c.__name__}" == "torch.nn.modules.module.Module"
+               for c in type(module).__mro__):
+        raise TypeError(f"from_torch: module must be a torch.nn.Module, got "
+                        f"{described(module)}")
     _check_global_hooks()
-    return _convert(module, "", _Context())
+    ctx = _Context()
+    if _table_only(module) or _name(module) not in ("", "Sequential"):
+        return _convert(module, "", ctx)
+    return traced.build(module, _lent(ctx))
