@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import fpsim.autograd as ag
-from fpsim import backend
+from fpsim import backend, nn
 from fpsim.autograd import Tensor, use_policy
 
 
@@ -31,6 +31,14 @@ def _away_from_zero(rng, *shape):
 
 def _rng(name: str) -> np.random.Generator:
     return np.random.default_rng(zlib.crc32(name.encode()))
+
+
+def _conv1d(x, weight, bias):
+    """``nn.Conv1d`` (groups 2, stride 2, padding 1, dilation 2) with these tensors as its
+    parameters."""
+    layer = nn.Conv1d(4, 4, 3, stride=2, padding=1, dilation=2, groups=2)
+    layer.weight, layer.bias = weight, bias
+    return layer(x)
 
 
 # name -> (function of tensors, function of a Generator giving the input arrays)
@@ -63,6 +71,8 @@ CASES = {
                    lambda r: [_rand(r, 2, 2, 5, 6)]),
     "avg_pool2d": (lambda x: ag.avg_pool2d(x, (2, 3), stride=1, padding=(1, 1)),
                    lambda r: [_rand(r, 2, 2, 4, 5)]),
+    "conv1d_module": (lambda x, w, b: _conv1d(x, w, b),
+                      lambda r: [_rand(r, 2, 4, 7), _rand(r, 4, 2, 3), _rand(r, 4)]),
     "adaptive_avg_pool2d": (lambda x: ag.adaptive_avg_pool2d(x, (2, 3)),
                             lambda r: [_rand(r, 2, 2, 5, 7)]),
     "adaptive_avg_pool2d_global": (lambda x: ag.adaptive_avg_pool2d(x, 1),
@@ -168,6 +178,7 @@ def test_gradient_float64_reference(name):
 
 
 FP32_CASES = ["cast", "add_broadcast", "mul_broadcast", "div", "matmul_batched", "linear", "conv2d",
+              "conv1d_module",
               "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "layer_norm", "silu", "sum_axes",
               "mean_axis", "exp", "log", "tanh", "sigmoid", "gelu", "gelu_tanh", "where",
               "leaky_relu", "elu",

@@ -147,8 +147,8 @@ def test_other_layers_convert():
 
 
 def test_unsupported_layers_are_refused_by_name():
-    with pytest.raises(ValueError, match=r"unsupported layer Conv1d at '1'; supported: Linear"):
-        nn.from_torch(torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Conv1d(1, 1, 1)))
+    with pytest.raises(ValueError, match=r"unsupported layer Conv3d at '1'; supported: Linear"):
+        nn.from_torch(torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Conv3d(1, 1, 1)))
 
     with pytest.raises(ValueError, match="unsupported layer PixelShuffle"):
         nn.from_torch(torch.nn.PixelShuffle(2))     # a subclass with its own forward: traced

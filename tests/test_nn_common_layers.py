@@ -6,6 +6,8 @@ derives), its formats under "16-mixed" / "16-true" against torch's half kernels 
 torch has them, and ``from_torch`` of a Sequential using it. The gradient checks (central
 finite differences, float64 and fp32) are cases of ``test_autograd_gradcheck.py``.
 """
+import math
+
 import numpy as np
 import pytest
 
@@ -291,3 +293,106 @@ def test_activation_sequential_converts():
     _same_function_float64(model, nn.from_torch, x)
     with pytest.raises(ValueError, match="ELU at '0': inplace=True"):
         nn.from_torch(torch.nn.Sequential(torch.nn.ELU(inplace=True)))
+
+
+# --- Conv1d ---------------------------------------------------------------------------------
+
+def _direct_conv1d(x, weight, bias, stride, padding, dilation, accumulation):
+    """A 1-D convolution written directly: each output position's (channel, tap) column
+    gathered, one ``linear`` with the (out, C k) weight (no conv2d anywhere)."""
+    n, c, length = x.shape
+    out, _, k = weight.shape
+    if padding:
+        zeros = Tensor(np.zeros((n, c, padding)), x.fmt)
+        x = ag.concatenate([zeros, x, zeros], axis=2)
+    positions = (length + 2 * padding - dilation * (k - 1) - 1) // stride + 1
+    taps = np.array([[t * stride + j * dilation for j in range(k)] for t in range(positions)])
+    columns = x[:, :, taps].transpose(0, 2, 1, 3).reshape(n, positions, c * k)
+    y = ag.linear(columns, weight.reshape(out, c * k), bias, accumulation=accumulation)
+    return y.transpose(0, 2, 1)
+
+
+@pytest.mark.parametrize("policy", ["32-true", "16-mixed", "16-true", "bf16-mixed"])
+@pytest.mark.parametrize("accumulation", [None, "sequential:fp32", "blocked:4:fp32"])
+def test_conv1d_has_the_bits_of_a_direct_conv1d(policy, accumulation):
+    """Conv1d runs conv2d on a height-1 image: its output and its weight and bias gradients
+    (one GEMM each) equal, bit for bit, a direct 1-D convolution's under each policy and
+    accumulation model. (The direct form's input gradient rounds each column's share, then
+    their sum: conv2d's rounds once, as the next test shows.)"""
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((2, 3, 11))
+    gy = rng.standard_normal((2, 4, 5))
+    results = []
+    for direct in (False, True):
+        with use_policy(policy):
+            layer = nn.Conv1d(3, 4, 3, stride=2, padding=1, dilation=2, rng=1,
+                              accumulation=accumulation)
+            t = Tensor(x, requires_grad=True)
+            y = (_direct_conv1d(t, layer.weight, layer.bias, 2, 1, 2, accumulation) if direct
+                 else layer(t))
+            y.backward(Tensor(gy, y.fmt))
+        results.append([y.fmt.name] + [_np(v) for v in (y, layer.weight.grad,
+                                                       layer.bias.grad)])
+    ours, direct = results
+    assert ours[0] == direct[0]
+    for a, b in zip(ours[1:], direct[1:]):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_conv1d_input_gradient_is_the_exact_sum_rounded_once():
+    """Each input's gradient sums g w over the (output, tap) pairs that read it: under
+    "32-true" with exact accumulation, that exact sum rounded once to fp32."""
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((2, 3, 11))
+    gy = rng.standard_normal((2, 4, 5)).astype(np.float32)
+    with use_policy("32-true"):
+        layer = nn.Conv1d(3, 4, 3, stride=2, padding=1, dilation=2, rng=1)
+        t = Tensor(x, requires_grad=True)
+        layer(t).backward(Tensor(gy))
+    w = _np(layer.weight).astype(np.float64)
+    expected = np.zeros(x.shape, np.float32)
+    for n, c, i in np.ndindex(*x.shape):
+        terms = [float(gy[n, o, pos]) * w[o, c, j] for o in range(4) for j in range(3)
+                 for pos in range(5) if pos * 2 + j * 2 - 1 == i]
+        expected[n, c, i] = np.float32(math.fsum(terms))     # products exact in float64
+    np.testing.assert_array_equal(_np(t.grad), expected)
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_conv1d_equals_torch_fp32_where_sums_are_exact(groups):
+    """Small integers: every product and sum is exact in fp32, so torch's bits are ours."""
+    rng = np.random.default_rng(13)
+
+    def integers(shape):
+        return rng.integers(-8, 9, shape).astype(np.float32)
+
+    x = integers((2, 4, 9))
+    theirs = torch.nn.Conv1d(4, 6, 3, stride=1, padding=2, dilation=2, groups=groups)
+    with torch.no_grad():
+        theirs.weight.copy_(torch.tensor(integers(theirs.weight.shape)))
+        theirs.bias.copy_(torch.tensor(integers((6,))))
+    with use_policy("32-true"):
+        ours = nn.from_torch(theirs)
+    assert isinstance(ours, nn.Conv1d) and ours.weight.shape == (6, 4 // groups, 3)
+    gy = integers((2, 6, 9))
+    y, dx, _ = _run_ours(ours, x, gy, "32-true")
+    t_y, t_dx = _run_torch(theirs, x, gy, torch.float32)
+    np.testing.assert_array_equal(y, t_y)
+    np.testing.assert_array_equal(dx, t_dx)
+    np.testing.assert_array_equal(_np(ours.weight.grad), theirs.weight.grad.numpy())
+    np.testing.assert_array_equal(_np(ours.bias.grad), theirs.bias.grad.numpy())
+
+
+def test_conv1d_init_and_refusals():
+    layer = nn.Conv1d(4, 2, 5, rng=3)
+    bound = 1 / np.sqrt(4 * 5)
+    assert np.all(np.abs(_np(layer.weight)) <= bound) and layer.weight.shape == (2, 4, 5)
+    assert nn.Conv1d(4, 2, (5,), stride=(2,)).stride == 2
+    with pytest.raises(ValueError, match=r"Conv1d expects input \(N, 4, L\), got shape"):
+        layer(Tensor(np.ones((4, 7))))
+    with pytest.raises(ValueError, match="kernel_size takes an int or a tuple of one int"):
+        nn.Conv1d(4, 2, (3, 3))
+    with pytest.raises(ValueError, match="groups=3 must divide"):
+        nn.Conv1d(4, 2, 3, groups=3)
+    with pytest.raises(ValueError, match="only numeric zero padding"):
+        nn.from_torch(torch.nn.Conv1d(2, 2, 3, padding="same"))

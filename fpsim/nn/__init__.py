@@ -1,8 +1,8 @@
 """Layers on the autograd engine: ``Module`` (named parameters, state dicts), ``Linear``,
 ``Embedding``, ``LSTM``, ``ModuleList``, ``Sequential``, activations (``ReLU``,
 ``LeakyReLU``, ``ELU``, ``Tanh``, ``Sigmoid``, ``GELU``, ``SiLU``, ``Softmax``,
-``LogSoftmax``), the ``MLP`` builder, ``Identity``, image layers (``Conv2d``, ``MaxPool2d``,
-``AvgPool2d``, ``AdaptiveAvgPool2d``, ``Flatten``, ``Unflatten``: ``conv.py``),
+``LogSoftmax``), the ``MLP`` builder, ``Identity``, image layers (``Conv1d``, ``Conv2d``,
+``MaxPool2d``, ``AvgPool2d``, ``AdaptiveAvgPool2d``, ``Flatten``, ``Unflatten``: ``conv.py``),
 ``LayerNorm``, ``BatchNorm2d`` (``norm.py``), ``Dropout``,
 ``MultiheadAttention``, ``TransformerBlock``, ``TransformerEncoder``, ``causal_mask``
 (``attention.py``),
@@ -18,7 +18,7 @@ from . import init
 from .layers import (ACTIVATIONS, ELU, GELU, MLP, Dropout, Embedding, Identity, LeakyReLU,
                      Linear, LogSoftmax, ModuleList, ReLU, Sequential, Sigmoid, SiLU, Softmax,
                      Tanh)
-from .conv import AdaptiveAvgPool2d, AvgPool2d, Conv2d, Flatten, MaxPool2d, Unflatten
+from .conv import AdaptiveAvgPool2d, AvgPool2d, Conv1d, Conv2d, Flatten, MaxPool2d, Unflatten
 from .lstm import LSTM
 from .module import Module, parameter
 from .norm import BatchNorm2d, LayerNorm
@@ -27,7 +27,7 @@ from .from_torch import from_torch
 
 __all__ = ["Module", "parameter", "Linear", "Embedding", "LSTM", "ModuleList", "Sequential",
            "ReLU", "LeakyReLU", "ELU", "Tanh", "Sigmoid", "GELU", "SiLU", "Softmax",
-           "LogSoftmax", "MLP", "ACTIVATIONS", "Conv2d", "MaxPool2d", "AvgPool2d",
+           "LogSoftmax", "MLP", "ACTIVATIONS", "Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d",
            "AdaptiveAvgPool2d", "Flatten", "Unflatten", "Identity", "LayerNorm",
            "BatchNorm2d", "Dropout",
            "MultiheadAttention", "TransformerBlock", "TransformerEncoder", "causal_mask",

@@ -1,5 +1,5 @@
 """Image layers (NCHW, as PyTorch): ``Conv2d``, ``MaxPool2d``, ``AvgPool2d``,
-``AdaptiveAvgPool2d``, ``Flatten``, ``Unflatten``.
+``AdaptiveAvgPool2d``, ``Flatten``, ``Unflatten``; ``Conv1d`` (NCL) on the same machinery.
 
 Each calls one autograd op (``fpsim.autograd.conv2d``, ``max_pool2d``, ``avg_pool2d``,
 ``reshape``), whose module docs say where it rounds; parameters are created in the current
@@ -25,7 +25,8 @@ from ..autograd.ops_conv import pair
 from . import init
 from .module import Module, parameter
 
-__all__ = ["Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "Flatten", "Unflatten"]
+__all__ = ["Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "Flatten",
+           "Unflatten"]
 
 
 class Conv2d(Module):
@@ -64,6 +65,63 @@ class Conv2d(Module):
                 f"kernel_size={self.kernel_size}, stride={self.stride}, "
                 f"padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
                 f"bias={self.bias is not None}, fmt={self.weight.fmt})")
+
+
+class Conv1d(Module):
+    """``torch.nn.Conv1d``: x (N, C, L), weight (out, in/groups, k), bias (out,), drawn as
+    ``Conv2d``'s (U(+-1/sqrt(fan_in)), fan_in = in/groups k, weight then bias). It runs
+    ``autograd.conv2d`` on the height-1 image (N, C, 1, L) with weight (out, in/groups, 1, k):
+    the same products, summed in the same (channel, tap) order by the same accumulation,
+    so the bits of a direct 1-D convolution under every policy; the reshapes round
+    nothing."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1,
+                 padding: int = 0, dilation: int = 1, groups: int = 1, bias: bool = True, *,
+                 rng=None, accumulation=None):
+        super().__init__()
+        check_count("in_channels", in_channels, 1)
+        check_count("out_channels", out_channels, 1)
+        check_count("groups", groups, 1)
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(f"Conv1d: groups={groups} must divide in_channels "
+                             f"({in_channels}) and out_channels ({out_channels})")
+        self.kernel_size = _single(kernel_size, "kernel_size", 1)
+        self.stride, self.dilation = _single(stride, "stride", 1), _single(dilation, "dilation", 1)
+        self.padding = _single(padding, "padding", 0)
+        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
+        self.accumulation = accumulation
+        rng = init.as_rng(rng)
+        fan_in = in_channels // groups * self.kernel_size
+        shape = (out_channels, in_channels // groups, self.kernel_size)
+        self.weight = parameter(init.fan_in_uniform(rng, shape, fan_in))
+        self.bias = (parameter(init.fan_in_uniform(rng, (out_channels,), fan_in))
+                     if bias else None)
+
+    def forward(self, x):
+        x = ag.as_tensor(x)
+        if x.ndim != 3 or x.shape[1] != self.in_channels:
+            raise ValueError(f"Conv1d expects input (N, {self.in_channels}, L), got shape "
+                             f"{x.shape}")
+        image = ag.reshape(x, (x.shape[0], x.shape[1], 1, x.shape[2]))
+        kernel = ag.reshape(self.weight, self.weight.shape[:2] + (1, self.kernel_size))
+        out = ag.conv2d(image, kernel, self.bias, (1, self.stride), (0, self.padding),
+                        (1, self.dilation), self.groups, accumulation=self.accumulation)
+        return ag.reshape(out, (out.shape[0], out.shape[1], out.shape[3]))
+
+    def __repr__(self) -> str:
+        return (f"Conv1d({self.in_channels}, {self.out_channels}, "
+                f"kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
+                f"bias={self.bias is not None}, fmt={self.weight.fmt})")
+
+
+def _single(value, name: str, minimum: int) -> int:
+    """An int or a one-int tuple (PyTorch's Conv1d stores ``(k,)``), at least ``minimum``."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != 1:
+            raise ValueError(f"{name} takes an int or a tuple of one int, got {value!r}")
+        value = value[0]
+    return check_count(name, value, minimum)
 
 
 class _Pool(Module):

@@ -42,7 +42,7 @@ from ..options import described
 from ..autograd import Tensor, current_policy
 from .attention import MultiheadAttention, TransformerBlock, TransformerEncoder
 from .conv import AvgPool2d, Conv2d, Flatten, MaxPool2d
-from .conv import AdaptiveAvgPool2d, Unflatten
+from .conv import AdaptiveAvgPool2d, Conv1d, Unflatten
 from .layers import (ELU, GELU, Dropout, Embedding, Identity, LeakyReLU, Linear, LogSoftmax,
                      ModuleList, ReLU, Sequential, Sigmoid, SiLU, Softmax, Tanh)
 from .lstm import LSTM
@@ -52,8 +52,9 @@ from .norm import BatchNorm2d, LayerNorm
 
 __all__ = ["from_torch", "SUPPORTED"]
 
-SUPPORTED = ("Linear", "Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "Identity",
-             "Flatten", "Unflatten", "LeakyReLU", "ELU", "Softmax", "LogSoftmax", "LayerNorm",
+SUPPORTED = ("Linear", "Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
+             "Identity", "Flatten", "Unflatten", "LeakyReLU", "ELU", "Softmax", "LogSoftmax",
+             "LayerNorm",
              "BatchNorm2d", "Embedding", "ReLU", "Tanh", "Sigmoid", "GELU", "SiLU", "Dropout",
              "Sequential", "ModuleList", "MultiheadAttention", "LSTM",
              "TransformerEncoderLayer", "TransformerEncoder")
@@ -120,9 +121,10 @@ def _linear(layer, path, ctx):
 def _conv(layer, path, ctx):
     if layer.padding_mode != "zeros" or isinstance(layer.padding, str):
         _refuse(layer, path, "only numeric zero padding is supported")
-    return _loaded(Conv2d(layer.in_channels, layer.out_channels, layer.kernel_size,
-                          layer.stride, layer.padding, layer.dilation, layer.groups,
-                          layer.bias is not None), layer)
+    conv = Conv1d if _name(layer) == "Conv1d" else Conv2d
+    return _loaded(conv(layer.in_channels, layer.out_channels, layer.kernel_size,
+                        layer.stride, layer.padding, layer.dilation, layer.groups,
+                        layer.bias is not None), layer)
 
 
 def _flatten(layer, path, ctx):
@@ -378,7 +380,7 @@ _CONVERTERS = {
     "Sigmoid": lambda layer, path, ctx: Sigmoid(), "SiLU": lambda layer, path, ctx: SiLU(),
     "AdaptiveAvgPool2d": _adaptive_avg_pool, "Identity": lambda layer, path, ctx: Identity(),
     "LeakyReLU": lambda layer, path, ctx: LeakyReLU(layer.negative_slope), "ELU": _elu,
-    "Softmax": _softmax, "LogSoftmax": _softmax, "Unflatten": _unflatten,
+    "Softmax": _softmax, "LogSoftmax": _softmax, "Unflatten": _unflatten, "Conv1d": _conv,
 }
 
 
