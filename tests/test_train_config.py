@@ -136,3 +136,64 @@ def test_accumulation_is_the_documented_sum_of_divided_micro_batches():
     assert [r.loss for r in result.records] == losses
     for (_, mine), (_, theirs) in zip(model.named_parameters(), twin.named_parameters()):
         assert np.array_equal(backend.to_numpy(mine.data), backend.to_numpy(theirs.data))
+
+
+def schedule_run(out=None, steps=12, resume=None, layout="jsonl", schedule="cosine:t_max=8"):
+    data, model, optimizer = accumulation_pieces()
+    return train(model, data, optimizer=optimizer, policy="16-mixed", steps=steps,
+                 batch_size=8, seed=2, schedule=schedule, out=out, resume=resume,
+                 trace_layout=layout, checkpoint_every=5 if out else None, progress=False)
+
+
+def test_a_schedule_sets_and_records_each_steps_learning_rate(tmp_path):
+    from fpsim.optim.schedules import parse_schedule
+    from fpsim.train import read_trace
+    result = schedule_run(tmp_path / "whole")
+    expected = parse_schedule("cosine:t_max=8").lrs(12, 0.1)
+    assert [r.lr for r in result.records] == expected
+    assert [r.lr for r in read_trace(tmp_path / "whole" / "trace.jsonl")] == expected
+    constant = schedule_run(schedule=None)
+    assert all(r.lr is None for r in constant.records)
+    assert constant.loss_hash != result.loss_hash          # the schedule changed the updates
+    csv_run = schedule_run(tmp_path / "csv", layout="csv")
+    assert read_trace(tmp_path / "csv" / "trace.csv") == \
+        [r._replace(wall_time=w.wall_time) for r, w in
+         zip(csv_run.records, read_trace(tmp_path / "csv" / "trace.csv"))]
+    info = json.loads((tmp_path / "whole" / "run.json").read_text())
+    assert info["config"]["schedule"] == {"schedule": "cosine", "t_max": 8, "eta_min": 0.0}
+
+
+def test_a_scheduled_run_resumes_with_the_same_bits(tmp_path):
+    whole = schedule_run(tmp_path / "whole")
+    schedule_run(tmp_path / "part", steps=5)
+    resumed = schedule_run(tmp_path / "part", resume=tmp_path / "part" / "checkpoint.npz")
+    assert resumed.loss_hash == whole.loss_hash
+    assert [r.lr for r in resumed.records] == [r.lr for r in whole.records]
+    with pytest.raises(ValueError, match="schedule"):
+        schedule_run(tmp_path / "part", resume=tmp_path / "part" / "checkpoint.npz",
+                     schedule="step:step_size=2")
+
+
+def test_the_schedule_flag_and_its_errors(tmp_path, capsys):
+    assert main(["train", "--steps", "4", "--quiet", "--schedule", "step:step_size=2",
+                 "--out", str(tmp_path / "run")]) == 0
+    lines = (tmp_path / "run" / "trace.jsonl").read_text().splitlines()
+    lrs = [json.loads(line)["lr"] for line in lines]
+    assert lrs == [0.1, 0.1, 0.1 * 0.1, 0.1 * 0.1]       # torch: lr * gamma each 2 steps
+    assert main(["train", "--schedule", "cosine:tmax=3", "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "did you mean 't_max'" in err
+    assert not (tmp_path / "bad").exists()
+
+
+def test_a_trace_whose_steps_carry_a_learning_rate_all_or_none(tmp_path):
+    from fpsim.train import TraceError, read_trace
+    result = schedule_run(tmp_path / "run", steps=3)
+    path = tmp_path / "run" / "trace.jsonl"
+    lines = path.read_text().splitlines()
+    second = json.loads(lines[1])
+    del second["lr"]
+    path.write_text("\n".join([lines[0], json.dumps(second), lines[2]]) + "\n")
+    with pytest.raises(TraceError, match="line 2: lacks the field 'lr' that the first step has"):
+        read_trace(path)
+    assert len(result.records) == 3

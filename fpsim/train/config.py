@@ -27,6 +27,7 @@ from .. import formats, nn
 from ..autograd import get_policy
 from ..options import (check_between, check_choice, check_count, check_flag, check_instance,
                        check_path)
+from ..optim.schedules import parse_schedule
 from ..scaling import get_scaler
 from .data import DATASETS
 from .factories import MODELS, is_factory, parse_arguments
@@ -110,6 +111,11 @@ class TrainConfig:
         "apex, deepspeed, deepspeed-fp16, megatron, tf-keras, keras3, jmp, with optional "
         "overrides NAME:key=value,... (default: the recipe's: dynamic for 16-mixed, none "
         "otherwise)"))
+    schedule: str | None = field(default=None, metadata=_option(
+        "schedule", str, "learning-rate schedule, torch's bit for bit: step:step_size=N,"
+        "gamma=G; cosine:t_max=N,eta_min=E; linear:start_factor=F,total_iters=N; "
+        "onecycle:total_steps=N,max_lr=L; warmup_cosine:warmup=W,t_max=N "
+        "(fpsim.optim.schedules; default: the constant --lr); the trace records each step's lr"))
     accumulate: int = field(default=1, metadata=_option(
         "accumulate", int, "micro-batches of --batch-size whose gradients add up before each "
         "optimizer step (each micro-batch's loss divided by this, as in torch)"))
@@ -261,6 +267,12 @@ def _scaler(value) -> str | None:
     return value.strip()
 
 
+def _schedule(value) -> str | None:
+    if value is None:
+        return None
+    return str(parse_schedule(_text("schedule", value)))
+
+
 def _positive(name: str, value) -> float:
     return check_between(_described(name), value, 0.0, low_open=True)
 
@@ -289,6 +301,7 @@ _CHECKS = {
     "master": lambda name, v: _master(v),
     "clip_norm": _optional(_positive),
     "scaler": lambda name, v: _scaler(v),
+    "schedule": lambda name, v: _schedule(v),
     "accumulate": lambda name, v: check_count(_described(name), v, 1),
     "steps": lambda name, v: check_count(_described(name), v, 1),
     "batch_size": lambda name, v: check_count(_described(name), v, 1),

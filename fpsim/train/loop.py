@@ -36,6 +36,7 @@ from ..backend import xp
 from ..exact.underflow import UnderflowCount, count_gradient_underflow, count_per_tensor
 from ..nn import Module
 from ..optim import SGD, Optimizer
+from ..optim.schedules import Schedule, parse_schedule
 from ..options import check_flag, check_instance
 from ..scaling import ScalerState, get_scaler
 from .config import check_field
@@ -101,6 +102,7 @@ class _Run:
     batch_size: int
     accumulate: int
     per_layer: bool
+    lrs: list | None         # the schedule's lr of every step (None: the rule's, constant)
     settings: dict
 
 
@@ -109,7 +111,7 @@ def train_model(model, data: Dataset, *, optimizer: Optimizer | None = None, sca
                 out: "str | os.PathLike | None" = None, trace_layout: str = "jsonl",
                 checkpoint_every: int | None = None, resume: "str | os.PathLike | None" = None,
                 progress: bool | None = None, overwrite: bool = False, allow_changes=(),
-                loss="auto", per_layer: bool = False, accumulate: int = 1,
+                loss="auto", per_layer: bool = False, accumulate: int = 1, schedule=None,
                 recorded: dict | None = None) -> TrainResult:
     """``fpsim.train.train(model, data, ...)``: see its docstring. ``recorded``: entries for
     ``run.json``'s configuration besides the run's own (``TrainConfig.record()``)."""
@@ -122,7 +124,7 @@ def train_model(model, data: Dataset, *, optimizer: Optimizer | None = None, sca
     if progress is not None:
         check_flag("progress", progress)
     run = _prepare(model, data, optimizer, scaler, policy, loss, steps, batch_size, seed,
-                   accumulate, per_layer, recorded or {})
+                   accumulate, per_layer, schedule, recorded or {})
     identity = run_identity(run.settings, run.optimizer, data, model)
     rng = backend.host_rng(seed)
     state, start = run.scaler.init(), 0
@@ -135,7 +137,7 @@ def train_model(model, data: Dataset, *, optimizer: Optimizer | None = None, sca
     with contextlib.ExitStack() as stack:
         stack.enter_context(run.kept_layers)
         outputs = open_outputs(stack, out, trace_layout, run.settings, start, resume,
-                               overwrite, identity, allow_changes)
+                               overwrite, identity, allow_changes, lr=run.lrs is not None)
         tables = _open_tables(stack, run, outputs.folder, start)
         saving = _Saving(outputs.folder, checkpoint_every, identity)
         result = _steps(run, outputs, tables, saving, state, rng, range(start, steps),
@@ -149,7 +151,7 @@ def train_model(model, data: Dataset, *, optimizer: Optimizer | None = None, sca
 
 
 def _prepare(model, data, optimizer, scaler, policy, loss, steps, batch_size, seed,
-             accumulate, per_layer, recorded: dict) -> _Run:
+             accumulate, per_layer, schedule, recorded: dict) -> _Run:
     """Every check of the run, one forward pass and loss on two samples included: bad input
     raises before anything is written."""
     check_instance("model", model, Module, "an fpsim.nn.Module (e.g. nn.MLP([16, 32, 4]))")
@@ -184,10 +186,19 @@ def _prepare(model, data, optimizer, scaler, policy, loss, steps, batch_size, se
                     **recipe_record(recipe, optimizer.master_fmt, scaler))
     if accumulate != 1:          # recorded where it is used: earlier runs' identities hold
         settings["accumulate"] = accumulate
+    lrs = None
+    if schedule is not None:
+        schedule = parse_schedule(schedule) if isinstance(schedule, str) else schedule
+        check_instance("schedule", schedule, Schedule, "a schedule of fpsim.optim.schedules "
+                       "or its string, e.g. 'cosine:t_max=100'")
+        base_lr = getattr(optimizer.rule, "lr", None)
+        lrs = schedule.lrs(steps, base_lr)       # torch's lrs from the rule's: cheap to replay
+        optimizer.set_learning_rate(base_lr)     # refuses a rule without an lr, now
+        settings["schedule"] = schedule.record()
     if policy.fp8 is not None:
         settings["fp8"] = policy.fp8.record()
     return _Run(model, data, optimizer, policy, scaler, loss_fn, kept_layers, steps,
-                batch_size, accumulate, bool(per_layer), settings)
+                batch_size, accumulate, bool(per_layer), lrs, settings)
 
 
 @dataclass(frozen=True)
@@ -252,12 +263,15 @@ def _steps(run: _Run, outputs: Outputs, tables: tuple, saving: _Saving, state, r
                     (count_per_tensor() if layers else contextlib.nullcontext()) as charged:
                 value = _micro_batches(run, rng, scale)
             gradients = _gradient_statistics(optimizer, charged) if layers else None
+            lr = None if run.lrs is None else run.lrs[step]
+            if lr is not None:
+                optimizer.set_learning_rate(lr)
             report = optimizer.step(state, per_parameter=bool(layers))
             optimizer.zero_grad()
             state = report.scaler_state
             record = StepRecord(step, value, scale, report.found_inf, report.skipped,
                                 report.grad_norm, counts.fraction, report.lost_fraction,
-                                time.perf_counter() - began)
+                                time.perf_counter() - began, lr)
             records.append(record)
             if layers:
                 stats = LayerStats(step, *gradients[:1], _lost_fractions(report, len(names)),

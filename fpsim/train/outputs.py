@@ -41,7 +41,7 @@ class Outputs(NamedTuple):
 
 
 def open_outputs(stack: contextlib.ExitStack, out, layout, settings, start, resume,
-                 overwrite, identity, allow_changes) -> Outputs:
+                 overwrite, identity, allow_changes, *, lr: bool = False) -> Outputs:
     """Lock ``out``, check what it holds, write ``run.json`` and open the trace; returns
     (folder, trace writer, trace records kept from before ``start``, notes)."""
     if out is None:
@@ -77,9 +77,9 @@ def open_outputs(stack: contextlib.ExitStack, out, layout, settings, start, resu
     write_text(out_dir / "run.json", json.dumps(run_info(settings, start, identity), indent=2,
                                                 sort_keys=True) + "\n")
     if resume is not None:
-        write_text(trace_path, trace_header(layout) + "".join(format_record(r, layout)
+        write_text(trace_path, trace_header(layout, lr=lr) + "".join(format_record(r, layout)
                                                               for r in kept))
-    writer = TraceWriter(trace_path, layout, append=resume is not None)
+    writer = TraceWriter(trace_path, layout, append=resume is not None, lr=lr)
     return Outputs(out_dir, writer, kept, notes)
 
 

@@ -54,7 +54,8 @@ class StepRecord(NamedTuple):
     ``underflow_fraction`` the fraction of gradient values that were nonzero in exact arithmetic
     but zero in their format; ``lost_update_fraction`` the fraction of parameter updates that
     did not change the stored weight; ``wall_time`` seconds the step took (the one field that
-    differs between runs).
+    differs between runs); ``lr`` the learning rate of the step where a schedule set it (None,
+    and no ``lr`` column, otherwise).
     """
 
     step: int
@@ -66,6 +67,7 @@ class StepRecord(NamedTuple):
     underflow_fraction: float
     lost_update_fraction: float
     wall_time: float
+    lr: float | None = None
 
     @property
     def loss_bits(self) -> str:
@@ -73,11 +75,15 @@ class StepRecord(NamedTuple):
 
     def as_row(self) -> dict:
         row = self._asdict()
+        if self.lr is None:
+            del row["lr"]
         row["loss_bits"] = self.loss_bits
         return row
 
 
-FIELDS = StepRecord._fields + ("loss_bits",)
+# the columns every step has; OPTIONAL ones are in every step of a trace or in none
+OPTIONAL = ("lr",)
+FIELDS = tuple(f for f in StepRecord._fields if f not in OPTIONAL) + ("loss_bits",)
 _TYPES = {"step": int, "found_inf": bool, "skipped": bool}
 
 
@@ -92,7 +98,7 @@ class TraceWriter:
     that already has its header."""
 
     def __init__(self, target: "str | os.PathLike | IO[str]", layout: str | None = None, *,
-                 append: bool = False):
+                 append: bool = False, lr: bool = False):
         if isinstance(target, (str, os.PathLike)):
             layout = layout or ("csv" if Path(target).suffix == ".csv" else "jsonl")
         layout = layout or "jsonl"
@@ -107,8 +113,9 @@ class TraceWriter:
             self._fd = os.open(target, flags, 0o644)
         else:
             self._stream = target
+        self.lr = lr        # whether the steps carry a learning rate (the lr column)
         if layout == "csv" and not append:
-            self._emit(",".join(FIELDS) + "\n")
+            self._emit(trace_header(layout, lr=lr))
 
     def _emit(self, line: str) -> None:
         if self._stream is not None:
@@ -140,16 +147,22 @@ def format_record(record: StepRecord, layout: str = "jsonl") -> str:
     row = record.as_row()
     if layout == "csv":
         buffer = io.StringIO()
-        csv.DictWriter(buffer, fieldnames=FIELDS, lineterminator="\n").writerow(
+        columns = _columns(record.lr is not None)
+        csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n").writerow(
             {k: repr(v) if isinstance(v, float) else v for k, v in row.items()})
         return buffer.getvalue()
     return json.dumps({k: _json_float(v) if isinstance(v, float) else v
                        for k, v in row.items()}) + "\n"
 
 
-def trace_header(layout: str) -> str:
-    """What a trace of ``layout`` starts with before its first record."""
-    return ",".join(FIELDS) + "\n" if layout == "csv" else ""
+def _columns(lr: bool) -> tuple:
+    return FIELDS[:-1] + ("lr",) * lr + FIELDS[-1:]
+
+
+def trace_header(layout: str, *, lr: bool = False) -> str:
+    """What a trace of ``layout`` starts with before its first record (with ``lr``: steps
+    that carry a learning rate)."""
+    return ",".join(_columns(lr)) + "\n" if layout == "csv" else ""
 
 
 def _parse_value(name: str, raw, where: str):
@@ -206,7 +219,7 @@ def read_trace(source: "str | os.PathLike | IO[str]", *,
     if is_csv:
         reader = csv.DictReader(io.StringIO(text))
         rows = list(reader)
-        unknown = [f for f in reader.fieldnames or () if f not in FIELDS]
+        unknown = [f for f in reader.fieldnames or () if f not in FIELDS + OPTIONAL]
         if unknown:
             raise TraceError(f"{name} line 1: unknown column(s) {', '.join(unknown)}; a step "
                              f"has {', '.join(FIELDS)}")
@@ -233,11 +246,15 @@ def read_trace(source: "str | os.PathLike | IO[str]", *,
             raise TraceError(f"{where}: missing field(s) {', '.join(missing)}; a step has "
                              f"{', '.join(FIELDS)}")
         unknown = [str(f) if f is not None else "(a value past the last column)"
-                   for f in row if f not in FIELDS]
+                   for f in row if f not in FIELDS + OPTIONAL]
         if unknown:
             raise TraceError(f"{where}: unknown field(s) {', '.join(unknown)}; a step has "
-                             f"{', '.join(FIELDS)}")
-        values = {f: _parse_value(f, row[f], where) for f in FIELDS}
+                             f"{', '.join(FIELDS)} (and lr where a schedule ran)")
+        if ("lr" in row) != ("lr" in numbered[0][1]):
+            raise TraceError(f"{where}: {'has' if 'lr' in row else 'lacks'} the field 'lr' "
+                             f"that the first step {'lacks' if 'lr' in row else 'has'}; a "
+                             f"trace's steps carry a learning rate all or none")
+        values = {f: _parse_value(f, row[f], where) for f in FIELDS + OPTIONAL if f in row}
         bits = values.pop("loss_bits")
         record = StepRecord(**values)
         if record.loss_bits != bits and not math.isnan(record.loss):

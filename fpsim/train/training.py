@@ -44,6 +44,9 @@ def train(model, data=None, **options) -> TrainResult:
       ``(batch, ...)``, per-token labels averaged over every position), ``"mse"``, a function
       ``loss(output, targets)`` returning a one-element ``Tensor``, or ``"auto"`` (the
       default): cross-entropy for labels, mse for regression targets;
+    - ``schedule``: a learning-rate schedule (``fpsim.optim.schedules``: an object or its
+      string, ``"cosine:t_max=100"``) from the optimizer's lr, torch's lr bit for bit; each
+      step's lr is set (``Optimizer.set_learning_rate``) and recorded in the trace;
     - ``steps`` (100), ``batch_size`` (64: drawn with replacement, at most ``len(data)``),
       ``accumulate`` (1: micro-batches per step, their gradients added, each loss divided by
       ``accumulate``), ``seed`` (0);
@@ -115,6 +118,7 @@ def run_config(config: TrainConfig, *, progress: bool | None = None) -> TrainRes
     return train_model(model, data, optimizer=optimizer, scaler=resolved.scaler,
                        policy=resolved.policy, steps=config.steps,
                        batch_size=config.batch_size, accumulate=config.accumulate,
+                       schedule=config.schedule,
                        seed=config.seed, out=config.out, trace_layout=config.trace_format,
                        checkpoint_every=config.checkpoint_every, resume=config.resume,
                        progress=progress, overwrite=config.overwrite,
