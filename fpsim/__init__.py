@@ -18,12 +18,12 @@ from ._version import __version__
 from .describe import Description, describe
 from .encoding import decode, encode
 from .formats import Format, custom
-from .rounding import MODES, round_to
+from .rounding import MODES, RoundingMode, round_to
 from .optim import SGD, Adam, AdamW, Optimizer
 from .scaling import DynamicScaler, LossScaleMinimumError, NoScaler, ScalerState, StaticScaler
 
-__all__ = ["__version__", "formats", "Format", "custom", "round_to", "MODES", "encode",
-           "decode", "describe", "Description", "scaling", "ScalerState", "DynamicScaler",
+__all__ = ["__version__", "formats", "Format", "custom", "round_to", "MODES", "RoundingMode",
+           "encode", "decode", "describe", "Description", "scaling", "ScalerState", "DynamicScaler",
            "StaticScaler", "NoScaler", "LossScaleMinimumError", "autograd", "backend", "exact", "files",
            "nn", "optim", "Tensor", "Policy", "get_policy", "use_policy", "current_policy",
            "set_default_policy", "no_grad", "enable_grad", "is_grad_enabled", "FP64",

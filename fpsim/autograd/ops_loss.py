@@ -22,6 +22,7 @@ array([-0.05960146,  0.05960146], dtype=float32)
 """
 from __future__ import annotations
 
+import enum
 from fractions import Fraction
 
 from .. import backend
@@ -35,9 +36,22 @@ from .ops_reduce import log_softmax_along
 from .ops_shape import operands
 from .tensor import Tensor, record
 
-__all__ = ["cross_entropy", "mse_loss"]
+__all__ = ["cross_entropy", "mse_loss", "Reduction"]
 
-_REDUCTIONS = ("mean", "sum", "none")
+
+class Reduction(str, enum.Enum):
+    """How a loss reduces its per-sample values, as names that are their strings too
+    (``Reduction.SUM == "sum"``): either is accepted."""
+
+    MEAN = "mean"
+    SUM = "sum"
+    NONE = "none"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_REDUCTIONS = tuple(reduction.value for reduction in Reduction)
 
 
 def _reduce(values, reduction):

@@ -40,6 +40,7 @@ these bits silently, so they raise ``FloatingPointError`` instead.
 """
 from __future__ import annotations
 
+import enum
 import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -57,10 +58,33 @@ from .compiled import round_compiled
 from .environment import check_environment
 from .rational import float64_round_to_odd
 
-__all__ = ["round_to", "MODES", "philox_uniforms", "philox4x32", "float64_round_to_odd",
-           "use_compiled"]
+__all__ = ["round_to", "MODES", "RoundingMode", "philox_uniforms", "philox4x32",
+           "float64_round_to_odd", "use_compiled"]
 
-MODES = ("nearest_even", "nearest_away", "toward_zero", "up", "down", "stochastic")
+
+class RoundingMode(str, enum.Enum):
+    """The rounding modes, as names that are their strings too: ``RoundingMode.UP == "up"``,
+    so either is accepted wherever a mode is, and a member compares, hashes and is written
+    to JSON as its string.
+
+    >>> RoundingMode.NEAREST_EVEN == "nearest_even", RoundingMode("toward_zero").name
+    (True, 'TOWARD_ZERO')
+    >>> round_to(70000.0, "fp16", RoundingMode.TOWARD_ZERO)
+    65504.0
+    """
+
+    NEAREST_EVEN = "nearest_even"
+    NEAREST_AWAY = "nearest_away"
+    TOWARD_ZERO = "toward_zero"
+    UP = "up"
+    DOWN = "down"
+    STOCHASTIC = "stochastic"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+MODES = tuple(mode.value for mode in RoundingMode)     # the plain strings, as before
 
 _CHUNK = 1 << 17          # elements per chunk: four 512 KiB work arrays stay in a 2 MiB L2
 # From here on, two threads. Below it they cost more CPU time than they save wall time:
@@ -84,7 +108,7 @@ def round_to(x, fmt: "Format | str", mode: str = "nearest_even", *, seed=None, o
         rationals are rounded once, whatever their size (``stochastic`` takes those that
         float64 holds)
     fmt : a ``Format`` or a name (``"fp16"``, ``"bf16"``, ``"e4m3"``, ``"e5m10"``, ...)
-    mode : one of ``MODES``:
+    mode : one of ``MODES`` (or its ``RoundingMode``):
         ``"nearest_even"`` (IEEE default), ``"nearest_away"`` (ties away from zero),
         ``"toward_zero"``, ``"up"`` (toward +inf), ``"down"`` (toward -inf), ``"stochastic"``
         (to the upper neighbour in magnitude with probability equal to the distance from the
