@@ -79,6 +79,9 @@ CASES = {
                                    lambda r: [_rand(r, 2, 3, 3, 4)]),
     "layer_norm": (lambda x, w, b: ag.layer_norm(x, (3, 4), w, b, eps=1e-3),
                    lambda r: [_rand(r, 2, 3, 4), _rand(r, 3, 4), _rand(r, 3, 4)]),
+    "group_norm": (lambda x, w, b: ag.group_norm(x, 2, w, b, eps=1e-3),
+                   lambda r: [_rand(r, 2, 4, 3, 2), _rand(r, 4), _rand(r, 4)]),
+    "group_norm_plain": (lambda x: ag.group_norm(x, 3), lambda r: [_rand(r, 2, 6, 3)]),
     "layer_norm_plain": (lambda x: ag.layer_norm(x, 5), lambda r: [_rand(r, 3, 5)]),
     "silu": (lambda a: ag.silu(a), lambda r: [_rand(r, 6, low=-6.0, high=6.0)]),
     "sum_all": (lambda a: a.sum(), lambda r: [_rand(r, 3, 4)]),
@@ -178,7 +181,7 @@ def test_gradient_float64_reference(name):
 
 
 FP32_CASES = ["cast", "add_broadcast", "mul_broadcast", "div", "matmul_batched", "linear", "conv2d",
-              "conv1d_module",
+              "conv1d_module", "group_norm",
               "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "layer_norm", "silu", "sum_axes",
               "mean_axis", "exp", "log", "tanh", "sigmoid", "gelu", "gelu_tanh", "where",
               "leaky_relu", "elu",

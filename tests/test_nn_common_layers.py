@@ -396,3 +396,103 @@ def test_conv1d_init_and_refusals():
         nn.Conv1d(4, 2, 3, groups=3)
     with pytest.raises(ValueError, match="only numeric zero padding"):
         nn.from_torch(torch.nn.Conv1d(2, 2, 3, padding="same"))
+
+
+# --- GroupNorm ------------------------------------------------------------------------------
+
+def _group_norm_case(seed, shape=(3, 6, 4, 5), groups=3):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * 2 + 1).astype(np.float16).astype(np.float32)
+    theirs = torch.nn.GroupNorm(groups, shape[1])
+    with torch.no_grad():
+        theirs.weight.copy_(torch.tensor(rng.standard_normal(shape[1]).astype(np.float32)))
+        theirs.bias.copy_(torch.tensor(rng.standard_normal(shape[1]).astype(np.float32)))
+    gy = rng.standard_normal(shape).astype(np.float32)
+    return x, gy, theirs
+
+
+def _torch_group_norm_grads(theirs, x, gy, dtype):
+    layer = theirs.to(dtype)
+    layer.zero_grad()
+    t_y, t_dx = _run_torch(layer, x, gy, dtype)
+    grads = [p.grad.double().numpy() for p in (layer.weight, layer.bias)]
+    theirs.float()
+    return t_y, t_dx, grads
+
+
+def test_group_norm_is_the_float64_value_rounded_once_and_near_torch_fp32():
+    """Ours: the float64 group norm rounded once (within u |y| of torch's float64 result,
+    plus float64 noise), gradients likewise. Torch's fp32 kernel, from its own moments m'
+    and r' (``native_group_norm``): within gamma_4 ((|x| + |m'|) r' |w| + |b|) plus
+    |y(m', r') - y(m, r)| |w| of ours, plus our u |y|."""
+    x, gy, theirs = _group_norm_case(15)
+    with use_policy("32-true"):
+        ours = nn.from_torch(theirs)
+    assert isinstance(ours, nn.GroupNorm) and (ours.num_groups, ours.num_channels) == (3, 6)
+    y, dx, fmt = _run_ours(ours, x, gy, "32-true")
+    assert fmt == "fp32"
+    ref_y, ref_dx, ref_grads = _torch_group_norm_grads(theirs, x, gy, torch.float64)
+    tiny = 1e-12 * np.abs(ref_y).max()
+    assert np.all(np.abs(y - ref_y) <= U * np.abs(ref_y) + tiny)
+    assert np.all(np.abs(dx - ref_dx) <= U * np.abs(ref_dx) + 1e-12 * np.abs(ref_dx).max())
+    for p, ref in zip((ours.weight, ours.bias), ref_grads):
+        assert np.all(np.abs(_np(p.grad) - ref) <= U * np.abs(ref) + 1e-12 * np.abs(ref).max())
+
+    t_y, _, _ = _torch_group_norm_grads(theirs, x, gy, torch.float32)
+    n, c = x.shape[:2]
+    _, tm, tr = torch.native_group_norm(torch.tensor(x), None, None, n, c, x[0, 0].size, 3,
+                                        1e-5)
+    per_channel = np.repeat(np.arange(3), c // 3)
+    tm = tm.double().numpy()[:, per_channel, None, None]
+    tr = tr.double().numpy()[:, per_channel, None, None]
+    w = theirs.weight.detach().double().numpy()[None, :, None, None]
+    b = theirs.bias.detach().double().numpy()[None, :, None, None]
+    x64 = x.astype(np.float64)
+    rows = x64.reshape(n, 3, -1)
+    m = np.repeat(rows.mean(-1), c // 3, axis=1)[:, :, None, None]
+    r = np.repeat(1 / np.sqrt(rows.var(-1) + 1e-5), c // 3, axis=1)[:, :, None, None]
+    bound = (4 * U / (1 - 4 * U) * ((np.abs(x64) + np.abs(tm)) * tr * np.abs(w) + np.abs(b))
+             + np.abs((x64 - tm) * tr - (x64 - m) * r) * np.abs(w) + U * np.abs(ref_y))
+    assert np.all(np.abs(y - t_y) <= bound)
+
+
+def test_group_norm_formats_follow_autocast():
+    """On autocast's float32 list (``wide``): under "16-mixed" an fp16 input gives the fp32
+    output "32-true" gives on the same values; under "16-true" fp16 out, within one fp16
+    ulp of torch's half kernel (its float value rounded to fp16)."""
+    x, gy, theirs = _group_norm_case(16)
+    with use_policy("32-true"):
+        ours = nn.from_torch(theirs)
+    wide, _, fmt32 = _run_ours(ours, x, gy, "32-true")
+    mixed, _, fmt_mixed = _run_ours(ours, x, gy, "16-mixed", "fp16")
+    assert (fmt32, fmt_mixed) == ("fp32", "fp32")
+    np.testing.assert_array_equal(mixed, wide)
+    with use_policy("16-true"):
+        ours16 = nn.from_torch(theirs)
+        y16 = ours16(Tensor(x, "fp16"))
+    assert y16.fmt.name == "fp16"
+    t16 = theirs.half()(torch.tensor(x).half()).detach().float().numpy()
+    theirs.float()
+    spacing = np.spacing(np.abs(t16).astype(np.float16)).astype(np.float32)
+    assert np.all(np.abs(_np(y16) - t16) <= spacing)
+
+
+def test_group_norm_refusals_and_conversion():
+    with pytest.raises(ValueError, match="num_groups=4 must divide num_channels=6"):
+        nn.GroupNorm(4, 6)
+    with pytest.raises(ValueError, match="eps must be a number > 0"):
+        nn.GroupNorm(2, 6, eps=0.0)
+    with pytest.raises(TypeError, match="affine must be True or False"):
+        nn.GroupNorm(2, 6, affine=1)
+    with pytest.raises(ValueError, match=r"GroupNorm expects input \(N, 6, \.\.\.\)"):
+        nn.GroupNorm(2, 6)(Tensor(np.ones((2, 4, 3))))
+    assert nn.GroupNorm(2, 6, affine=False).state_dict() == {}
+    torch.manual_seed(4)
+    model = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), torch.nn.GroupNorm(2, 4),
+                                torch.nn.ReLU(), torch.nn.GroupNorm(4, 4, affine=False))
+    with torch.no_grad():
+        model[1].weight.normal_()
+        model[1].bias.normal_()
+    x = np.random.default_rng(5).standard_normal((2, 2, 5, 4))
+    ours = _same_function_float64(model, nn.from_torch, x)
+    assert ours[3].weight is None

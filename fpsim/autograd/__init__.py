@@ -5,13 +5,12 @@ themselves stored in a format.
 - ``Tensor`` (``tensor.py``): data, ``fmt``, ``grad_fmt``, ``requires_grad``, ``.grad``,
   ``backward``, ``detach``, ``zero_grad``, ``retain_grad``.
 - Ops (``ops_*.py``), each beside its backward: ``add sub mul div neg pow exp log sqrt tanh
-  sigmoid silu relu gelu leaky_relu elu``; ``matmul linear``; ``conv2d`` (``ops_conv.py``: im2col through
-  the same accumulation); ``max_pool2d avg_pool2d
-  adaptive_avg_pool2d`` (``ops_pool.py``); ``layer_norm
-  batch_norm`` (``ops_norm.py``); ``where masked_fill dropout`` (``ops_select.py``: masks);
-  ``sum mean max softmax log_softmax``; ``reshape transpose getitem concatenate stack
-  cast``; ``cross_entropy mse_loss``. The ops import
-  ``tensor.py`` and register with it (``register``); ``Tensor``'s operators and methods call
+  sigmoid silu relu gelu leaky_relu elu``; ``matmul linear``; ``conv2d`` (``ops_conv.py``:
+  im2col through the same accumulation); ``max_pool2d avg_pool2d adaptive_avg_pool2d``
+  (``ops_pool.py``); ``layer_norm batch_norm group_norm`` (``ops_norm.py``); ``where
+  masked_fill dropout`` (``ops_select.py``: masks); ``sum mean max softmax log_softmax``;
+  ``reshape transpose getitem concatenate stack cast``; ``cross_entropy mse_loss``. The ops
+  import ``tensor.py`` and register with it (``register``); ``Tensor``'s operators and methods call
   the registered ops. Their shared array-level accumulation: ``accumulate.py``.
 - ``Policy`` / ``get_policy`` (``policy.py``): the format of each op category (autocast-like),
   from Lightning strings ("16-mixed", ...) or jmp strings ("params=fp32,compute=fp16,...").
@@ -39,7 +38,7 @@ from .ops_matmul import linear, matmul
 from .ops_fp8 import ScalingSlots
 from .ops_conv import conv2d
 from .ops_pool import adaptive_avg_pool2d, avg_pool2d, max_pool2d
-from .ops_norm import batch_norm, layer_norm
+from .ops_norm import batch_norm, group_norm, layer_norm
 from .ops_select import dropout, masked_fill, where
 from .ops_reduce import log_softmax, max, mean, softmax, sum
 from .ops_shape import cast, concatenate, getitem, reshape, stack, transpose
@@ -51,8 +50,9 @@ __all__ = [
     "current_policy", "use_policy", "set_default_policy", "no_grad", "enable_grad",
     "is_grad_enabled",
     "add", "sub", "mul", "div", "neg", "pow", "exp", "log", "sqrt", "tanh", "sigmoid", "relu",
-    "gelu", "silu", "leaky_relu", "elu", "where", "masked_fill", "dropout", "matmul", "linear", "conv2d",
-    "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "layer_norm", "batch_norm",
+    "gelu", "silu", "leaky_relu", "elu", "where", "masked_fill", "dropout", "matmul", "linear",
+    "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "layer_norm", "batch_norm",
+    "group_norm",
     "sum", "mean", "max", "softmax", "log_softmax", "reshape",
     "transpose", "getitem", "concatenate", "stack", "cast", "cross_entropy", "mse_loss",
 ]

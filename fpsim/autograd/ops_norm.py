@@ -1,5 +1,5 @@
-"""Layer and batch normalisation (PyTorch's ``layer_norm``, ``batch_norm``), each beside its
-backward.
+"""Layer, batch and group normalisation (PyTorch's ``layer_norm``, ``batch_norm``,
+``group_norm``), each beside its backward.
 
 ``layer_norm`` is in the policy's ``wide`` category: autocast runs ``layer_norm`` in float32
 (its "autocast to float32" list), so under "16-mixed" an fp16 input is widened (exactly) and
@@ -50,7 +50,7 @@ from .numerics import round_array
 from .ops_shape import operands
 from .tensor import Tensor, record, register
 
-__all__ = ["layer_norm", "batch_norm"]
+__all__ = ["layer_norm", "batch_norm", "group_norm"]
 
 
 def _row_sums(rows):
@@ -242,4 +242,82 @@ def _update(stat, batch_value, momentum):
     stat.data = backend.astype(round_array(new, stat.fmt), stat.data.dtype)
 
 
-register(layer_norm, batch_norm)
+def _per_channel(values, c):
+    """(N, C, S) float64 ``values`` summed over N and S per channel, exactly (rounded to
+    odd at 53 bits) where finite: (C,)."""
+    return _row_sums(xp.reshape(xp.moveaxis(values, 1, 0), (c, -1)))
+
+
+def group_norm(x, num_groups: int, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
+    """PyTorch's ``F.group_norm`` of an (N, C, ...) input: the C channels split into
+    ``num_groups`` groups of C / num_groups consecutive channels; each (sample, group)
+    normalised over its channels and spatial positions with ``layer_norm``'s statistics
+    (mean and biased variance from exact sums, in float64), then the per-channel
+    ``weight`` and ``bias``: y = x_hat w_c + b_c, evaluated in float64 and rounded once.
+
+    Policy ``wide``: ``group_norm`` is on autocast's float32 list, so under "16-mixed" an
+    fp16 input gives an fp32 output (as ``layer_norm``); under "16-true" fp16 in, fp16 out.
+    PyTorch's fp32 kernel computes its moments in float32 and y as x (r w) + (b - m r w):
+    within a few ulps of |x| r |w| + |b| of ours (the tests derive the bound). Backward,
+    in float64, each gradient rounded once: per (sample, group) row ``layer_norm``'s
+    dx = r (gw - mean gw - x_hat mean(gw x_hat)), gw = g w_c; dw_c = RO(sum g x_hat),
+    db_c = RO(sum g) over the samples and positions of channel c."""
+    groups = check_count("num_groups", num_groups, 1)
+    eps = check_real("eps", eps)
+    if eps < 0:
+        raise ValueError(f"group_norm: eps must be >= 0, got {eps}")
+    given = [t for t in (x, weight, bias) if t is not None]
+    fmt, tensors = operands("wide", *given)
+    x = tensors[0]
+    weight = tensors[1] if weight is not None else None
+    bias = tensors[-1] if bias is not None else None
+    if x.ndim < 2 or x.shape[1] % groups:
+        raise ValueError(f"group_norm: input must be (N, C, ...) with C divisible by "
+                         f"num_groups={groups}, got shape {x.shape}")
+    n, c = x.shape[:2]
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.shape != (c,):
+            raise ValueError(f"group_norm: {name} shape {t.shape} != ({c},), the channels")
+    per_row = math.prod(x.shape[1:]) // groups
+    count = backend.scalar(per_row, xp.float64)
+    channel_shape = (n, c, per_row * groups // c)
+    rows = _f64_rows(x.data, per_row)
+    with xp.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        centred = rows - xp.expand_dims(_row_sums(rows) / count, 1)
+        rstd = xp.expand_dims(xp.divide(1.0, xp.sqrt(_row_sums(centred * centred) / count
+                                                    + eps)), 1)
+        x_hat = centred * rstd
+        y = xp.reshape(x_hat, channel_shape)
+        if weight is not None:
+            y = y * _channel_column(weight, c)
+        if bias is not None:
+            y = y + _channel_column(bias, c)
+    out = round_array(xp.reshape(y, x.shape), fmt)
+
+    def backward(g, g_fmt):
+        g64 = xp.reshape(backend.astype(g, xp.float64), channel_shape)
+        grads = []
+        with xp.errstate(invalid="ignore", over="ignore"):
+            if x.requires_grad:
+                gw = g64 if weight is None else g64 * _channel_column(weight, c)
+                gw = xp.reshape(gw, rows.shape)
+                dx = rstd * (gw - xp.expand_dims(_row_sums(gw) / count, 1)
+                             - x_hat * xp.expand_dims(_row_sums(gw * x_hat) / count, 1))
+                grads.append(round_array(xp.reshape(dx, x.shape), x.grad_fmt))
+            else:
+                grads.append(None)
+            for t, values in ((weight, g64 * xp.reshape(x_hat, channel_shape)), (bias, g64)):
+                if t is not None:
+                    grads.append(round_array(_per_channel(values, c), t.grad_fmt)
+                                 if t.requires_grad else None)
+        return tuple(grads)
+
+    return record(out, fmt, tensors, backward, "group_norm")
+
+
+def _channel_column(t, c):
+    """A (C,) tensor as float64 (1, C, 1), to scale (N, C, S) values per channel."""
+    return xp.reshape(backend.astype(t.data, xp.float64), (1, c, 1))
+
+
+register(layer_norm, batch_norm, group_norm)

@@ -3,7 +3,7 @@
 ``LeakyReLU``, ``ELU``, ``Tanh``, ``Sigmoid``, ``GELU``, ``SiLU``, ``Softmax``,
 ``LogSoftmax``), the ``MLP`` builder, ``Identity``, image layers (``Conv1d``, ``Conv2d``,
 ``MaxPool2d``, ``AvgPool2d``, ``AdaptiveAvgPool2d``, ``Flatten``, ``Unflatten``: ``conv.py``),
-``LayerNorm``, ``BatchNorm2d`` (``norm.py``), ``Dropout``,
+``LayerNorm``, ``GroupNorm``, ``BatchNorm2d`` (``norm.py``), ``Dropout``,
 ``MultiheadAttention``, ``TransformerBlock``, ``TransformerEncoder``, ``causal_mask``
 (``attention.py``),
 ``from_torch`` (the same model from a ``torch.nn.Module``) and seeded initialisers
@@ -21,14 +21,14 @@ from .layers import (ACTIVATIONS, ELU, GELU, MLP, Dropout, Embedding, Identity, 
 from .conv import AdaptiveAvgPool2d, AvgPool2d, Conv1d, Conv2d, Flatten, MaxPool2d, Unflatten
 from .lstm import LSTM
 from .module import Module, parameter
-from .norm import BatchNorm2d, LayerNorm
+from .norm import BatchNorm2d, GroupNorm, LayerNorm
 from .attention import MultiheadAttention, TransformerBlock, TransformerEncoder, causal_mask
 from .from_torch import from_torch
 
 __all__ = ["Module", "parameter", "Linear", "Embedding", "LSTM", "ModuleList", "Sequential",
            "ReLU", "LeakyReLU", "ELU", "Tanh", "Sigmoid", "GELU", "SiLU", "Softmax",
            "LogSoftmax", "MLP", "ACTIVATIONS", "Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d",
-           "AdaptiveAvgPool2d", "Flatten", "Unflatten", "Identity", "LayerNorm",
+           "AdaptiveAvgPool2d", "Flatten", "Unflatten", "Identity", "LayerNorm", "GroupNorm",
            "BatchNorm2d", "Dropout",
            "MultiheadAttention", "TransformerBlock", "TransformerEncoder", "causal_mask",
            "from_torch", "init"]

@@ -48,13 +48,13 @@ from .layers import (ELU, GELU, Dropout, Embedding, Identity, LeakyReLU, Linear,
 from .lstm import LSTM
 from . import traced
 from .module import parameter
-from .norm import BatchNorm2d, LayerNorm
+from .norm import BatchNorm2d, GroupNorm, LayerNorm
 
 __all__ = ["from_torch", "SUPPORTED"]
 
 SUPPORTED = ("Linear", "Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
              "Identity", "Flatten", "Unflatten", "LeakyReLU", "ELU", "Softmax", "LogSoftmax",
-             "LayerNorm",
+             "LayerNorm", "GroupNorm",
              "BatchNorm2d", "Embedding", "ReLU", "Tanh", "Sigmoid", "GELU", "SiLU", "Dropout",
              "Sequential", "ModuleList", "MultiheadAttention", "LSTM",
              "TransformerEncoderLayer", "TransformerEncoder")
@@ -173,6 +173,11 @@ def _elu(layer, path, ctx):
         _refuse(layer, path, "inplace=True (PyTorch then takes the gradient from the output, "
                              "g (y + alpha)) is not supported")
     return ELU(layer.alpha)
+
+
+def _group_norm(layer, path, ctx):
+    return _loaded(GroupNorm(layer.num_groups, layer.num_channels, layer.eps, layer.affine),
+                   layer)
 
 
 def _unflatten(layer, path, ctx):
@@ -381,6 +386,7 @@ _CONVERTERS = {
     "AdaptiveAvgPool2d": _adaptive_avg_pool, "Identity": lambda layer, path, ctx: Identity(),
     "LeakyReLU": lambda layer, path, ctx: LeakyReLU(layer.negative_slope), "ELU": _elu,
     "Softmax": _softmax, "LogSoftmax": _softmax, "Unflatten": _unflatten, "Conv1d": _conv,
+    "GroupNorm": _group_norm,
 }
 
 

@@ -1,4 +1,4 @@
-"""Normalisation layers: ``LayerNorm``, ``BatchNorm2d``.
+"""Normalisation layers: ``LayerNorm``, ``GroupNorm``, ``BatchNorm2d``.
 
 ``LayerNorm`` calls ``fpsim.autograd.layer_norm`` (policy ``wide``: fp32 under "16-mixed", as
 autocast runs it; the module doc of ``ops_norm`` says where it rounds).
@@ -29,7 +29,7 @@ from ..options import check_between, check_count, check_flag
 from . import init
 from .module import Module, parameter
 
-__all__ = ["LayerNorm", "BatchNorm2d"]
+__all__ = ["LayerNorm", "GroupNorm", "BatchNorm2d"]
 
 
 class LayerNorm(Module):
@@ -53,6 +53,39 @@ class LayerNorm(Module):
     def __repr__(self) -> str:
         return (f"LayerNorm({self.normalized_shape}, eps={self.eps}, "
                 f"elementwise_affine={self.weight is not None})")
+
+
+class GroupNorm(Module):
+    """``torch.nn.GroupNorm``: the ``num_channels`` channels of an (N, C, ...) input in
+    ``num_groups`` groups (which must divide C), each sample's group normalised over its
+    channels and positions (``autograd.group_norm``: ``layer_norm``'s float64 statistics,
+    one rounding; policy ``wide``, fp32 out under "16-mixed" as autocast); per-channel
+    ``weight`` ones and ``bias`` zeros, both omitted with ``affine=False``; ``eps`` > 0."""
+
+    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5,
+                 affine: bool = True):
+        super().__init__()
+        self.num_groups = check_count("num_groups", num_groups, 1)
+        self.num_channels = check_count("num_channels", num_channels, 1)
+        if self.num_channels % self.num_groups:
+            raise ValueError(f"GroupNorm: num_groups={num_groups} must divide num_channels="
+                             f"{num_channels}")
+        self.eps = check_between("eps", eps, 0.0, low_open=True)
+        affine = check_flag("affine", affine)
+        shape = (self.num_channels,)
+        self.weight = parameter(init.ones(shape)) if affine else None
+        self.bias = parameter(init.zeros(shape)) if affine else None
+
+    def forward(self, x):
+        x = ag.as_tensor(x)
+        if x.ndim < 2 or x.shape[1] != self.num_channels:
+            raise ValueError(f"GroupNorm expects input (N, {self.num_channels}, ...), got "
+                             f"shape {x.shape}")
+        return ag.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+
+    def __repr__(self) -> str:
+        return (f"GroupNorm({self.num_groups}, {self.num_channels}, eps={self.eps}, "
+                f"affine={self.weight is not None})")
 
 
 class BatchNorm2d(Module):
