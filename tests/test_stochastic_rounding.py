@@ -102,21 +102,24 @@ def test_rng_draws_one_64_bit_key_and_rounds_as_that_seed():
     assert rng.random() == twin.random()
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({}, "exactly one of seed"),
-    ({"seed": 1, "rng": np.random.default_rng(0)}, "exactly one of seed"),
-    ({"offset": 3}, "exactly one of seed"),
-    ({"rng": np.random.RandomState(0)}, "numpy.random.Generator"),
-    ({"rng": np.random.default_rng(0), "offset": 1}, "offset goes with seed"),
-    ({"seed": -1}, "seed must be in"),
-    ({"seed": 2**64}, "seed must be in"),
-    ({"seed": 1.0}, "seed must be an integer"),
-    ({"seed": True}, "seed must be an integer"),
-    ({"seed": 1, "offset": -2}, "offset must be in"),
-    ({"seed": 1, "offset": 2**64 - 2}, "must not pass 2"),
+@pytest.mark.parametrize("kwargs,kind,match", [
+    ({}, ValueError, "exactly one of seed"),
+    ({"seed": 1, "rng": np.random.default_rng(0)}, ValueError, "exactly one of seed"),
+    ({"offset": 3}, ValueError, "exactly one of seed"),
+    ({"rng": np.random.RandomState(0)}, TypeError, "rng must be a numpy.random.Generator, "
+                                                   "got RandomState"),
+    ({"rng": np.random.default_rng(0), "offset": 1}, ValueError, "offset goes with seed"),
+    ({"seed": -1}, ValueError, "^seed must be an integer from 0 to 18446744073709551615, "
+                               "got -1$"),
+    ({"seed": 2**64}, ValueError, "seed must be an integer from 0 to 18446744073709551615"),
+    ({"seed": 1.0}, TypeError, "^seed must be an integer from 0 to 18446744073709551615, "
+                               "got 1.0$"),
+    ({"seed": True}, TypeError, "seed must be an integer"),
+    ({"seed": 1, "offset": -2}, ValueError, "offset must be an integer from 0 to"),
+    ({"seed": 1, "offset": 2**64 - 2}, ValueError, "must not pass 2"),
 ])
-def test_stochastic_argument_errors(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_stochastic_argument_errors(kwargs, kind, match):
+    with pytest.raises(kind, match=match):
         round_to(np.ones(3), FP16, "stochastic", **kwargs)
 
 

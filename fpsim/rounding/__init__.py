@@ -49,10 +49,10 @@ from numbers import Rational, Real
 import numpy as np
 
 from ..formats import BF16, FP16, Format, get
-from ..options import check_choice, check_flag
+from ..options import check_choice, check_count_between, check_flag, check_instance
 from ._kernels import (Rules, magic_applies, round_any_mode, round_nearest_even_magic,
                        thread_scratch)
-from ._philox import check_seed, philox4x32, philox_uniforms
+from ._philox import SEED_MAX, philox4x32, philox_uniforms
 from .compiled import available as compiled_available
 from .compiled import round_compiled
 from .environment import check_environment
@@ -270,12 +270,12 @@ def _stochastic_key(seed, offset, rng) -> tuple[int, int]:
         raise ValueError("mode='stochastic' needs exactly one of seed=int (with optional "
                          "offset=) or rng=numpy.random.Generator, so that runs repeat")
     if rng is not None:
-        if not isinstance(rng, np.random.Generator):
-            raise ValueError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+        check_instance("rng", rng, np.random.Generator, "a numpy.random.Generator")
         if offset is not None:
             raise ValueError("offset goes with seed=, not with rng=")
         return int(rng.integers(0, 2**64, dtype=np.uint64)), 0
-    return check_seed("seed", seed), check_seed("offset", 0 if offset is None else offset)
+    return (check_count_between("seed", seed, 0, SEED_MAX),
+            check_count_between("offset", 0 if offset is None else offset, 0, SEED_MAX))
 
 
 def _as_container(x, mode):

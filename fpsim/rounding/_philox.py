@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..options import check_count, check_count_between
+
 __all__ = ["philox4x32", "philox_uniforms"]
 
 _M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
@@ -23,6 +25,7 @@ _W0, _W1 = 0x9E3779B9, 0xBB67AE85
 _LOW = np.uint64(0xFFFFFFFF)
 _32 = np.uint64(32)
 ROUNDS = 10
+SEED_MAX = 2**64 - 1     # seeds (keys) and offsets (counters) are 64-bit words
 
 
 def philox4x32(counter, key, rounds: int = ROUNDS):
@@ -51,22 +54,14 @@ def _rounds(c0, c1, c2, c3, key, rounds):
     return c0, c1, c2, c3
 
 
-def check_seed(name: str, value) -> int:
-    """``value`` as a Python int in [0, 2**64), or a ValueError naming ``name``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer in [0, 2**64), got {value!r}")
-    value = int(value)
-    if not 0 <= value < 2**64:
-        raise ValueError(f"{name} must be in [0, 2**64), got {value}")
-    return value
-
-
 def check_counters(seed, offset, n) -> tuple[int, int, int]:
     """``philox_uniforms``' arguments as Python ints (seed and offset in [0, 2**64), n >= 0
-    with ``offset + n <= 2**64``), or a ValueError; shared with the portable draw."""
-    seed, offset = check_seed("seed", seed), check_seed("offset", offset)
-    n = int(n)
-    if n < 0 or offset + n > 2**64:
+    with ``offset + n <= 2**64``), or a TypeError / ValueError; shared with the portable
+    draw."""
+    seed = check_count_between("seed", seed, 0, SEED_MAX)
+    offset = check_count_between("offset", offset, 0, SEED_MAX)
+    n = check_count("n", n, 0)
+    if offset + n > 2**64:
         raise ValueError(f"counters offset..offset+n-1 must stay below 2**64 "
                          f"(offset={offset}, n={n})")
     return seed, offset, n
