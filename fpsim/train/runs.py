@@ -14,7 +14,9 @@ values differ bit for bit (floats by their IEEE bits, the loss by its float32 bi
 NaN of the same bits, -0.0 differs from 0.0), or says the runs are bit-identical.
 ``wall_time`` is never compared: it is the one column that differs between equal runs. The
 record files beside the traces (``layers.jsonl``, ``fp8.jsonl``) are read, checked and
-compared too (``fpsim.train.run_records``).
+compared too (``fpsim.train.run_records``). Two training runs that differ are also shown side
+by side (``fpsim.train.run_summary``): final and best loss, the loss gap, skipped steps, and
+where one diverged.
 
 >>> import io, json, tempfile
 >>> from pathlib import Path
@@ -40,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .run_records import check_summary, check_summary_steps, compare_records, run_folder
+from .run_summary import side_by_side
 from .trace import read_trace, strict_json
 
 __all__ = ["Run", "load_run", "compare_runs", "Comparison", "Difference", "run_label",
@@ -141,6 +144,8 @@ def load_run(path: "str | os.PathLike") -> Run:
     notes = ((f"{trace_path}: the last line was torn by an interruption and is left out; "
               f"the run is read up to step {records[-1].step}",) if torn else ())
     columns = {name: tuple(getattr(r, name) for r in records) for name in TRAINING_COLUMNS}
+    if records[0].lr is not None:       # a scheduled run: each step's learning rate
+        columns["lr"] = tuple(r.lr for r in records)
     return Run(label, str(path), "training", tuple(r.step for r in records), columns, info,
                expected, complete, notes)
 
@@ -303,6 +308,8 @@ class Comparison:
             which = "A" if counts[0] > counts[1] else "B"
             lines = [f"the first {shorter} steps are bit-identical in {compared}; {which}{what} "
                      f"has {longer - shorter} more step(s) than the other", names]
+        if not self.identical and all("loss" in run.columns for run in (self.a, self.b)):
+            lines += side_by_side(self.a.steps, self.a.columns, self.b.steps, self.b.columns)
         lines += [f"note: {which}: {note}" for which, run in (("A", self.a), ("B", self.b))
                   for note in run.notes]
         lines += [f"note: {note}" for note in self.record_notes]
