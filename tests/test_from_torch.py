@@ -156,7 +156,7 @@ def test_unsupported_layers_are_refused_by_name():
                        (torch.nn.BatchNorm2d(3, momentum=None), "momentum=None"),
                        (torch.nn.MultiheadAttention(4, 2, kdim=3), "kdim"),
                        (torch.nn.LSTM(2, 3, num_layers=2, batch_first=True), "one layer"),
-                       (torch.nn.Embedding(3, 2, padding_idx=0), "padding_idx")):
+                       (torch.nn.Embedding(3, 2, max_norm=1.0), "max_norm")):
         with pytest.raises(ValueError, match=why):
             nn.from_torch(layer)
 

@@ -496,3 +496,71 @@ def test_group_norm_refusals_and_conversion():
     x = np.random.default_rng(5).standard_normal((2, 2, 5, 4))
     ours = _same_function_float64(model, nn.from_torch, x)
     assert ours[3].weight is None
+
+
+# --- Embedding padding_idx ------------------------------------------------------------------
+
+def test_embedding_padding_row_is_zeroed_at_init_and_gets_no_gradient():
+    plain, padded = nn.Embedding(6, 3, rng=4), nn.Embedding(6, 3, padding_idx=-2, rng=4)
+    assert padded.padding_idx == 4
+    w_plain, w_padded = _np(plain.weight), _np(padded.weight)
+    assert np.all(w_padded[4] == 0) and not np.signbit(w_padded[4]).any()
+    np.testing.assert_array_equal(np.delete(w_padded, 4, 0), np.delete(w_plain, 4, 0))
+    with pytest.raises(ValueError, match=r"padding_idx must lie in \[-6, 6\)"):
+        nn.Embedding(6, 3, padding_idx=6)
+    with pytest.raises(TypeError, match="padding_idx must be an integer row index or None"):
+        nn.Embedding(6, 3, padding_idx=1.0)
+
+
+@pytest.mark.parametrize("policy", ["32-true", "16-mixed", "16-true"])
+def test_embedding_padding_idx_equals_torch(policy):
+    """Lookups are exact, the padding row's gradient is zero, the other rows' gradients the
+    exact sums of their positions' gradients (torch's index_add, exact on these values)."""
+    rng = np.random.default_rng(17)
+    theirs = torch.nn.Embedding(7, 3, padding_idx=2)
+    with torch.no_grad():
+        theirs.weight.copy_(torch.tensor(_sparse_exponents(rng, (7, 3))))
+        theirs.weight[2] = 0.5          # a trained-away padding row is looked up as stored
+    idx = np.array([[2, 0, 2, 5], [1, 2, 5, 5]])
+    gy = _sparse_exponents(rng, (2, 4, 3))
+    t_out = theirs(torch.tensor(idx))
+    t_out.backward(torch.tensor(gy))
+    with use_policy(policy):
+        ours = nn.from_torch(theirs)
+        out = ours(idx)
+        out.backward(Tensor(gy, out.fmt))
+    assert ours.padding_idx == 2
+    np.testing.assert_array_equal(_np(out), t_out.detach().numpy())
+    grad = _np(ours.weight.grad)
+    np.testing.assert_array_equal(grad, theirs.weight.grad.numpy())
+    assert np.all(grad[2] == 0)
+
+
+def test_embedding_padding_idx_gradient_check():
+    """Central differences in float64 for every row but the padding row, whose gradient is
+    zero by definition (torch's), though the output reads it."""
+    rng = np.random.default_rng(18)
+    weights = rng.standard_normal((5, 2))
+    idx = np.array([0, 3, 3, 1, 4, 3])
+    gy = rng.uniform(0.5, 1.5, (6, 2))
+
+    def value(w):
+        layer = nn.Embedding(5, 2, padding_idx=3)
+        layer.weight = Tensor(w, requires_grad=True)
+        return layer, layer(idx)
+
+    with use_policy("64-true"):
+        layer, out = value(weights)
+        (out * Tensor(gy)).sum().backward()
+        analytic = _np(layer.weight.grad)
+        numeric = np.zeros_like(weights)
+        with ag.no_grad():
+            for i, j in np.ndindex(*weights.shape):
+                step = np.zeros_like(weights)
+                step[i, j] = 1e-6
+                plus = float(np.sum(_np(value(weights + step)[1]) * gy))
+                minus = float(np.sum(_np(value(weights - step)[1]) * gy))
+                numeric[i, j] = (plus - minus) / 2e-6
+    np.testing.assert_allclose(np.delete(analytic, 3, 0), np.delete(numeric, 3, 0),
+                               rtol=1e-7, atol=1e-8)
+    assert np.all(analytic[3] == 0) and np.all(numeric[3] != 0)

@@ -147,9 +147,10 @@ def _batch_norm(layer, path, ctx):
 
 
 def _embedding(layer, path, ctx):
-    if layer.padding_idx is not None or layer.max_norm is not None or layer.sparse:
-        _refuse(layer, path, "padding_idx, max_norm and sparse are not supported")
-    return _loaded(Embedding(layer.num_embeddings, layer.embedding_dim), layer)
+    if layer.max_norm is not None or layer.sparse:
+        _refuse(layer, path, "max_norm and sparse are not supported")
+    return _loaded(Embedding(layer.num_embeddings, layer.embedding_dim, layer.padding_idx),
+                   layer)
 
 
 def _adaptive_avg_pool(layer, path, ctx):

@@ -71,14 +71,24 @@ class Linear(GemmModule):
 
 class Embedding(Module):
     """Rows of ``weight`` (num_embeddings, dim), initialised N(0, 1) like PyTorch. The
-    gradient of repeated indices is summed in float64 and rounded once (``getitem``)."""
+    gradient of repeated indices is summed in float64 and rounded once (``getitem``).
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, *, rng=None):
+    ``padding_idx`` (an index, negative from the end, or None), as ``torch.nn.Embedding``:
+    that row is drawn with the others, then zeroed; it is looked up as stored, but its
+    gradient is zero (its positions pass no gradient: ``where`` with the detached rows, no
+    rounding), so training leaves it as it is."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx=None, *,
+                 rng=None):
         super().__init__()
         check_count("num_embeddings", num_embeddings, 1)
         check_count("embedding_dim", embedding_dim, 1)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        self.weight = parameter(init.normal(rng, (num_embeddings, embedding_dim)))
+        self.padding_idx = _padding_index(padding_idx, num_embeddings)
+        rows = init.normal(rng, (num_embeddings, embedding_dim))
+        if self.padding_idx is not None:
+            rows[self.padding_idx] = 0.0
+        self.weight = parameter(rows)
 
     def forward(self, indices):
         idx = xp.asarray(indices.data if isinstance(indices, ag.Tensor) else indices)
@@ -89,7 +99,22 @@ class Embedding(Module):
             if low < 0 or high >= self.num_embeddings:
                 raise ValueError(f"Embedding indices must lie in [0, {self.num_embeddings}), "
                                  f"got values from {low} to {high}")
-        return ag.getitem(self.weight, backend.astype(idx, xp.intp))
+        rows = ag.getitem(self.weight, backend.astype(idx, xp.intp))
+        if self.padding_idx is None:
+            return rows
+        padding = xp.expand_dims(xp.equal(idx, self.padding_idx), -1)
+        return ag.where(padding, rows.detach(), rows)
+
+
+def _padding_index(padding_idx, num_embeddings: int):
+    """``padding_idx`` as a row index in [0, num_embeddings) (None stays None)."""
+    if padding_idx is None:
+        return None
+    check_instance("padding_idx", padding_idx, Integral, "an integer row index or None")
+    if not -num_embeddings <= padding_idx < num_embeddings:
+        raise ValueError(f"padding_idx must lie in [-{num_embeddings}, {num_embeddings}) "
+                         f"(num_embeddings), got {padding_idx}")
+    return int(padding_idx) % num_embeddings
 
 
 class ModuleList(Module):
