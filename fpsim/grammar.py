@@ -13,7 +13,7 @@ then builds its own typed object from them and checks the values itself.
 ('static', {'scale': '1024'})
 >>> split_options("cosine:t_max", "schedule")
 Traceback (most recent call last):
-ValueError: schedule 'cosine:t_max': option 't_max' needs a value (key=value,...)
+ValueError: schedule 'cosine:t_max': 't_max' needs a value (t_max=...)
 """
 from __future__ import annotations
 
@@ -44,12 +44,12 @@ def split_options(text: str, what: str, *, positional: str | None = None) -> tup
         key = key.strip().lower().replace("-", "_")
         if not sep and positional is not None and len(parts) == 1 and key:
             key, value = positional, part
-        elif not sep:
-            raise ValueError(f"{what} {text!r}: option {part!r} needs a value (key=value,...)")
-        if not key or not value.strip():
+        elif not key:
             raise ValueError(f"{what} {text!r}: {part!r} is not key=value")
+        elif not sep or not value.strip():
+            raise ValueError(f"{what} {text!r}: {key!r} needs a value ({key}=...)")
         if key in options:
-            raise ValueError(f"{what} {text!r}: {key!r} is given twice")
+            raise ValueError(f"{what} {text!r} sets {key!r} twice")
         options[key] = value.strip()
     return head, options
 

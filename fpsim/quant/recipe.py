@@ -57,9 +57,10 @@ import enum
 import re
 from dataclasses import dataclass, field, fields
 
+from ..grammar import split_options
 from ..exact.accumulation import Accumulation, ExactAccumulation, get_accumulation
 from ..formats import E2M1, E2M3, E3M2, E4M3FN, E5M2, Format
-from ..options import check_choice, check_count_between, check_flag, check_real
+from ..options import check_choice, check_count_between, check_flag, check_float32
 from .tensor_scaling import FLT_MAX, AmaxAlgorithm
 
 __all__ = ["ScalingKind", "Fp8Recipe", "get_recipe", "is_recipe_string", "RECIPE_KINDS"]
@@ -152,10 +153,12 @@ class Fp8Recipe:
                    "backward": _format("backward", self.backward, defaults["backward"]),
                    "history": check_count_between("history", self.history, 1, MAX_HISTORY),
                    "margin": check_count_between("margin", self.margin, 0, MAX_MARGIN),
-                   "algorithm": _algorithm(self.algorithm),
+                   "algorithm": AmaxAlgorithm(check_choice("algorithm", self.algorithm,
+                                                           tuple(AmaxAlgorithm))),
                    "power_2": check_flag("power_2", defaults["power_2"] if self.power_2 is None
                                          else self.power_2),
-                   "epsilon": _epsilon(self.epsilon), "keep": _keep(self.keep),
+                   "epsilon": check_float32("epsilon", self.epsilon, 0.0, MAX_EPSILON),
+                   "keep": _keep(self.keep),
                    "rht": check_flag("rht", self.rht),
                    "stochastic": check_flag("stochastic", self.stochastic),
                    "tiles_2d": check_flag("tiles_2d", self.tiles_2d)}
@@ -249,13 +252,12 @@ def get_recipe(spec) -> Fp8Recipe:
     if not isinstance(spec, str):
         raise TypeError(f"an FP8 recipe is a string such as 'fp8-delayed:history=16', got "
                         f"{type(spec).__name__}")
-    head, _, tail = spec.strip().partition(":")
-    key = head.strip().lower()
+    key = spec.strip().partition(":")[0].strip().lower()
     if key not in RECIPE_KINDS:
         raise ValueError(f"unknown FP8 recipe {spec!r}; accepted: "
                          f"{', '.join(RECIPE_KINDS)} (each with optional ':key=value,...')")
     kind, keys, default_format = RECIPE_KINDS[key]
-    values = _parse_pairs(spec, key, keys, tail)
+    values = _parse_pairs(spec, key, keys)
     try:
         return Fp8Recipe(kind, name=spec.strip(), **_settings(values, default_format))
     except ValueError as err:
@@ -267,23 +269,15 @@ def _label(key: str) -> str:
     return f"FP{next(c for c in key if c.isdigit())} recipe"
 
 
-def _parse_pairs(spec: str, key: str, keys, tail: str) -> dict:
-    values: dict = {}
-    if not tail.strip():
-        return values
-    for part in tail.split(","):
-        name, sep, value = (s.strip() for s in part.partition("="))
-        name = name.lower()
+def _parse_pairs(spec: str, key: str, keys) -> dict:
+    """The string's ``key=value`` pairs (``fpsim.grammar``), each key one the kind takes."""
+    _, values = split_options(spec, _label(key))
+    for name in values:
         if name not in keys:
             close = difflib.get_close_matches(name, keys, 1, 0.6)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(f"{_label(key)} {spec!r}: unknown key {name!r}{hint}; "
                              f"{key} takes {', '.join(keys)}")
-        if not sep or not value:
-            raise ValueError(f"{_label(key)} {spec!r}: {name!r} needs a value ({name}=...)")
-        if name in values:
-            raise ValueError(f"{_label(key)} {spec!r} sets {name!r} twice")
-        values[name] = value
     return values
 
 
@@ -306,7 +300,7 @@ def _settings(values: dict, default_format: str) -> dict:
     if "margin" in values:
         settings["margin"] = _integer("margin", values["margin"], 0, MAX_MARGIN)
     if "algo" in values:
-        settings["algorithm"] = _algorithm(values["algo"].lower(), "algo")
+        settings["algorithm"] = values["algo"].lower()
     if "power2" in values:
         settings["power_2"] = _boolean("power2", values["power2"])
     if "epsilon" in values:
@@ -346,26 +340,8 @@ def _integer(name: str, text: str, low: int, high: int) -> int:
 
 
 def _number(name: str, text: str) -> float:
+    """A number's digits as a float (its range the recipe checks)."""
     try:
         return float(text)
     except ValueError:
-        raise ValueError(f"{name} must be a number from 0 to {MAX_EPSILON:.9g}, float32's "
-                         f"largest, got {text!r}") from None
-
-
-def _epsilon(value) -> float:
-    wanted = f"a number from 0 to {MAX_EPSILON:.9g}, float32's largest"
-    epsilon = check_real("epsilon", value, wanted)
-    if not 0.0 <= epsilon <= MAX_EPSILON:
-        raise ValueError(f"epsilon must be {wanted}, got {value!r}")
-    return epsilon
-
-
-def _algorithm(value, name: str = "algorithm") -> AmaxAlgorithm:
-    accepted = " or ".join(a.value for a in AmaxAlgorithm)
-    if not isinstance(value, str):      # an AmaxAlgorithm is a str too
-        raise TypeError(f"{name} must be {accepted} (an AmaxAlgorithm), got {value!r}")
-    try:
-        return AmaxAlgorithm(value)
-    except ValueError:
-        raise ValueError(f"{name} must be {accepted}, got {value!r}") from None
+        raise ValueError(f"{name} must be a number, got {text!r}") from None
