@@ -58,6 +58,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from ..formats import BF16, FP16, FP32, Format
+from ..grammar import split_options
 from ..exact.accumulation import ExactAccumulation, get_accumulation
 from ..quant.recipe import get_recipe, is_recipe_string
 from .numerics import FP64, Float64Reference, resolve
@@ -181,15 +182,17 @@ def get_policy(spec) -> Policy:
 
 
 def _parse_jmp(spec: str) -> Policy:
+    """A jmp-style string: ``key=value,...`` of ``fpsim.grammar`` with no head."""
+    _, pairs = split_options(spec, "policy", headless=True)
     fields = {}
-    for part in spec.split(","):
-        name, sep, value = part.partition("=")
-        name = _JMP_KEYS.get(name.strip().lower())
-        if not sep or name is None or not value.strip():
-            raise ValueError(f"bad policy part {part.strip()!r} in {spec!r}; accepted: {ACCEPTED}")
+    for key, value in pairs.items():
+        name = _JMP_KEYS.get(key)
+        if name is None:
+            raise ValueError(f"bad policy part {key + '=' + value!r} in {spec!r}; "
+                             f"accepted: {ACCEPTED}")
         if name in fields:
             raise ValueError(f"policy {spec!r} sets {name!r} twice")
-        fields[name] = value.strip()
+        fields[name] = value
     missing = {"params", "compute", "output"} - set(fields)
     if missing:
         raise ValueError(f"policy {spec!r} lacks {', '.join(sorted(missing))}; "
