@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import math
+import re
 import warnings
 
 import numpy as np
@@ -76,6 +77,15 @@ def test_delayed_update_matches_te_kernel_bulk(fmt, algo, length):
             assert list(state.amax_history) == pytest.approx(history, nan_ok=True, abs=0, rel=0)
             assert state.scale == scale, (step, value, state, history, scale)
 
+
+
+@pytest.mark.parametrize("length,kind", [(0, ValueError), (-3, ValueError), (2.0, TypeError),
+                                         (True, TypeError), ("4", TypeError)])
+def test_a_history_length_that_is_not_a_positive_integer_is_refused(length, kind):
+    with pytest.raises(kind, match=f"^amax history length must be a positive integer, got "
+                                   f"{re.escape(repr(length))}$"):
+        init_delayed(length)
+    assert init_delayed(np.int64(2)).amax_history == (0.0, 0.0)
 
 def test_delayed_edge_cases_by_hand():
     state = update_delayed(init_delayed(3), E4M3FN)          # nothing recorded: no roll

@@ -71,7 +71,7 @@ from typing import NamedTuple
 
 from ..backend import astype, errstate, round_to, scalar, size, xp
 from ..formats import FP32, Format, get
-from ..options import check_choice
+from ..options import check_choice, check_count
 
 __all__ = ["AmaxAlgorithm", "amax", "scale_from_amax", "quantize", "Quantized",
            "count_saturated", "SCALE_RULES", "TORCHAO_EPS",
@@ -207,9 +207,7 @@ class DelayedScalingState(NamedTuple):
 
 def init_delayed(length: int) -> DelayedScalingState:
     """The state TE starts a tensor with: a zero history of ``length`` and scale 1."""
-    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-        raise ValueError(f"amax history length must be a positive integer, got {length!r}")
-    return DelayedScalingState((0.0,) * length, 1.0)
+    return DelayedScalingState((0.0,) * check_count("amax history length", length, 1), 1.0)
 
 
 def record_amax(state: DelayedScalingState, amax_value: float) -> DelayedScalingState:
