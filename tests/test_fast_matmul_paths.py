@@ -12,7 +12,8 @@ from fpsim import backend
 from fpsim.exact import fast_matmul, open_elements, widening
 from fpsim.exact.certificate import certify, certify_fp32_open, line_quanta, width_factor
 from fpsim.exact.exact_dots import lowest_bit_exponent
-from fpsim.exact.underflow import count_gradient_underflow, in_backward, note
+from fpsim.exact.observers import backward_pass, rounded
+from fpsim.exact.underflow import count_gradient_underflow
 from fpsim.formats import BF16, FP16, FP32, get
 from fpsim.rounding import round_to
 
@@ -248,7 +249,7 @@ def test_f_level_certificate_keeps_the_zero_pattern_near_underflow(monkeypatch):
     a = np.float32([[x, -x, -2.0 ** -75, -2.0 ** -77], [x, -x, 2.0 ** -75, 2.0 ** -77]])
     b = np.float32([[x], [x], [2.0 ** -75], [2.0 ** -75]])
     for out_fmt in (FP16, BF16):
-        with count_gradient_underflow() as fast, in_backward():
+        with count_gradient_underflow() as fast, backward_pass():
             out = matmul_2d(a, b, out_fmt)
         assert same_bits(out, slow_reference(a, b, out_fmt))
         assert (fast.flushed, fast.nonzero, fast.values) == (2, 2, 2)
@@ -287,10 +288,10 @@ def test_note_counts_nonzeros_before_less_after():
     before[60:65] = np.float32([np.nan, np.inf, -np.inf, np.nan, 2.0 ** -149])
     with np.errstate(over="ignore", invalid="ignore"):
         after = round_to(before, FP16)
-    with count_gradient_underflow() as counts, in_backward():
-        note(dev(before), dev(after))
-        note(dev(before.reshape(40, 100)), dev(after.reshape(40, 100)))
-        note(dev(before), dev(before))
+    with count_gradient_underflow() as counts, backward_pass():
+        rounded(dev(before), dev(after))
+        rounded(dev(before.reshape(40, 100)), dev(after.reshape(40, 100)))
+        rounded(dev(before), dev(before))
     nonzero = int(np.count_nonzero(before != 0))
     flushed = int(np.count_nonzero((before != 0) & (after == 0)))
     assert (counts.nonzero, counts.flushed, counts.values) == (3 * nonzero, 2 * flushed,

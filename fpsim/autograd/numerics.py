@@ -24,7 +24,7 @@ from functools import lru_cache
 from ..backend import xp
 
 from .. import backend
-from ..exact import underflow
+from ..exact import observers
 from ..formats import FP32, Format, get
 from ..backend import round_to
 
@@ -68,7 +68,8 @@ def round_array(x, fmt):
 
     Fast paths that give the same bits as ``round_to``: FP32 from float32 is the identity and
     from float64 is the IEEE cast (``round_to`` itself takes NumPy's float16 cast for small
-    fp16 roundings). The tests compare every path with ``round_to``.
+    fp16 roundings). The tests compare every path with ``round_to``. Each rounding is
+    reported to the observers (``fpsim.exact.observers.rounded``: the underflow counts).
     """
     if fmt is FP64:
         return backend.astype(x, xp.float64, copy=False)
@@ -79,13 +80,13 @@ def round_array(x, fmt):
         if fmt is FP32 or fmt == FP32:
             with xp.errstate(over="ignore"):
                 out = backend.astype(x, xp.float32)
-            underflow.note(x, out)
+            observers.rounded(x, out)
             return out
     else:
         raise TypeError(f"round_array takes float32/float64 arrays, got {x.dtype}")
     out = round_to(x, fmt)
     out = out if out.dtype == xp.float32 else backend.astype(out, xp.float32)
-    underflow.note(x, out)
+    observers.rounded(x, out)
     return out
 
 

@@ -70,7 +70,7 @@ import math
 
 from .. import backend
 from ..backend import tuning, xp
-from ..exact import underflow
+from ..exact import observers, underflow
 from ..exact.accumulation import ExactAccumulation
 from ..exact.fast_matmul import matmul_2d, prepare
 from ..formats import FP32
@@ -165,7 +165,7 @@ def _band_product(columns, weights, fmt, model, bias):
     if bias is None:
         return acc_matmul(columns, weights.T, fmt, model)
     if (isinstance(model, ExactAccumulation) and model.acc == FP32 and fmt is not FP64
-            and columns.dtype == xp.float32 and not underflow.active()):
+            and columns.dtype == xp.float32 and not observers.gradients_observed()):
         out = matmul_2d(columns, weights.T, fmt, bias, note=False)
         if out is not None:
             return out

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from ..backend import xp
 
-from ..exact import underflow
+from ..exact import observers
 from ..exact.accumulation import ExactAccumulation
 from ..exact.fast_matmul import matmul_2d
 from ..formats import FP32
@@ -45,7 +45,8 @@ def _fused_linear(x, weight, bias, fmt, model):
     where it does not apply. While gradient underflow is being counted the general path runs,
     so the counter sees exactly its two roundings."""
     if (x.dtype != xp.float32 or weight.dtype != xp.float32 or bias.dtype != xp.float32
-            or not isinstance(model, ExactAccumulation) or model.acc != FP32 or underflow.active()):
+            or not isinstance(model, ExactAccumulation) or model.acc != FP32
+            or observers.gradients_observed()):
         return None
     out = matmul_2d(xp.reshape(x, (-1, x.shape[-1])), weight.T, fmt, bias, note=False)
     return None if out is None else xp.reshape(out, x.shape[:-1] + (weight.shape[0],))

@@ -41,7 +41,7 @@ from __future__ import annotations
 from .. import backend
 from ..options import check_flag, described
 from ..backend import xp
-from ..exact import underflow
+from ..exact import observers, underflow
 from .context import current_policy, is_grad_enabled
 from .numerics import container_of, resolve, round_array
 
@@ -266,11 +266,12 @@ def _add_grads(a, b, fmt):
 
 
 def _run_backward(root: Tensor, seed, retain_graph: bool) -> None:
-    with underflow.in_backward():
-        _backward_pass(root, seed, retain_graph)
+    with observers.backward_pass():
+        _backward_pass(root, seed, retain_graph, underflow.attribution())
 
 
-def _backward_pass(root: Tensor, seed, retain_graph: bool) -> None:
+def _backward_pass(root: Tensor, seed, retain_graph: bool, attribution) -> None:
+    """``attribution``: the per-tensor underflow observer to charge (None: not counted)."""
     order = _topological_order(root)
     grads = {id(root): seed}
     in_flight: dict = {}           # per-tensor underflow counts of gradients on their way
@@ -290,23 +291,24 @@ def _backward_pass(root: Tensor, seed, retain_graph: bool) -> None:
             _accumulate_leaf(node, g, False)
         # no local name for the gradients: a reference held here would make every one look
         # shared to backend.is_unshared and be copied
-        _send(grads, node._parents, _counted_backward(node, g, in_flight)
-              if underflow.attributing() else node._backward(g, node.grad_fmt))
+        _send(grads, node._parents, _counted_backward(node, g, in_flight, attribution)
+              if attribution is not None else node._backward(g, node.grad_fmt))
         if not retain_graph:
             node._backward = None
             node._parents = ()
 
 
-def _counted_backward(node: Tensor, g, in_flight: dict):
+def _counted_backward(node: Tensor, g, in_flight: dict, attribution):
     """``node``'s backward, each rounding it makes charged to the input whose gradient it
-    produced (``underflow.send``; ``underflow.count_per_tensor`` collects the leaves')."""
-    with underflow.op_roundings() as roundings:
+    produced (``attribution.send``, a ``underflow.PerTensorUnderflow``: it collects the
+    leaves')."""
+    with attribution.op_roundings() as roundings:
         parent_grads = node._backward(g, node.grad_fmt)
     targets = [(id(parent), gp, parent._op is None and parent._backward is None)
                for parent, gp in zip(node._parents, parent_grads)
                if gp is not None and parent.requires_grad]
-    underflow.send(roundings, in_flight.pop(id(node), underflow.UnderflowCount()), targets,
-                   in_flight, len(node._parents) == 1)
+    attribution.send(roundings, in_flight.pop(id(node), underflow.UnderflowCount()), targets,
+                     in_flight, len(node._parents) == 1)
     return parent_grads
 
 

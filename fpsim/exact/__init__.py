@@ -39,8 +39,10 @@ its thread count.
   fallback's exact enclosures in ``softmax_ref.py``.
 - ``norm.py``: the global gradient norm, certified in float64, exact sum when undecided
   (``global_norm``).
-- ``underflow.py``: the gradient-underflow counter (``count_gradient_underflow``) that the
-  roundings here and in ``autograd`` report to.
+- ``observers.py``: the one registry of observers (per thread): the roundings here and in
+  ``autograd`` report to it (``rounded``), and it hands the facts to the observers attached;
+  ``underflow.py``: the gradient-underflow counts, observers (``count_gradient_underflow``,
+  ``count_per_tensor``).
 
 >>> import numpy as np
 >>> from fpsim.exact import SequentialAccumulation, matmul
@@ -49,7 +51,7 @@ its thread count.
 ...       model=SequentialAccumulation("fp16"))[0, 0])
 (4096.0, 2048.0)
 """
-from . import accumulation, underflow
+from . import accumulation, observers, underflow
 from .accumulation import (Accumulation, BlockedAccumulation, ExactAccumulation,
                            SequentialAccumulation, get_accumulation, matmul, reduce_sum,
                            tensor_core)
@@ -68,7 +70,7 @@ from .correctly_rounded import (FALLBACK_COUNT, certified, cr_exp, cr_gelu, cr_g
 from .softmax import (cr_cross_entropy, cr_log_softmax, cr_softmax, log_softmax64, row_terms,
                       settle_rows, softmax64)
 
-__all__ = ["accumulation", "underflow", "Accumulation", "ExactAccumulation",
+__all__ = ["accumulation", "observers", "underflow", "Accumulation", "ExactAccumulation",
            "SequentialAccumulation", "BlockedAccumulation", "PromotedAccumulation",
            "hopper_fp8_tensor_core",
            "tensor_core", "get_accumulation", "matmul", "reduce_sum", "exact_matmul",

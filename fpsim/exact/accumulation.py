@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from ..backend import astype, round_to, xp
 from ..formats import FP16, FP32, Format, get
 from ..rounding import MODES
-from . import block_fma as blocks, underflow
+from . import block_fma as blocks, observers
 from .exact_dots import exact_matmul, exact_rows_sum
 from .fast_matmul import matmul_2d, matmul_batched, round_out
 from .product_count import note_general
@@ -368,7 +368,7 @@ def _to_output(acc: xp.ndarray, out_fmt: Format) -> xp.ndarray:
     with xp.errstate(over="ignore", invalid="ignore"):
         wide = astype(acc, xp.float32)
     out = round_out(wide, out_fmt)      # round_to's bits; the identity for fp32
-    underflow.note(wide, out)  # counts backward gradients lost to the output format
+    observers.rounded(wide, out)  # the underflow counts see gradients lost to the format
     return out
 
 

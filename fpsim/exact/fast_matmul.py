@@ -29,7 +29,7 @@ every order. (2) Monotonicity. rnd32, x -> fl32(x + b) and rnd_out are monotonic
 patterns at both ends give the bits at s. With equal bits at the fp32 level, rnd32(s) is that
 value (as in the general path); at the f level only f(rnd32(s)) is known, so the element keeps
 acc = hi32, whose f is the same and which is nonzero exactly when rnd32(s) is (both ends
-nonzero of one sign after ``pre``): the underflow counter (``underflow.note``) sees the same
+nonzero of one sign after ``pre``): the underflow counts (``observers.rounded``) see the same
 zero / nonzero pattern as on the general path. (3) Signed zeros. An all-zero row of a or
 column of b has a BLAS zero of either sign and would have w = 0; the floors (below ||x|| c
 and ||x|| for any nonzero float32 line, whose norm is at least 2**-149, so they change no
@@ -90,7 +90,7 @@ from typing import NamedTuple
 
 from ..backend import bitcast, bits, is_contiguous, round_to, size, tuning, xp
 from ..formats import FP32
-from . import underflow
+from . import observers
 from .certificate import certify_fp32_open, error_factor, width_factor
 from .exact_dots import cauchy_schwarz_bound
 from .open_elements import exact_elements, exact_zero_signs, gather_source
@@ -118,9 +118,10 @@ def round_out(x32: xp.ndarray, fmt) -> xp.ndarray:
 def matmul_2d(a: xp.ndarray | Prepared, b: xp.ndarray | Prepared, out_fmt,
               bias: xp.ndarray | None = None, *, note: bool = True) -> xp.ndarray | None:
     """ExactAccumulation(fp32) ``a @ b`` (+ ``bias`` in the fp32 accumulator) rounded to
-    ``out_fmt``, as float32; None where the fast path does not apply. ``note``: report (accumulator + bias,
-    output) to the underflow counter, as ``accumulation._to_output`` does. ``a`` and ``b``
-    may come prepared (``prepare``): the same bits, without widening them again."""
+    ``out_fmt``, as float32; None where the fast path does not apply. ``note``: report
+    (accumulator + bias, output) as a rounding (``observers.rounded``), as
+    ``accumulation._to_output`` does. ``a`` and ``b`` may come prepared (``prepare``): the
+    same bits, without widening them again."""
     a, b = _as_operand(a), _as_operand(b)
     bias = None if bias is None else xp.asarray(bias)
     m, k = a.shape
@@ -255,7 +256,7 @@ def _matmul_2d(a, b, out_fmt, bias, note, k, blocks: _Blocks):
         exact = _settle_open(a, b, a64, b64, row_norm, col_norm, approx, opened, low32, pre,
                              out, bias, out_fmt, fp32_out, blocks)
     if note:
-        underflow.note(pre, out)
+        observers.rounded(pre, out)
     note_fast(blocks.count, size(out), opened.shape[0], exact)
     return out
 

@@ -3,14 +3,15 @@
 ``with count_products() as counts:`` counts, for the fp32-accumulator products inside, the
 matrix products the fast paths (``fast_matmul``: 2-D and batched) took, their elements left
 open by the fp32 certificate and those summed exactly, and the products the general path
-(``exact_dots.exact_matmul``) took with its limb sums. Outside such a block nothing is
-counted (one context-variable read per product).
+(``exact_dots.exact_matmul``) took with its limb sums. A ``ProductCount`` is an observer
+(``fpsim.exact.observers``): the block attaches one. Outside such a block nothing is counted
+(one read of the observer registry per product).
 """
 from __future__ import annotations
 
-import contextlib
-from contextvars import ContextVar
 from dataclasses import dataclass
+
+from .observers import attached, observing
 
 __all__ = ["ProductCount", "count_products", "note_fast", "note_general"]
 
@@ -33,24 +34,15 @@ class ProductCount:
     general_exact: int = 0
 
 
-_counts: ContextVar[ProductCount | None] = ContextVar("fpsim_product_count", default=None)
-
-
-@contextlib.contextmanager
 def count_products():
     """``with count_products() as counts:``: the products inside add to ``counts``
     (a ``ProductCount``); outside such a block nothing is counted."""
-    token = _counts.set(ProductCount())
-    try:
-        yield _counts.get()
-    finally:
-        _counts.reset(token)
+    return observing(ProductCount())
 
 
 def note_fast(products: int, elements: int, opened: int, exact: int) -> None:
     """Count products a fast path took (``ProductCount``)."""
-    counts = _counts.get()
-    if counts is not None:
+    for counts in attached(ProductCount):
         counts.fast += products
         counts.elements += elements
         counts.open += opened
@@ -59,8 +51,7 @@ def note_fast(products: int, elements: int, opened: int, exact: int) -> None:
 
 def note_general(products: int, elements: int, exact: int) -> None:
     """Count products the general path took (``ProductCount``)."""
-    counts = _counts.get()
-    if counts is not None:
+    for counts in attached(ProductCount):
         counts.general += products
         counts.general_elements += elements
         counts.general_exact += exact
