@@ -28,11 +28,12 @@ from .. import autograd as ag
 from . import init
 from ..options import check_count
 from .module import Module, parameter
+from .gemm import GemmModule
 
 __all__ = ["LSTM"]
 
 
-class LSTM(Module):
+class LSTM(GemmModule):
     """One-layer batch-first LSTM: ``forward(x (B, T, I), state=None)`` returns
     ``(output (B, T, H), (h_T (B, H), c_T (B, H)))``; ``state`` is an optional ``(h0, c0)``.
 

@@ -21,12 +21,19 @@ For optimizers (master weights, loss scaling) the contract is:
 
 Buffers (``register_buffer``) are tensors that are state but not trained, such as
 ``BatchNorm2d``'s running statistics: in ``state_dict`` (so checkpoints that save the
-state dict carry them), never in ``parameters()``. ``gemm_slots(site)``: the FP8 scaling state of one of the module's GEMMs
-(``autograd.ScalingSlots``, created on first use; ``Linear`` has one, attention and LSTM name
-theirs), saved in ``extra_state`` once it holds a delayed-scaling history or a stochastic rounding
-counter; ``keep_high_precision()`` keeps a module's GEMMs out of the recipe. ``training`` (True
-after construction) says whether the module is in training mode; ``train(mode)`` / ``eval()`` set it on the
-module and every sub-module, as PyTorch's do (``Dropout`` and ``BatchNorm2d`` read it).
+state dict carry them), never in ``parameters()``. ``extra_state()``: JSON values outside
+the arrays that a resumed run needs (``{}`` here; ``Dropout`` its Philox offset).
+``keep_high_precision()`` keeps the GEMMs of a module and its sub-modules out of the
+policy's FP8/FP4 recipe. ``training`` (True after construction) says whether the module is
+in training mode; ``train(mode)`` / ``eval()`` set it on the module and every sub-module, as
+PyTorch's do (``Dropout`` and ``BatchNorm2d`` read it).
+
+FP8/FP4 scaling state is not here: only the layers that run GEMMs hold it. A new layer whose
+forward runs a GEMM derives from ``fpsim.nn.gemm.GemmModule`` instead of ``Module`` and passes
+``scaling_slots=self.gemm_slots(site)`` to each GEMM op (``ag.linear``, ``ag.matmul``):
+its state is then created on first use, saved in its ``extra_state`` by training checkpoints,
+listed by ``gemm.named_gemm_slots(model)`` and kept out of the recipe by
+``keep_high_precision``.
 
 >>> from fpsim.nn import Linear
 >>> layer = Linear(3, 2, rng=0)
@@ -43,7 +50,7 @@ from .. import backend
 from ..backend import xp
 from ..options import check_flag, check_instance
 
-from ..autograd import ScalingSlots, Tensor
+from ..autograd import Tensor
 from ..autograd.numerics import container_of, round_array
 
 __all__ = ["Module", "parameter"]
@@ -66,7 +73,6 @@ class Module:
         object.__setattr__(self, "_params", {})
         object.__setattr__(self, "_children", {})
         object.__setattr__(self, "_buffers", {})
-        object.__setattr__(self, "_gemm_slots", {})
         object.__setattr__(self, "training", True)
 
     def __setattr__(self, name, value):
@@ -102,14 +108,6 @@ class Module:
         self._buffers[name] = tensor
         object.__setattr__(self, name, tensor)
 
-    def gemm_slots(self, site: str = "") -> ScalingSlots:
-        """The FP8 scaling state of this module's GEMM ``site`` ("": its only one)."""
-        slots = self._gemm_slots.get(site)
-        if slots is None:
-            slots = self._gemm_slots[site] = ScalingSlots()
-        slots.kept = self.__dict__.get("high_precision", False)
-        return slots
-
     def keep_high_precision(self, keep: bool = True) -> "Module":
         """Keep the GEMMs of this module and every sub-module out of the policy's FP8/FP4
         recipe (in its matmul format, bf16), as ``Linear(..., fp8=False)`` keeps one layer;
@@ -120,31 +118,16 @@ class Module:
             object.__setattr__(module, "high_precision", keep)
         return self
 
-    def named_gemm_slots(self) -> Iterator[tuple[str, ScalingSlots]]:
-        """(dotted module name[.site], slots) of every GEMM that has run, in module order."""
-        for name, module in self.named_modules():
-            for site, slots in module._gemm_slots.items():
-                yield ".".join(part for part in (name, site) if part), slots
-
     def extra_state(self) -> dict:
         """JSON values outside the arrays that a resumed run needs to continue with the same
         bits (``Dropout``: its Philox offset; a GEMM's delayed FP8 scaling history); ``{}`` for
         most modules. Training checkpoints save them (``fpsim.train``), ``set_extra_state``
-        puts them back."""
-        held = {site: slots.extra_state() for site, slots in self._gemm_slots.items()
-                if slots.holds_state()}
-        return {"fp8": held} if held else {}
+        puts them back (a layer that runs GEMMs: ``gemm.GemmModule``)."""
+        return {}
 
     def set_extra_state(self, state: dict) -> None:
-        if not isinstance(state, dict) or set(state) - {"fp8"} or \
-                not isinstance(state.get("fp8", {}), dict):
-            raise ValueError(f"{type(self).__name__} keeps no extra state but its GEMMs' FP8 "
-                             f"scaling ({{'fp8': {{site: state}}}}), got {state!r}")
-        restored = {}
-        for site, values in state.get("fp8", {}).items():
-            restored[site] = ScalingSlots()
-            restored[site].set_extra_state(values)      # raises before anything changes
-        object.__setattr__(self, "_gemm_slots", restored)
+        if state != {}:
+            raise ValueError(f"{type(self).__name__} keeps no extra state, got {state!r}")
 
     def training_modes(self) -> dict:
         """``{module name: training flag}`` of every sub-module, for ``restore_modes``."""

@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 
 from ..autograd.ops_fp8 import roles_of
+from ..nn.gemm import named_gemm_slots
 from .layer_stats import StepTable
 
 __all__ = ["FP8_FILE", "FP8_TABLE", "Fp8Stats", "tensor_names", "collect"]
@@ -54,14 +55,14 @@ def tensor_names(model, recipe=None) -> tuple:
     """The quantized tensors of every GEMM the model has run under ``recipe`` (default: the
     FP8 recipes' three per GEMM), in module order; kept GEMMs quantize none."""
     return tuple(f"{gemm}.{role}" if gemm else role
-                 for gemm, slots in model.named_gemm_slots() if not slots.kept
+                 for gemm, slots in named_gemm_slots(model) if not slots.kept
                  for role in roles_of(recipe))
 
 
 def collect(model, names: tuple, step: int) -> Fp8Stats:
     """The statistics of ``step`` from every GEMM's slots (each slot's counts restart)."""
     found = {}
-    for gemm, slots in model.named_gemm_slots():
+    for gemm, slots in named_gemm_slots(model):
         for role, values in slots.take_stats().items():
             found[f"{gemm}.{role}" if gemm else role] = values
     missing = {"scale": math.nan, "saturated": math.nan, "flushed": math.nan}

@@ -18,6 +18,8 @@ from __future__ import annotations
 import difflib
 import hashlib
 
+from ..nn.gemm import named_gemm_slots
+
 __all__ = ["KeptLayers", "seed_stochastic_rounding", "gemm_key"]
 
 
@@ -51,7 +53,7 @@ class KeptLayers:
         """After a forward pass (the dry run): each kept module ran a GEMM, else its name
         was a mistake that would keep nothing."""
         for name, module in self.modules.items():
-            if not any(True for _ in module.named_gemm_slots()):
+            if not any(True for _ in named_gemm_slots(module)):
                 raise ValueError(f"recipe keep={name!r}: module {name!r} "
                                  f"({type(module).__name__}) runs no GEMM, so keeping it in "
                                  f"bf16 changes nothing; name a Linear layer or a module "
@@ -76,5 +78,5 @@ def gemm_key(seed: int, name: str) -> int:
 
 def seed_stochastic_rounding(model, seed: int) -> None:
     """Key every GEMM the model has run by ``seed`` and its name (module doc)."""
-    for name, slots in model.named_gemm_slots():
+    for name, slots in named_gemm_slots(model):
         slots.sr_seed = gemm_key(seed, name)
