@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..backend import round_to, size, xp
+from ..backend import is_array, round_to, size, xp
 from ..formats import Format
 from ..options import described
 from .transforms import Params, Stateless
@@ -75,7 +75,7 @@ class CheckGradients(Stateless):
         shapes = [tuple(p.shape) for p in params.tensors]
         grads = step.grads
         if (not isinstance(grads, tuple) or len(grads) != len(shapes)
-                or not all(isinstance(g, xp.ndarray) and g.dtype == xp.float32
+                or not all(is_array(g) and g.dtype == xp.float32
                            and tuple(g.shape) == shape for g, shape in zip(grads, shapes))):
             raise TypeError(f"an extra transform must leave step.grads a tuple of "
                             f"{len(shapes)} float32 arrays of the parameters' shapes "
@@ -89,8 +89,14 @@ check_gradients = CheckGradients
 def _described_grads(grads) -> str:
     if not isinstance(grads, tuple):
         return type(grads).__name__
-    return "(" + ", ".join(f"{getattr(g, 'dtype', type(g).__name__)}"
-                           f"{list(getattr(g, 'shape', ()))}" for g in grads) + ")"
+    return "(" + ", ".join(_described_array(g) for g in grads) + ")"
+
+
+def _described_array(array) -> str:
+    """``float64[3, 4]``: the dtype's name (without a library's prefix: ``torch.``) and shape."""
+    if not is_array(array):
+        return type(array).__name__
+    return f"{str(array.dtype).rpartition('.')[2]}{list(array.shape)}"
 
 
 def check_extra(extra) -> tuple:
