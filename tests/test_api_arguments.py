@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from fpsim import Tensor, nn, use_policy
+from fpsim.conformance import bursts, clean_runs, random_flags
 from fpsim.describe import describe
 from fpsim.optim import SGD, Adam, Optimizer
+from fpsim.quant import mx_quantize
 from fpsim.options import check_instance, check_path, described
 from fpsim.sweep import load_spec, parse_spec, run_sweep
 from fpsim.train import make_dataset, train
@@ -166,3 +168,17 @@ def test_option_helpers():
     with pytest.raises(ValueError, match="out must be a file or folder name, got the empty"):
         check_path("out", "  ")
     assert described("x" * 100).endswith("...") and len(described("x" * 100)) == 64
+
+
+@pytest.mark.parametrize("make,kind,message", [
+    (lambda: random_flags(2.5, 0.1), TypeError, r"^n must be an integer >= 0, got 2.5$"),
+    (lambda: random_flags(-1, 0.1), ValueError, r"^n must be an integer >= 0, got -1$"),
+    (lambda: clean_runs(True), TypeError,
+     r"^growth_interval must be a positive integer, got True$"),
+    (lambda: bursts(8, 1, 0), ValueError, r"^max_length must be a positive integer, got 0$"),
+    (lambda: mx_quantize(np.zeros(32, np.float32), "e4m3fn", block=32.0), TypeError,
+     r"^mx_quantize: block must be a positive integer, got 32.0$"),
+])
+def test_counts_are_checked_with_the_shared_vocabulary(make, kind, message):
+    with pytest.raises(kind, match=message):
+        make()

@@ -270,8 +270,9 @@ class Calls(torch.nn.Module):
 
 
 def _refused(model, *fragments):
+    example = (torch.ones(2),) if "exported" in fragments[0] else None
     with pytest.raises(ValueError) as err:
-        nn.from_torch(model)
+        nn.from_torch(model, example=example)
     message = str(err.value)
     assert "\n" not in message and message.startswith("from_torch: ")
     for fragment in fragments:
@@ -297,13 +298,15 @@ def test_what_cannot_run_is_refused_in_one_line_by_name_and_place():
     shuffle = Calls(lambda h: h)
     shuffle.block2.attn = torch.nn.PixelShuffle(2)
     _refused(shuffle, "model.block2.attn: torch.nn.modules.pixelshuffle.PixelShuffle is not "
-                      "supported; supported layers: Linear, Conv2d")
+                      "supported; supported layers: Linear, ")
 
     class Branches(torch.nn.Module):
         def forward(self, x):
             return x if x.sum() > 0 else -x
 
-    _refused(Branches(), "model (Branches) cannot be traced by torch.fx", "branch")
+    _refused(Branches(), "model (Branches) cannot be traced by torch.fx",
+             "give example=(inputs,) to convert it through torch.export")
+    _refused(Branches(), "model (Branches) cannot be exported by torch.export either")
     with pytest.raises(TypeError, match="from_torch: module must be a torch.nn.Module, got"):
         nn.from_torch(np.ones(3))
 
@@ -353,3 +356,72 @@ def test_fp8_recipe_reaches_the_traced_models_layers():
     result = _trains(model, Dataset(x, x[:, :4].argmax(axis=1), classes=16, name="rows"),
                      policy="fp8-delayed")
     assert {name.split(".")[0] for name in result.fp8_names} >= {"up", "down"}
+
+
+def _gpt2(batch=8, length=8):
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64,
+                                     n_positions=16, attn_pdrop=0.0, resid_pdrop=0.0,
+                                     embd_pdrop=0.0)
+    torch.manual_seed(12)
+
+    class LanguageModel(torch.nn.Module):     # logits only: what a loss takes
+        def __init__(self):
+            super().__init__()
+            self.gpt = transformers.GPT2LMHeadModel(config)
+
+        def forward(self, ids):
+            return self.gpt(ids, use_cache=False, return_dict=False)[0]
+
+    model = LanguageModel()
+    ids = torch.randint(0, 64, (batch, length), generator=torch.Generator().manual_seed(13))
+    return model, ids
+
+
+def test_tiny_gpt2_converts_through_torch_export_and_trains():
+    """fx cannot trace GPT2LMHeadModel; with example inputs torch.export records its ATen ops.
+    The bound: fpsim's distance to the float64 evaluation at most twice PyTorch's fp32 one
+    plus 2**-22 of the largest logit (both are first-order fp32 evaluations of the same
+    graph; a layer-by-layer bound as above would restate GPT-2's forward)."""
+    model, ids = _gpt2()
+    with pytest.raises(ValueError, match=r"^from_torch: model \(LanguageModel\) cannot be "
+                                         r"traced by torch.fx .*give example=\(inputs,\)"):
+        nn.from_torch(model)
+    with use_policy("32-true"):
+        ours_model = nn.from_torch(model, example=(ids,))
+        ours = _np(ours_model(ids.numpy()))
+    tied = {"gpt.lm_head.weight"}     # tied to gpt.transformer.wte.weight: fpsim lists it once
+    assert list(ours_model.state_dict()) == [k for k in model.state_dict() if k not in tied]
+    assert ours_model.gpt.lm_head.weight is ours_model.gpt.transformer.wte.weight
+    for name, value in ours_model.state_dict().items():
+        np.testing.assert_array_equal(value.view(np.uint32),
+                                      model.state_dict()[name].numpy().view(np.uint32))
+    theirs = model(ids).detach().numpy()
+    exact = model.double()(ids).detach().numpy()
+    model.float()
+    scale = np.abs(exact).max()
+    assert np.abs(ours - exact).max() <= 2 * np.abs(theirs - exact).max() + 2.0 ** -22 * scale
+    with use_policy("32-true"):     # the batch size stayed free (Dim.AUTO)
+        assert ours_model(ids.numpy()[:3]).shape == (3, 8, 64)
+
+    with use_policy("16-mixed"):
+        mixed = nn.from_torch(model, example=(ids,))
+    tokens = np.random.default_rng(14).integers(0, 64, (32, 8))
+    result = _trains(mixed, Dataset(tokens, np.roll(tokens, -1, axis=1), classes=64,
+                                    name="tokens"))
+    assert result.losses[0] > 0
+
+
+def test_export_route_refuses_what_it_cannot_run():
+    model, ids = _gpt2(batch=2)
+    with pytest.raises(ValueError, match=r"^from_torch: model.gpt.transformer.h.0.attn: "
+                                         r"aten\.\S+ is not supported on the torch.export route"):
+        from fpsim.nn import exported_ops
+        saved = exported_ops.ATEN.pop("aten.split.Tensor")
+        try:
+            nn.from_torch(model, example=(ids,))
+        finally:
+            exported_ops.ATEN["aten.split.Tensor"] = saved
+    with pytest.raises(TypeError, match="example must be a tuple"):
+        nn.from_torch(model, example=ids)

@@ -197,3 +197,22 @@ def test_a_trace_whose_steps_carry_a_learning_rate_all_or_none(tmp_path):
     with pytest.raises(TraceError, match="line 2: lacks the field 'lr' that the first step has"):
         read_trace(path)
     assert len(result.records) == 3
+
+
+def test_a_run_is_reproduced_from_its_run_json(tmp_path):
+    config = TrainConfig(data="blobs", samples=128, features=4, hidden="8", steps=5,
+                         batch_size=16, policy="bf16-mixed", schedule="step:step_size=2",
+                         model_args={}, out=tmp_path / "first")
+    first = train(config, progress=False)
+    again = TrainConfig.from_run(tmp_path / "first")
+    assert again == config.replace(out=None)
+    assert train(again.replace(out=tmp_path / "again"), progress=False).loss_hash == \
+        first.loss_hash
+    info = json.loads((tmp_path / "first" / "run.json").read_text())
+    info["config"]["train_config"]["lr"] = -1.0
+    (tmp_path / "first" / "run.json").write_text(json.dumps(info))
+    with pytest.raises(ValueError, match=r"run.json: train_config: lr \(--lr\) must be a "
+                                         r"number > 0, got -1.0"):
+        TrainConfig.from_run(tmp_path / "first")
+    with pytest.raises(ValueError, match="cannot read the run's configuration"):
+        TrainConfig.from_run(tmp_path / "nothing")

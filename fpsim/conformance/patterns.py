@@ -26,6 +26,7 @@ import math
 
 import numpy as np
 
+from ..options import check_count
 from ..scaling import LossScaleMinimumError
 from .replay import reference_state
 
@@ -37,15 +38,9 @@ def _rng(seed):
     return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
 
 
-def _count(name: str, value, low: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return int(value)
-
-
 def random_flags(n: int, rate: float, seed=0) -> np.ndarray:
     """``n`` flags, each an overflow with probability ``rate``."""
-    n = _count("n", n)
+    n = check_count("n", n)
     if not 0.0 <= rate <= 1.0:
         raise ValueError(f"rate must be a probability in [0, 1], got {rate!r}")
     return _rng(seed).random(n) < rate
@@ -53,8 +48,8 @@ def random_flags(n: int, rate: float, seed=0) -> np.ndarray:
 
 def bursts(n: int, count: int, max_length: int, seed=0) -> np.ndarray:
     """``n`` flags with ``count`` runs of 1..``max_length`` overflows at random places."""
-    n, count, max_length = _count("n", n), _count("count", count), _count("max_length",
-                                                                          max_length, 1)
+    n, count = check_count("n", n), check_count("count", count)
+    max_length = check_count("max_length", max_length, 1)
     rng = _rng(seed)
     flags = np.zeros(n, bool)
     for start in rng.integers(0, max(n, 1), count):
@@ -66,7 +61,8 @@ def clean_runs(growth_interval: int, runs: int = 3) -> np.ndarray:
     """An overflow, then for each of ``runs`` rounds clean runs of ``interval - 1``,
     ``interval``, ``interval + 1`` and ``2 * interval + 1`` steps, each ended by an overflow
     (lengths below 1 are dropped)."""
-    interval, runs = _count("growth_interval", growth_interval, 1), _count("runs", runs)
+    interval = check_count("growth_interval", growth_interval, 1)
+    runs = check_count("runs", runs)
     flags = [False, False, True]
     for _ in range(runs):
         for length in (interval - 1, interval, interval + 1, 2 * interval + 1):
@@ -111,7 +107,7 @@ def collapse(reference, tail: int = 50, **overrides) -> np.ndarray:
     """Overflows every step until the scale collapses (``steps_to_collapse``), then one more
     overflow and ``tail - 1`` clean steps."""
     steps = steps_to_collapse(reference, **overrides)
-    tail = _count("tail", tail, 1)
+    tail = check_count("tail", tail, 1)
     return np.concatenate([np.ones(steps + 1, bool), np.zeros(tail - 1, bool)])
 
 
@@ -120,7 +116,7 @@ def growth_to_limit(reference, extra: int | None = None, **overrides) -> np.ndar
     intervals) more, then an overflow and one more interval of clean steps."""
     state, _ = reference_state(reference, overrides)
     interval = getattr(state.scaler, "growth_interval", 1)
-    extra = 2 * interval if extra is None else _count("extra", extra)
+    extra = 2 * interval if extra is None else check_count("extra", extra)
     steps = steps_to_limit(reference, **overrides)
     return np.concatenate([np.zeros(steps + extra, bool), [True], np.zeros(interval, bool)])
 

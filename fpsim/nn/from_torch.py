@@ -37,7 +37,7 @@ from __future__ import annotations
 import sys
 
 from ..backend import xp
-from ..options import described
+from ..options import check_instance, described
 
 from ..autograd import Tensor, current_policy
 from .attention import MultiheadAttention, TransformerBlock, TransformerEncoder
@@ -46,7 +46,7 @@ from .conv import AdaptiveAvgPool2d, Conv1d, Unflatten
 from .layers import (ELU, GELU, Dropout, Embedding, Identity, LeakyReLU, Linear, LogSoftmax,
                      ModuleList, ReLU, Sequential, Sigmoid, SiLU, Softmax, Tanh)
 from .lstm import LSTM
-from . import traced
+from . import exported, traced
 from .module import parameter
 from .norm import BatchNorm2d, GroupNorm, LayerNorm
 
@@ -453,17 +453,26 @@ def _lent(ctx) -> traced.Lent:
                        supported=", ".join(k for k in SUPPORTED if k not in _HOLDERS))
 
 
-def from_torch(module):
+def from_torch(module, *, example=None):
     """The fpsim ``Module`` equivalent to the ``torch.nn.Module`` ``module`` (module doc):
     same structure, same parameter and buffer names and values, same training modes, the
     same sharing. Known layers and ``Sequential`` chains of them convert by the table, any
-    other module by tracing its forward (``fpsim.nn.traced``)."""
+    other module by tracing its forward (``fpsim.nn.traced``); where torch.fx cannot trace
+    it, ``example`` (a tuple of the forward's inputs, torch tensors) lets torch.export record
+    it at the ATen level instead (``fpsim.nn.exported``)."""
     if not any(f"{c.__module__}.{c.__name__}" == "torch.nn.modules.module.Module"
                for c in type(module).__mro__):
         raise TypeError(f"from_torch: module must be a torch.nn.Module, got "
                         f"{described(module)}")
+    check_instance("example", example, (tuple, type(None)),
+                   "a tuple of the forward's example inputs (or None)")
     _check_global_hooks()
     ctx = _Context()
     if _table_only(module) or _name(module) not in ("", "Sequential"):
         return _convert(module, "", ctx)
-    return traced.build(module, _lent(ctx))
+    try:
+        return traced.build(module, _lent(ctx))
+    except traced.Untraceable:
+        if example is None:
+            raise
+    return exported.build(module, example, _lent(ctx))

@@ -51,7 +51,8 @@ from .layers import ModuleList, Sequential
 from .module import Module
 from .traced_ops import ATTRIBUTES, FUNCTIONS, GEMMS, METHODS
 
-__all__ = ["Lent", "Plan", "Ref", "Step", "Traced", "build", "constant", "trace"]
+__all__ = ["Lent", "Plan", "Ref", "Step", "Traced", "Untraceable", "argument", "build",
+           "constant", "fill", "trace"]
 
 
 class Ref(NamedTuple):
@@ -94,18 +95,18 @@ def _refuse(where, what, supported):
                      f"{supported}")
 
 
-def _argument(value, node, torch):
+def argument(value, node, torch):
     """A node argument as plain data: nodes become ``Ref``s; numbers, strings, None,
     slices and containers of them stay; anything else (dtype, device, tensor) is refused."""
     if isinstance(value, torch.fx.Node):
         return Ref(value.name)
     if isinstance(value, (tuple, list)):
-        return type(value)(_argument(v, node, torch) for v in value) \
+        return type(value)(argument(v, node, torch) for v in value) \
             if not isinstance(value, torch.Size) else tuple(value)
     if isinstance(value, dict):
-        return {k: _argument(v, node, torch) for k, v in value.items()}
+        return {k: argument(v, node, torch) for k, v in value.items()}
     if isinstance(value, slice):
-        return slice(*(_argument(v, node, torch) for v in (value.start, value.stop,
+        return slice(*(argument(v, node, torch) for v in (value.start, value.stop,
                                                             value.step)))
     if value is None or value is Ellipsis or isinstance(value, (bool, int, float, str)):
         return value
@@ -131,6 +132,10 @@ def _target(node, torch) -> str:
     return str(node.target)
 
 
+class Untraceable(ValueError):
+    """torch.fx cannot trace the model (``from_torch`` may then export it)."""
+
+
 def trace(module) -> Plan:
     """The module's forward as a ``Plan`` (module doc); a ValueError in one line for what
     fx cannot trace or fpsim cannot run."""
@@ -141,9 +146,9 @@ def trace(module) -> Plan:
         graph = torch.fx.symbolic_trace(module).graph
     except Exception as err:    # fx raises whatever the forward's Python raises on proxies
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ValueError(f"from_torch: model ({type(module).__name__}) cannot be traced by "
-                         f"torch.fx ({type(err).__name__}: {first}); its forward must not "
-                         f"branch on tensor values") from None
+        raise Untraceable(f"from_torch: model ({type(module).__name__}) cannot be traced by "
+                          f"torch.fx ({type(err).__name__}: {first}); give example=(inputs,) "
+                          f"to convert it through torch.export") from None
     steps, layers, attributes = [], {}, []
     for node in graph.nodes:
         target = _target(node, torch)
@@ -151,8 +156,8 @@ def trace(module) -> Plan:
             layers.setdefault(target, _where(node))
         elif node.op == "get_attr":
             attributes.append(target)
-        steps.append(Step(node.name, node.op, target, _argument(node.args, node, torch),
-                          _argument(node.kwargs, node, torch), _where(node)))
+        steps.append(Step(node.name, node.op, target, argument(node.args, node, torch),
+                          argument(node.kwargs, node, torch), _where(node)))
     return Plan(tuple(steps), layers, tuple(attributes))
 
 
@@ -190,7 +195,7 @@ class Traced(GemmModule):
                             f"got {len(args)} positional and {sorted(kwargs)} by name")
         for step in self._fpsim_plan.steps:
             if step.kind == "placeholder":
-                env[step.name] = self._input(step, len(env), args, kwargs)
+                env[step.name] = self._input(step, inputs.index(step), args, kwargs)
             elif step.kind == "output":
                 return _resolve(step.args[0], env)
             else:
@@ -322,10 +327,14 @@ class _Walk:
             setattr(ours, name, self.part(child, _join(path, name)))
 
 
+def fill(ours, module, lent: Lent):
+    """Give the fpsim model ``ours`` the torch ``module``'s parts under its names."""
+    _Walk(lent, module, ours).fill(ours, module, "")
+    return ours
+
+
 def build(module, lent: Lent) -> Traced:
     """The ``Traced`` fpsim model of ``module`` (module doc)."""
     plan = trace(module)                    # refuses unsupported nodes: nothing copied yet
     _check_layers(module, "", plan, lent)
-    ours = Traced(plan, _constants(module, plan))
-    _Walk(lent, module, ours).fill(ours, module, "")
-    return ours
+    return fill(Traced(plan, _constants(module, plan)), module, lent)

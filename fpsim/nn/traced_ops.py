@@ -20,7 +20,7 @@ from .. import autograd as ag
 from .. import backend
 from ..backend import xp
 
-__all__ = ["FUNCTIONS", "METHODS", "GEMMS", "ATTRIBUTES"]
+__all__ = ["FUNCTIONS", "METHODS", "GEMMS", "ATTRIBUTES", "scaled_dot_product_attention"]
 
 ATTRIBUTES = ("shape", "ndim", "T")     # builtins.getattr on a tensor: these only
 
@@ -139,8 +139,8 @@ def _mask_array(mask):
     return mask.data if isinstance(mask, ag.Tensor) else mask
 
 
-def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-          enable_gqa=False):
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False):
     """PyTorch's math kernel of ``scaled_dot_product_attention`` (module doc)."""
     if dropout_p or enable_gqa:
         raise ValueError("scaled_dot_product_attention: dropout_p and enable_gqa are not "
@@ -149,8 +149,9 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
     scores = ag.matmul(query * factor, _transpose(key * factor, -2, -1))
     if is_causal:
         rows, cols = scores.shape[-2:]
-        scores = ag.masked_fill(scores, xp.triu(xp.ones((rows, cols), dtype=bool), 1),
-                                -math.inf)
+        above = xp.greater(xp.expand_dims(xp.arange(cols), 0),
+                           xp.expand_dims(xp.arange(rows), 1))    # torch: tril(ones) kept
+        scores = ag.masked_fill(scores, above, -math.inf)
     if attn_mask is not None:
         mask = _mask_array(attn_mask)
         if backend.isdtype(mask.dtype, "bool"):
@@ -188,7 +189,7 @@ FUNCTIONS = {
         lambda input, inplace=False: ag.silu(input),
     "torch.nn.functional.softmax": _softmax, "torch.nn.functional.log_softmax": _log_softmax,
     "torch.nn.functional.linear": _linear, "torch.nn.functional.layer_norm": _layer_norm,
-    "torch.nn.functional.scaled_dot_product_attention": _sdpa,
+    "torch.nn.functional.scaled_dot_product_attention": scaled_dot_product_attention,
     "_operator.add": operator.add, "_operator.sub": operator.sub,
     "_operator.mul": operator.mul, "_operator.truediv": operator.truediv,
     "_operator.floordiv": operator.floordiv, "_operator.neg": operator.neg,

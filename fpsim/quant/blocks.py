@@ -78,6 +78,7 @@ from typing import NamedTuple
 from .. import backend
 from ..backend import astype, bitcast, round_to, xp
 from ..formats import Format, get
+from ..options import check_count
 from .tensor_scaling import count_saturated, fl32
 
 __all__ = ["ScaleRule", "MXTensor", "TileTensor", "MX_ELEMENT_FORMATS", "TILE_FORMATS",
@@ -234,8 +235,7 @@ def mx_quantize(x, fmt="e4m3fn", *, axis: int = -1, block: int = 32,
     fmt = _element_format(fmt, MX_ELEMENT_FORMATS, "mx_quantize")
     rule = ScaleRule(scale_rule)
     x = _float32_array(x, "mx_quantize")
-    if not isinstance(block, int) or block < 1:
-        raise ValueError(f"mx_quantize: block must be a positive int, got {block!r}")
+    block = check_count("mx_quantize: block", block, 1)
     if x.ndim == 0 or not -x.ndim <= axis < x.ndim:
         raise ValueError(f"mx_quantize: axis {axis} is not an axis of an array of shape "
                          f"{tuple(x.shape)}")

@@ -4,7 +4,8 @@ once, when it is built.
 One schema serves every way a run is described: ``fpsim train``'s options are generated from
 the fields (``OPTIONS``: flag, help, how a command line writes the value), a sweep spec's
 fields are these same options (``from_options``), and ``run.json`` records the configuration
-(``record``). Each field has one check (``check_field``), which ``TrainConfig``, the sweep
+(``record``; ``TrainConfig.from_run`` reads a run's configuration back through the same
+checks). Each field has one check (``check_field``), which ``TrainConfig``, the sweep
 spec and ``train(model, data, ...)``'s keyword arguments all use; a value is refused with one
 sentence naming the field, its flag, what it got and what is accepted (``TypeError`` for the
 wrong type, ``ValueError`` for a value out of range).
@@ -33,6 +34,7 @@ from .data import DATASETS
 from .factories import MODELS, is_factory, parse_arguments
 from .losses import LOSSES
 from .resume import ADJUSTABLE_ON_RESUME, check_allowed_changes
+from .trace import strict_json
 
 __all__ = ["TrainConfig", "Option", "OPTIONS", "OPTIMIZERS", "check_field", "from_options",
            "RUN_OPTIONS", "OUTPUT_OPTIONS"]
@@ -168,11 +170,45 @@ class TrainConfig:
                 "hidden": self.model == "mlp", "activation": self.model in ("mlp", "cnn"),
                 "momentum": self.optimizer == "sgd"}.get(name, True)
 
+    def options(self) -> dict:
+        """The run fields (outputs aside) as JSON values keyed by flag: what ``run.json``
+        keeps as ``train_config`` and ``from_options`` reads back through the same checks."""
+        values = {}
+        for name in RUN_OPTIONS:
+            value = getattr(self, name)
+            values[OPTIONS[name].flag.replace("-", "_")] = (
+                ",".join(map(str, value)) if name == "hidden" else
+                dict(value) if isinstance(value, dict) else value)
+        return values
+
+    @classmethod
+    def from_run(cls, path) -> "TrainConfig":
+        """The configuration of the run in folder ``path`` (its ``run.json``'s
+        ``train_config``), checked as any; outputs are not taken (give ``out=`` with
+        ``replace``)."""
+        folder = check_path("path", path)
+        record = folder / "run.json" if folder.is_dir() else folder
+        try:
+            info = strict_json(record.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as err:
+            raise ValueError(f"cannot read the run's configuration from {record}: "
+                             f"{type(err).__name__}: {err}") from None
+        options = info.get("config", {}).get("train_config") if isinstance(info, dict) and \
+            isinstance(info.get("config"), dict) else None
+        if not isinstance(options, dict):
+            raise ValueError(f"{record} holds no train_config (runs of fpsim train and "
+                             f"train(config) from fpsim 0.2 on record it)")
+        try:
+            return from_options(options)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"{record}: train_config: {err}") from None
+
     def record(self) -> dict:
         """The fields that describe the run (outputs aside) as JSON values, as ``run.json``'s
         ``config`` holds them (its ``model_spec``, ``data_spec``, ``model_args`` ...)."""
         recorded = {"command": "train", "model_spec": self.model, "data_spec": self.data,
-                    "model_args": dict(self.model_args), "data_args": dict(self.data_args)}
+                    "model_args": dict(self.model_args), "data_args": dict(self.data_args),
+                    "train_config": self.options()}
         for name in ("samples", "features", "classes", "activation"):
             if self.uses(name):
                 recorded[name] = getattr(self, name)

@@ -60,7 +60,8 @@ def run_identity(settings: dict, optimizer: Optimizer, data: Dataset, model) -> 
     # the recipe's account (recipe, overrides, scaler_name) follows from policy, master and
     # scaler, which are compared themselves
     derived = ("steps", "optimizer", "command", "recipe", "overrides", "scaler_name",
-               "data_spec")      # the data is compared by its bytes (data_sha256)
+               "data_spec",      # the data is compared by its bytes (data_sha256)
+               "train_config")   # the options again; what they resolve to is compared
     ident = {k: v for k, v in settings.items() if k not in derived}
     rule = optimizer.rule
     ident["optimizer"] = type(rule).__name__
