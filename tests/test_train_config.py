@@ -216,3 +216,16 @@ def test_a_run_is_reproduced_from_its_run_json(tmp_path):
         TrainConfig.from_run(tmp_path / "first")
     with pytest.raises(ValueError, match="cannot read the run's configuration"):
         TrainConfig.from_run(tmp_path / "nothing")
+
+
+def test_a_checkpoint_of_fpsim_0_1_resumes_where_it_recorded_unused_sizes():
+    """fpsim 0.1 recorded samples, hidden, ... for every run; 0.2 records them where they
+    are used: a 0.1 checkpoint of a cnn (hidden recorded, unused) still matches."""
+    from fpsim.train.resume import check_same_config
+    now = {"policy": "16-mixed", "model_spec": "cnn", "activation": "relu"}
+    check_same_config("checkpoint", dict(now, hidden="64,64"), now, frozenset())
+    with pytest.raises(ValueError, match="differs in policy"):
+        check_same_config("checkpoint", dict(now, policy="16-true"), now, frozenset())
+    with pytest.raises(ValueError, match="differs in hidden"):     # used now: compared
+        check_same_config("checkpoint", dict(now, hidden="8"), dict(now, hidden="64,64"),
+                          frozenset())
