@@ -229,3 +229,11 @@ def test_a_checkpoint_of_fpsim_0_1_resumes_where_it_recorded_unused_sizes():
     with pytest.raises(ValueError, match="differs in hidden"):     # used now: compared
         check_same_config("checkpoint", dict(now, hidden="8"), dict(now, hidden="64,64"),
                           frozenset())
+
+
+def test_the_last_line_names_every_file_written(tmp_path, capsys):
+    assert main(["train", "--steps", "2", "--per-layer", "--out", str(tmp_path / "run")]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == f"wrote {tmp_path / 'run'}/run.json, trace.jsonl, checkpoint.npz, layers.jsonl"
+    assert {p.name for p in (tmp_path / "run").iterdir()} >= {"run.json", "trace.jsonl",
+                                                              "checkpoint.npz", "layers.jsonl"}
