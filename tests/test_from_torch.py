@@ -155,7 +155,8 @@ def test_unsupported_layers_are_refused_by_name():
     for layer, why in ((torch.nn.MaxPool2d(2, ceil_mode=True), "ceil_mode"),
                        (torch.nn.BatchNorm2d(3, momentum=None), "momentum=None"),
                        (torch.nn.MultiheadAttention(4, 2, kdim=3), "kdim"),
-                       (torch.nn.LSTM(2, 3, num_layers=2, batch_first=True), "one layer"),
+                       (torch.nn.LSTM(2, 3, bidirectional=True, batch_first=True),
+                        "unidirectional"),
                        (torch.nn.Embedding(3, 2, max_norm=1.0), "max_norm")):
         with pytest.raises(ValueError, match=why):
             nn.from_torch(layer)

@@ -564,3 +564,132 @@ def test_embedding_padding_idx_gradient_check():
     np.testing.assert_allclose(np.delete(analytic, 3, 0), np.delete(numeric, 3, 0),
                                rtol=1e-7, atol=1e-8)
     assert np.all(analytic[3] == 0) and np.all(numeric[3] != 0)
+
+
+# --- LSTM with several layers ---------------------------------------------------------------
+
+def _torch_lstm(layers, dropout=0.0, seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.LSTM(3, 4, num_layers=layers, dropout=dropout, batch_first=True)
+
+
+def _chained_single_layers(ours, x, policy, between=None):
+    """The stacked LSTM written by hand: one-layer LSTMs with its weights, in sequence."""
+    state = ours.state_dict()
+    finals = []
+    with use_policy(policy):
+        outputs = Tensor(x)
+        for layer in range(ours.num_layers):
+            single = nn.LSTM(3 if layer == 0 else 4, 4)
+            single.load_state_dict({name: state[f"{name}_l{layer}"] for name in
+                                    ("weight_ih", "weight_hh", "bias_ih", "bias_hh")})
+            if layer > 0 and between is not None:
+                outputs = between(outputs)
+            outputs, final = single(outputs)
+            finals.append(final)
+    return outputs, finals
+
+
+@pytest.mark.parametrize("policy", ["64-true", "32-true", "16-mixed", "16-true"])
+def test_stacked_lstm_is_its_layers_in_sequence(policy):
+    """Bit for bit, under each policy: layer k reads layer k - 1's outputs; h_T and c_T are
+    the layers' final states stacked (num_layers, B, H), as torch's."""
+    x = np.random.default_rng(19).standard_normal((2, 5, 3))
+    with use_policy(policy):
+        ours = nn.from_torch(_torch_lstm(3))
+        out, (h, c) = ours(Tensor(x))
+    expected, finals = _chained_single_layers(ours, x, policy)
+    assert h.shape == c.shape == (3, 2, 4) and out.fmt.name == expected.fmt.name
+    np.testing.assert_array_equal(_np(out), _np(expected))
+    for layer, (h_k, c_k) in enumerate(finals):
+        np.testing.assert_array_equal(_np(h)[layer], _np(h_k))
+        np.testing.assert_array_equal(_np(c)[layer], _np(c_k))
+
+
+def test_stacked_lstm_forward_equals_torch():
+    """float64: torch's function (1e-12); fp32: torch's CPU LSTM within 64 u of the values
+    (5 steps of a few correctly rounded or once-rounded ops each, ours and torch's)."""
+    theirs = _torch_lstm(2)
+    x = np.random.default_rng(20).standard_normal((2, 5, 3))
+    state = [np.random.default_rng(21).standard_normal((2, 2, 4)) * 0.5 for _ in range(2)]
+    t_out, (t_h, t_c) = theirs(torch.tensor(x, dtype=torch.float32),
+                               tuple(torch.tensor(s, dtype=torch.float32) for s in state))
+    with use_policy("32-true"):
+        ours = nn.from_torch(theirs)
+        out, (h, c) = ours(Tensor(x), tuple(Tensor(s) for s in state))
+    for mine, ref in ((out, t_out), (h, t_h), (c, t_c)):
+        ref = ref.detach().numpy()
+        assert np.all(np.abs(_np(mine) - ref) <= 64 * U * np.maximum(np.abs(ref), 1))
+    theirs = theirs.double()
+    t_out, (t_h, t_c) = theirs(torch.tensor(x), tuple(torch.tensor(s) for s in state))
+    with use_policy("64-true"):
+        ours = nn.from_torch(theirs)
+        out, (h, c) = ours(Tensor(x), tuple(Tensor(s) for s in state))
+    for mine, ref in ((out, t_out), (h, t_h), (c, t_c)):
+        np.testing.assert_allclose(_np(mine), ref.detach().numpy(), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.xfail(strict=True, reason="autograd engine: _topological_order (tensor.py) marks a "
+                   "node seen when pushed, so a node whose consumer is another of its "
+                   "consumers' ancestors (a + f(a), an LSTM's h_t in stack(...)) can be "
+                   "processed before all its gradient arrives; the late part is dropped")
+def test_stacked_lstm_gradients_equal_torch_float64():
+    theirs = _torch_lstm(2).double()
+    x = np.random.default_rng(22).standard_normal((2, 5, 3))
+    with use_policy("64-true"):
+        ours = nn.from_torch(theirs)
+        out, _ = ours(Tensor(x))
+        out.sum().backward()
+    theirs(torch.tensor(x))[0].sum().backward()
+    mine = dict(ours.named_parameters())
+    for name, p in theirs.named_parameters():
+        np.testing.assert_allclose(_np(mine[name].grad), p.grad.numpy(), rtol=1e-10,
+                                   atol=1e-12, err_msg=name)
+
+
+def test_stacked_lstm_names_init_and_state_dict_are_torchs():
+    ours = nn.LSTM(3, 4, num_layers=2, rng=0)
+    names = [f"{kind}_l{layer}" for layer in (0, 1)
+             for kind in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
+    assert list(ours.state_dict()) == names
+    assert ours.weight_ih_l1.shape == (16, 4)
+    assert np.all(np.abs(_np(ours.weight_hh_l1)) <= 0.5)         # U(+-1/sqrt(H))
+    theirs = _torch_lstm(2)
+    twin = nn.LSTM(3, 4, num_layers=2)
+    twin.load_state_dict({k: v.numpy() for k, v in theirs.state_dict().items()})   # strict
+    assert list(nn.LSTM(3, 4, rng=0).state_dict()) == ["weight_ih", "weight_hh", "bias_ih",
+                                                      "bias_hh"]       # one layer: as before
+
+
+def test_stacked_lstm_dropout_between_layers():
+    """Training mode: layer 0's outputs pass Dropout(p, seed) before layer 1 (fpsim's Philox
+    masks; PyTorch's share only their distribution); eval mode: no dropout, torch's
+    function."""
+    theirs = _torch_lstm(2, dropout=0.3).double()
+    x = np.random.default_rng(23).standard_normal((2, 5, 3))
+    with use_policy("64-true"):
+        ours = nn.from_torch(theirs)
+        assert ours.dropout == 0.3 and ours.between.p == 0.3
+        trained, _ = ours(Tensor(x))
+        expected, _ = _chained_single_layers(ours, x, "64-true",
+                                             nn.Dropout(0.3, seed=ours.between.seed))
+        np.testing.assert_array_equal(_np(trained), _np(expected))
+        assert ours.between.offset == 2 * 5 * 4
+        ours.eval()
+        evaluated, _ = ours(Tensor(x))
+    theirs.eval()
+    np.testing.assert_allclose(_np(evaluated), theirs(torch.tensor(x))[0].detach().numpy(),
+                               rtol=1e-12, atol=1e-14)
+    assert not np.array_equal(_np(trained), _np(evaluated))
+
+
+def test_stacked_lstm_refusals():
+    with pytest.raises(ValueError, match="num_layers must be a positive integer, got 0"):
+        nn.LSTM(3, 4, num_layers=0)
+    with pytest.raises(ValueError, match=r"dropout must be a number in \[0, 1\], got 1.5"):
+        nn.LSTM(3, 4, num_layers=2, dropout=1.5)
+    with pytest.raises(ValueError, match=r"LSTM h0 must be \(2, 2, 4\), got \(2, 4\)"):
+        nn.LSTM(3, 4, num_layers=2)(Tensor(np.ones((2, 5, 3))),
+                                    (Tensor(np.ones((2, 4))), Tensor(np.ones((2, 4)))))
+    with pytest.raises(ValueError, match="only batch_first=True, unidirectional"):
+        nn.from_torch(torch.nn.LSTM(3, 4, num_layers=2, bidirectional=True, batch_first=True))

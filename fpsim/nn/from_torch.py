@@ -207,12 +207,21 @@ def _attention(layer, path, ctx):
 _RENAMES = {"LSTM": {f"{k}_l0": k for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}}
 
 
+def _renames(layer):
+    """torch's state names -> fpsim's where they differ: a one-layer LSTM's drop ``_l0``."""
+    if _name(layer) == "LSTM" and layer.num_layers > 1:
+        return {}
+    return _RENAMES.get(_name(layer), {})
+
+
 def _lstm(layer, path, ctx):
-    if (layer.num_layers != 1 or not layer.batch_first or layer.bidirectional
-            or layer.proj_size or not layer.bias):
-        _refuse(layer, path, "only one layer, batch_first=True, unidirectional, with bias "
-                             "and no projection is supported")
-    return _loaded(LSTM(layer.input_size, layer.hidden_size), layer, _RENAMES["LSTM"])
+    if not layer.batch_first or layer.bidirectional or layer.proj_size or not layer.bias:
+        _refuse(layer, path, "only batch_first=True, unidirectional, with bias and no "
+                             "projection is supported")
+    between = layer.num_layers > 1 and layer.dropout > 0     # a Dropout between layers
+    ours = LSTM(layer.input_size, layer.hidden_size, layer.num_layers, layer.dropout,
+                seed=ctx.seed() if between else 0)
+    return _loaded(ours, layer, _renames(layer))
 
 
 def _encoder_layer(layer, path, ctx):
@@ -350,7 +359,7 @@ def _adopt_tensors(ours, layer, path, ctx, own_only=False):
     parameters, hooks and shared buffers by name) and give a Parameter met before (tied
     weights) the fpsim parameter made for it then."""
     params = {id(p) for p in layer.parameters(recurse=not own_only)}
-    rename = _RENAMES.get(_name(layer), {})
+    rename = _renames(layer)
     for name, tensor in _state(layer, own_only).items():
         where, name = _join(path, name), rename.get(name, name)
         is_param = id(tensor) in params
