@@ -182,3 +182,19 @@ def test_option_helpers():
 def test_counts_are_checked_with_the_shared_vocabulary(make, kind, message):
     with pytest.raises(kind, match=message):
         make()
+
+
+@pytest.mark.parametrize("op,axis,message", [
+    ("sum", "a", r"^sum: axis must be None, an int or a tuple of ints, got str 'a'$"),
+    ("mean", 1.5, r"^mean: axis must be None, an int or a tuple of ints, got float 1.5$"),
+    ("sum", (0, True), r"^sum: axis must be None, an int or a tuple of ints, got bool True$"),
+    ("max", (0, 1), r"^max: axis must be None or one int axis, got tuple \(0, 1\)$"),
+    # one axis: a tuple is refused, not cut to its first axis
+    ("softmax", (0, 1), r"^softmax: axis must be one int axis, got tuple \(0, 1\)$"),
+    ("log_softmax", None, r"^log_softmax: axis must be one int axis, got NoneType None$"),
+])
+def test_reduction_axes_of_the_wrong_type_are_type_errors(op, axis, message):
+    from fpsim import autograd
+    with pytest.raises(TypeError, match=message):
+        getattr(autograd, op)(Tensor(np.ones((2, 3), np.float32)), axis)
+    assert getattr(autograd, op)(Tensor(np.ones((2, 3), np.float32)), np.int64(1)).shape[0] == 2

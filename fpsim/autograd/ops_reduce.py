@@ -34,6 +34,7 @@ from ..backend import xp
 from ..exact import cr_log_softmax, cr_softmax, log_softmax64, softmax64
 from ..exact import elementary
 from ..formats import FP32
+from ..options import check_instance
 from .numerics import FP64, round_array
 from .accumulate import acc_sum
 from .accumulate import accumulation_model as _model
@@ -49,9 +50,10 @@ def _axes(x: Tensor, axis, op: str):
     """Normalised tuple of axes (all for None), with a clear error for bad ones."""
     if axis is None:
         return tuple(range(x.ndim))
-    axes = (axis,) if isinstance(axis, (int, xp.integer)) else tuple(axis)
+    axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
     out = []
     for a in axes:
+        check_instance(f"{op}: axis", a, (int, xp.integer), "None, an int or a tuple of ints")
         if not -x.ndim <= a < _builtin_max(x.ndim, 1):
             raise ValueError(f"{op}: axis {a} is out of range for shape {x.shape}")
         out.append(int(a) % _builtin_max(x.ndim, 1))
@@ -103,8 +105,8 @@ def mean(x, axis=None, keepdims: bool = False, *, accumulation=None) -> Tensor:
 def max(x, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
     """Largest element (``axis=None``) or largest along one int ``axis``."""
     fmt, (x,) = operands("elementwise", x)
-    if axis is not None and not isinstance(axis, (int, xp.integer)):
-        raise ValueError(f"max takes axis=None or one int axis, got {axis!r}")
+    if axis is not None:
+        check_instance("max: axis", axis, (int, xp.integer), "None or one int axis")
     if x.size == 0:
         raise ValueError(f"max of an empty tensor of shape {x.shape}")
     flat = xp.reshape(x.data, (-1,)) if axis is None else x.data
@@ -126,6 +128,8 @@ def max(x, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
 
 
 def _check_axis(x, axis, op):
+    """The one axis ``op`` works along (a tuple is refused, not cut to its first axis)."""
+    check_instance(f"{op}: axis", axis, (int, xp.integer), "one int axis")
     return _axes(x, axis, op)[0]
 
 
