@@ -51,6 +51,7 @@ from dataclasses import MISSING, dataclass, fields
 from itertools import islice
 from typing import ClassVar
 
+from ..grammar import split_options
 from ..options import check_between, check_choice, check_count, check_flag, check_instance
 
 __all__ = ["Schedule", "StepLR", "Cosine", "Linear", "OneCycle", "WarmupCosine",
@@ -309,27 +310,22 @@ def parse_schedule(text: str) -> Schedule:
     ValueError: schedule 'cosine:tmax=100': unknown cosine key 'tmax'; did you mean 't_max'? accepted: t_max, eta_min
     """
     check_instance("schedule", text, str, "a string such as 'cosine:t_max=100'")
-    head, _, rest = text.strip().partition(":")
+    head, pairs = split_options(text, "schedule")        # fpsim.grammar, as every option
     try:
         kind = SCHEDULES[check_choice("schedule", head, tuple(SCHEDULES))]
-        arguments = _arguments(kind, rest)
+        arguments = _arguments(kind, pairs)
         return kind(**arguments)
     except (TypeError, ValueError) as err:
         raise ValueError(f"schedule {text!r}: {err}") from None
 
 
-def _arguments(kind, text: str) -> dict:
-    """``key=value,...`` as the keyword arguments of ``kind``, each converted to its field's
-    type; the required fields present."""
+def _arguments(kind, pairs: dict) -> dict:
+    """The ``key=value`` pairs as the keyword arguments of ``kind``, each converted to its
+    field's type; the required fields present."""
     types = {f.name: f.type for f in fields(kind)}
     arguments = {}
-    for pair in filter(None, (p.strip() for p in text.split(","))):
-        key, equals, value = (part.strip() for part in pair.partition("="))
-        if not equals:
-            raise ValueError(f"{pair!r} is not key=value")
+    for key, value in pairs.items():
         check_choice(f"{kind.head} key", key, tuple(types))
-        if key in arguments:
-            raise ValueError(f"{key} is given twice")
         arguments[key] = _converted(key, value, types[key])
     missing = [f.name for f in fields(kind) if f.default is MISSING and f.name not in arguments]
     if missing:
