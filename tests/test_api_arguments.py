@@ -198,3 +198,16 @@ def test_reduction_axes_of_the_wrong_type_are_type_errors(op, axis, message):
     with pytest.raises(TypeError, match=message):
         getattr(autograd, op)(Tensor(np.ones((2, 3), np.float32)), axis)
     assert getattr(autograd, op)(Tensor(np.ones((2, 3), np.float32)), np.int64(1)).shape[0] == 2
+
+
+def test_a_backend_name_of_the_wrong_type_is_a_type_error():
+    from fpsim import backend
+    before = backend.name()
+    with pytest.raises(TypeError, match=r"^unknown backend 5; accepted: numpy, "):
+        backend.set_backend(5)
+    with pytest.raises(TypeError, match=r"^backend name must be a non-empty string, got "
+                                        r"NoneType None$"):
+        backend.register_backend(None, object)
+    with pytest.raises(ValueError, match=r"^backend name must be a non-empty string, got ''$"):
+        backend.register_backend("", object)
+    assert backend.name() == before and "" not in backend.available()

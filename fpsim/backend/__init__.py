@@ -56,6 +56,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from ..options import check_instance
 from .interface import (ARRAY_ATTRIBUTES, DTYPE_KINDS, HOST_MODULES, HOST_PACKAGES, NAMESPACE,
                         Backend)
 from .numpy_backend import NumpyBackend
@@ -129,8 +130,9 @@ def available() -> tuple[str, ...]:
 def register_backend(backend_name: str, factory) -> None:
     """Make ``factory()`` (returning a ``Backend`` whose ``xp`` has every ``NAMESPACE`` name)
     selectable as ``backend_name``. A name already taken is refused."""
-    if not isinstance(backend_name, str) or not backend_name:
-        raise ValueError(f"a backend name is a non-empty string, got {backend_name!r}")
+    check_instance("backend name", backend_name, str, "a non-empty string")
+    if not backend_name:
+        raise ValueError("backend name must be a non-empty string, got ''")
     if backend_name in _IMPLEMENTATIONS:
         raise ValueError(f"backend {backend_name!r} is already registered")
     _IMPLEMENTATIONS[backend_name] = factory
@@ -157,7 +159,8 @@ def _make(backend_name: str) -> Backend:
     if on_device:
         return _torch_backend(on_device["device"])
     if not isinstance(backend_name, str) or backend_name not in _IMPLEMENTATIONS:
-        raise ValueError(f"unknown backend {backend_name!r}; accepted: {accepted()}")
+        error = ValueError if isinstance(backend_name, str) else TypeError
+        raise error(f"unknown backend {backend_name!r}; accepted: {accepted()}")
     return _IMPLEMENTATIONS[backend_name]()
 
 
