@@ -306,3 +306,13 @@ def test_the_autograd_ops_take_the_model():
         product.backward()
         assert product.item() == 204672.0
         assert np.array_equal(backend.to_numpy(weights.grad.data), a.T)   # 1 * a, exact
+
+
+@pytest.mark.parametrize("interval,kind", [(0, ValueError), (2.5, TypeError), (True, TypeError)])
+def test_a_promotion_interval_that_is_not_a_positive_integer_is_refused(interval, kind):
+    from fpsim.exact.promoted import PromotedAccumulation
+    inner = PromotedAccumulation.h100_fp8(128).inner
+    with pytest.raises(kind, match=f"^promoted: interval must be a positive integer, got "
+                                   f"{interval!r}$"):
+        PromotedAccumulation(inner, interval)
+    assert PromotedAccumulation(inner, np.int64(64)).interval == 64

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 
 from ..backend import round_to, xp
 from ..formats import FP32, get
+from ..options import check_count
 from . import block_fma as blocks
 from .accumulation import Accumulation, BlockedAccumulation, get_accumulation, register_spec
 from .odd_rounding import add_round_to_odd
@@ -91,13 +92,9 @@ class PromotedAccumulation(Accumulation):
         if not isinstance(self.inner, BlockedAccumulation):
             raise TypeError(f"promoted: inner must be a BlockedAccumulation, "
                             f"got {type(self.inner).__name__}")
-        if self.interval is not None:
-            interval = self.interval
-            if (isinstance(interval, bool) or not isinstance(interval, (int, xp.integer))
-                    or interval < 1):
-                raise ValueError(f"promoted: interval must be None or a positive int "
-                                 f"(products per promotion), got {self.interval!r}")
-            object.__setattr__(self, "interval", int(self.interval))
+        if self.interval is not None:       # products per promotion
+            object.__setattr__(self, "interval",
+                               check_count("promoted: interval", self.interval, 1))
 
     @classmethod
     def h100_fp8(cls, interval=None, input_format="e4m3") -> "PromotedAccumulation":
