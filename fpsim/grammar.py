@@ -54,7 +54,7 @@ def split_options(text: str, what: str, *, positional: str | None = None,
         elif not sep or not value.strip():
             raise ValueError(f"{what} {text!r}: {key!r} needs a value ({key}=...)")
         if key in options:
-            raise ValueError(f"{what} {text!r} sets {key!r} twice")
+            raise ValueError(f"{what} {text!r}: sets {key!r} twice")
         options[key] = value.strip()
     return head, options
 

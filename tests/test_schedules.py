@@ -118,7 +118,7 @@ def test_parse_reads_the_grammar():
     ("cosine", "schedule 'cosine': cosine needs t_max (cosine:t_max=...)"),
     ("cosine:t_max=0", "schedule 'cosine:t_max=0': t_max must be a positive integer, got 0"),
     ("cosine:t_max=1.5", "schedule 'cosine:t_max=1.5': t_max must be an integer, got '1.5'"),
-    ("cosine:t_max=10,t_max=20", "schedule 'cosine:t_max=10,t_max=20' sets 't_max' twice"),
+    ("cosine:t_max=10,t_max=20", "schedule 'cosine:t_max=10,t_max=20': sets 't_max' twice"),
     ("cosine:t_max", "schedule 'cosine:t_max': 't_max' needs a value (t_max=...)"),
     ("cosine:t_max=9,eta_min=-1", "eta_min must be a number >= 0, got -1.0"),
     ("cosine:t_max=9,eta_min=nan", "eta_min must be finite"),
