@@ -425,3 +425,15 @@ def test_export_route_refuses_what_it_cannot_run():
             exported_ops.ATEN["aten.split.Tensor"] = saved
     with pytest.raises(TypeError, match="example must be a tuple"):
         nn.from_torch(model, example=ids)
+
+
+def test_fp8_recipe_and_keep_reach_the_exported_models_gemms():
+    """Each ATen GEMM keeps its FP8 state in the module that called it, under its name."""
+    model, ids = _gpt2()
+    with use_policy("bf16-mixed"):
+        ours = nn.from_torch(model, example=(ids,))
+    tokens = np.random.default_rng(15).integers(0, 64, (32, 8))
+    data = Dataset(tokens, np.roll(tokens, -1, axis=1), classes=64, name="tokens")
+    result = _trains(ours, data, policy="fp8-delayed:keep=gpt.lm_head")
+    quantized = {name.rsplit(".", 1)[0] for name in result.fp8_names}
+    assert "gpt.transformer.h.1.mlp.c_fc" in quantized and "gpt.lm_head" not in quantized

@@ -9,8 +9,9 @@ example's (the others stay free: ``Dim.AUTO``), the layers are gone (every param
 graph input, named by its state-dict key, so the weights still copy under torch's names),
 and Python control flow was resolved for the example. Each ATen node maps onto the engine's
 op (``exported_ops``), so it rounds where autocast rounds; each GEMM (``addmm``, ``linear``)
-keeps FP8 scaling slots named by the module that called it (``transformer.h.0.attn.c_attn``),
-so FP8 recipes and ``keep=`` reach it.
+keeps its FP8 scaling state in the module that called it (``transformer.h.0.attn.c_attn``,
+every sub-module here a ``GemmModule`` holder), so FP8 recipes, their statistics and ``keep=``
+reach it by that name.
 
 Refused in one line before any weight is copied: an ATen op not in ``exported_ops.ATEN``
 (named with the module that called it), an export that fails (its first line), and graphs
@@ -108,10 +109,10 @@ def export_plan(module, example):
             steps.append(_input_step(node, specs[node.name], program, constants))
         elif node.op == "call_function":
             steps.append(_call_step(node, torch))
-            if steps[-1].target in GEMMS:
-                path = steps[-1].where.removeprefix("model").lstrip(".") or node.name
-                sites[node.name] = path if path not in sites.values() else \
-                    f"{path}.{node.name}"
+            if steps[-1].target in GEMMS:     # the calling module's GEMM ("" if its first)
+                path = steps[-1].where.removeprefix("model").lstrip(".")
+                taken = any(owner == path for owner, _ in sites.values())
+                sites[node.name] = (path, node.name if taken or not path else "")
         elif node.op == "output":
             outputs = argument(node.args[0], node, torch)
             single = program.call_spec.out_spec is None or program.call_spec.out_spec.is_leaf()
@@ -134,7 +135,9 @@ class Exported(Traced):
         if step.kind != "call_function":
             return super()._run(step, args, kwargs)
         if step.target in GEMMS:
-            kwargs = {**kwargs, "scaling_slots": self.gemm_slots(self._fpsim_sites[step.name])}
+            path, site = self._fpsim_sites[step.name]
+            owner = self._path(path) if path else self
+            kwargs = {**kwargs, "scaling_slots": owner.gemm_slots(site)}
         return ATEN[step.target](*args, **kwargs)
 
     def __repr__(self) -> str:
@@ -142,7 +145,7 @@ class Exported(Traced):
 
 
 def _holders(layer) -> str:
-    return "holder"
+    return "gemm holder"
 
 
 def build(module, example, lent: Lent) -> Exported:

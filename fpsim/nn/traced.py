@@ -252,7 +252,8 @@ def constant(tensor):
 
 class Lent(NamedTuple):
     """What ``from_torch`` lends the walk: ``kind(layer)`` ("layer", "Sequential",
-    "ModuleList", "holder" or "refused"), ``convert(layer, path)`` (a layer by its table),
+    "ModuleList", "holder", "gemm holder" or "refused"), ``convert(layer, path)`` (a layer
+    by its table),
     ``own_state(ours, layer, path)`` (a holder's own parameters, buffers and mode) and the
     ``supported`` layers' names."""
     kind: object
@@ -296,7 +297,8 @@ def _constants(module, plan):
     return held
 
 
-_HOLDER_CLASSES = {"Sequential": Sequential, "ModuleList": ModuleList, "holder": Module}
+_HOLDER_CLASSES = {"Sequential": Sequential, "ModuleList": ModuleList, "holder": Module,
+                   "gemm holder": GemmModule}     # holds the GEMMs an export graph runs in it
 
 
 class _Walk:
