@@ -276,10 +276,12 @@ def test_batch_norm_formats_under_16_mixed():
 def test_batch_norm_module_buffers_state_dict_and_modes():
     bn = nn.BatchNorm2d(2, momentum=0.5)
     assert [k for k, _ in bn.named_parameters()] == ["weight", "bias"]
-    assert [k for k, _ in bn.named_buffers()] == ["running_mean", "running_var"]
+    assert [k for k, _ in bn.named_buffers()] == ["running_mean", "running_var",
+                                                  "num_batches_tracked"]
     model = nn.Sequential(nn.Conv2d(1, 2, 3, rng=0), bn)
     assert list(model.state_dict()) == ["0.weight", "0.bias", "1.weight", "1.bias",
-                                        "1.running_mean", "1.running_var"]
+                                        "1.running_mean", "1.running_var",
+                                        "1.num_batches_tracked"]
     x = Tensor(np.random.default_rng(5).standard_normal((4, 1, 5, 5)))
     model(x)
     state = model.state_dict()
@@ -293,6 +295,7 @@ def test_batch_norm_module_buffers_state_dict_and_modes():
     y1, y2 = _np(model(x)), _np(model(x))
     np.testing.assert_array_equal(y1, y2)
     np.testing.assert_array_equal(model.state_dict()["1.running_var"], before)
+    assert model.state_dict()["1.num_batches_tracked"] == 1       # training passes only
     free = nn.BatchNorm2d(2, affine=False, track_running_stats=False)
     assert free.parameters() == [] and list(free.state_dict()) == []
     with pytest.raises(ValueError, match="more than 1 value"):
@@ -314,9 +317,9 @@ def test_running_statistics_round_trip_through_a_checkpoint(tmp_path):
     arrays, meta = load_checkpoint(path)
     fresh = nn.Sequential(nn.Conv2d(2, 3, 3, rng=1), nn.BatchNorm2d(3), nn.ReLU())
     fresh.load_state_dict(arrays)
-    for name, value in model.state_dict().items():
-        np.testing.assert_array_equal(fresh.state_dict()[name].view(np.uint32),
-                                      value.view(np.uint32))
+    for name, value in model.state_dict().items():      # bit for bit, the float64 count too
+        assert fresh.state_dict()[name].dtype == value.dtype
+        assert fresh.state_dict()[name].tobytes() == value.tobytes()
     model.eval()
     fresh.eval()
     x = Tensor(np.ones((1, 2, 6, 6)))

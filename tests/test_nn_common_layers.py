@@ -693,3 +693,57 @@ def test_stacked_lstm_refusals():
                                     (Tensor(np.ones((2, 4))), Tensor(np.ones((2, 4)))))
     with pytest.raises(ValueError, match="only batch_first=True, unidirectional"):
         nn.from_torch(torch.nn.LSTM(3, 4, num_layers=2, bidirectional=True, batch_first=True))
+
+
+# --- BatchNorm2d's num_batches_tracked ------------------------------------------------------
+
+def test_batch_norm_twin_loads_torchs_state_dict_strictly_and_counts_as_torch():
+    """torch's state dict (num_batches_tracked included) loads into a hand-written twin
+    without strict=False; training passes count up as torch's, eval passes do not; the
+    count round-trips through from_torch and state_dict, exactly."""
+    torch.manual_seed(6)
+    theirs = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2))
+    x = np.random.default_rng(24).standard_normal((4, 1, 6, 6)).astype(np.float32)
+    for _ in range(3):
+        theirs(torch.tensor(x))
+    twin = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2))
+    twin.load_state_dict({k: v.numpy() for k, v in theirs.state_dict().items()})
+    converted = nn.from_torch(theirs)
+    for ours in (twin, converted):
+        assert float(ours.state_dict()["1.num_batches_tracked"]) == 3.0
+        ours(Tensor(x))
+        ours.eval()
+        ours(Tensor(x))
+    theirs(torch.tensor(x))
+    theirs.eval()
+    theirs(torch.tensor(x))
+    assert int(theirs[1].num_batches_tracked) == 4
+    for ours in (twin, converted):
+        assert float(ours.state_dict()["1.num_batches_tracked"]) == 4.0
+        np.testing.assert_array_equal(ours.state_dict()["1.running_mean"],
+                                      theirs[1].running_mean.numpy())
+    big = nn.BatchNorm2d(2)
+    big.load_state_dict({**big.state_dict(), "num_batches_tracked": np.int64(2 ** 40 + 1)})
+    assert big.state_dict()["num_batches_tracked"] == 2 ** 40 + 1        # exact in float64
+
+
+@pytest.mark.parametrize("policy", ["16-true", "bf16-true"])
+def test_batch_norm_count_stays_exact_under_low_precision_policies(policy):
+    """The count is float64 whatever the parameter format: 2049 batches in fp16 would
+    round to 2048."""
+    with use_policy(policy):
+        bn = nn.BatchNorm2d(2)
+    bn.load_state_dict({**bn.state_dict(), "num_batches_tracked": np.int64(2048)})
+    with use_policy(policy):
+        bn(Tensor(np.random.default_rng(25).standard_normal((2, 2, 3, 3))))
+    assert bn.state_dict()["num_batches_tracked"] == 2049
+
+
+def test_batch_norm_refuses_a_count_that_is_not_one():
+    bn = nn.BatchNorm2d(2)
+    for bad in (-1, 2.5):
+        with pytest.raises(ValueError, match=r"'num_batches_tracked': num_batches_tracked "
+                                             r"counts batches and must be a whole number"):
+            bn.load_state_dict({**bn.state_dict(), "num_batches_tracked": np.float64(bad)})
+    assert bn.state_dict()["num_batches_tracked"] == 0
+    assert "num_batches_tracked" not in nn.BatchNorm2d(2, track_running_stats=False).state_dict()

@@ -8,20 +8,24 @@ in the current policy (parameters in its ``param`` format: under "32-true" an fp
 model's values are copied exactly) and loaded with ``load_state_dict``, so parameters and
 buffers (BatchNorm's running statistics) carry over with their names; ``training`` is copied.
 
-Supported (``SUPPORTED``): Linear, Conv2d (zero padding), MaxPool2d and AvgPool2d (no
-ceil_mode, dilation, divisor_override; AvgPool2d counting padding, PyTorch's default),
-Flatten (to the last axis), LayerNorm, BatchNorm2d (a numeric momentum), Embedding (no
-padding_idx, max_norm), ReLU, Tanh, Sigmoid, GELU, SiLU, Dropout, Sequential, ModuleList,
-MultiheadAttention (one embedding size, no bias_k / add_zero_attn), LSTM
-(one layer, batch_first=True, unidirectional, no projection; fpsim's ``LSTM`` returns h and c
-as (B, H), PyTorch as (1, B, H)), TransformerEncoderLayer (pre-LN or post-LN, relu or gelu:
+Supported (``SUPPORTED``): Linear, Conv1d and Conv2d (zero padding), MaxPool2d and
+AvgPool2d (no ceil_mode, dilation, divisor_override; AvgPool2d counting padding, PyTorch's
+default), AdaptiveAvgPool2d (sizes given, no None), Flatten (to the last axis), Unflatten (a
+tuple of sizes), Identity, LayerNorm, GroupNorm, BatchNorm2d (a numeric momentum;
+``num_batches_tracked`` copied), Embedding (padding_idx; no max_norm, sparse), ReLU,
+LeakyReLU, ELU (not inplace), Tanh, Sigmoid, GELU, SiLU, Softmax and LogSoftmax (dim given),
+Dropout, Sequential, ModuleList, MultiheadAttention (one embedding size, no bias_k /
+add_zero_attn), LSTM (batch_first=True, unidirectional, no projection; several layers with
+dropout between them; a one-layer fpsim ``LSTM`` returns h and c as (B, H), PyTorch as
+(1, B, H)), TransformerEncoderLayer (pre-LN or post-LN, relu or gelu:
 ``TransformerBlock``), TransformerEncoder (its layers, then a LayerNorm or none). Any other
 torch.nn layer, or a supported layer with an option fpsim lacks, is a ``ValueError`` naming
 it (and its path in the model). Any other module (a subclass of ``torch.nn.Module`` with its
 own ``forward``) is traced (``fpsim.nn.traced``).
 
-Dropout layers get seeds 0, 1, 2, ... in model order (PyTorch's masks come from its own
-generator; fpsim's from Philox, so only their distribution is shared).
+Dropout layers (and an LSTM's dropout between layers) get seeds 0, 1, 2, ... in model order
+(PyTorch's masks come from its own generator; fpsim's from Philox, so only their
+distribution is shared).
 
 Sharing carries over: a module used twice (``Sequential(lin, ReLU(), lin)``) becomes one fpsim
 module used twice, and a Parameter shared by two modules (tied weights) one fpsim parameter,
@@ -89,10 +93,10 @@ def _refuse(layer, path, why=None):
 
 
 def _arrays(layer, rename=None):
-    """The torch layer's own state (parameters and buffers) as host arrays, keyed by name."""
+    """The torch layer's own state (parameters and buffers, BatchNorm's int64
+    ``num_batches_tracked`` included) as host arrays, keyed by name."""
     rename = rename or {}
-    return {rename.get(k, k): v.detach().cpu().numpy() for k, v in layer.state_dict().items()
-            if not k.endswith("num_batches_tracked")}
+    return {rename.get(k, k): v.detach().cpu().numpy() for k, v in layer.state_dict().items()}
 
 
 def _loaded(ours, layer, rename=None):

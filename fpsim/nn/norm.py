@@ -15,11 +15,12 @@ autocast runs it; the module doc of ``ops_norm`` says where it rounds).
 
 ``BatchNorm2d`` calls ``fpsim.autograd.batch_norm`` (its doc: batch statistics in training
 mode, running statistics in eval mode; output in the input's format, as autocast leaves
-batch norm). Its running statistics are buffers: in ``state_dict``, not ``parameters()``.
+batch norm). Its running statistics and batch count are buffers: in ``state_dict``, not
+``parameters()``, named and ordered as PyTorch's, so either loads the other's state dict.
 
 >>> bn = BatchNorm2d(3)
->>> sorted(bn.state_dict())
-['bias', 'running_mean', 'running_var', 'weight']
+>>> list(bn.state_dict())
+['weight', 'bias', 'running_mean', 'running_var', 'num_batches_tracked']
 """
 from __future__ import annotations
 
@@ -95,7 +96,9 @@ class BatchNorm2d(Module):
     parameter format (omitted with ``track_running_stats=False``, which then normalises with
     batch statistics in eval mode too). Training mode updates the buffers with ``momentum``
     (a number in [0, 1]; PyTorch's cumulative average, momentum=None, is not offered);
-    ``eps`` is a number > 0."""
+    ``eps`` is a number > 0. The buffer ``num_batches_tracked`` (a scalar, 0 at first, with
+    the running statistics) counts the training-mode forward passes, as PyTorch's: a
+    whole number, held exactly in float64 (PyTorch's is int64), loaded only as one."""
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1,
                  affine: bool = True, track_running_stats: bool = True):
@@ -115,20 +118,29 @@ class BatchNorm2d(Module):
         fmt = ag.current_policy().param
         self.register_buffer("running_mean", ag.Tensor(init.zeros(shape), fmt) if stats else None)
         self.register_buffer("running_var", ag.Tensor(init.ones(shape), fmt) if stats else None)
+        self.register_buffer("num_batches_tracked",
+                             ag.Tensor(init.zeros(()), ag.FP64) if stats else None)
 
     def check_loaded(self, name: str, values) -> None:
-        """A loaded ``running_var`` is a variance: a negative one would give NaN outputs."""
+        """A loaded ``running_var`` is a variance: a negative one would give NaN outputs;
+        ``num_batches_tracked`` a count."""
         if name == "running_var" and xp.any(values < 0):
             raise ValueError(f"running_var is a variance and must be >= 0, got "
                              f"{float(xp.min(values))}")
+        if name == "num_batches_tracked" and (values < 0 or values != xp.floor(values)):
+            raise ValueError(f"num_batches_tracked counts batches and must be a whole number "
+                             f">= 0, got {float(values)}")
 
     def forward(self, x):
         x = ag.as_tensor(x)
         if x.ndim != 4:
             raise ValueError(f"BatchNorm2d expects input (N, C, H, W), got shape {x.shape}")
-        return ag.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
-                             training=self.training or not self.track_running_stats,
-                             momentum=self.momentum, eps=self.eps)
+        out = ag.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                            training=self.training or not self.track_running_stats,
+                            momentum=self.momentum, eps=self.eps)
+        if self.training and self.track_running_stats:
+            self.num_batches_tracked.data = xp.add(self.num_batches_tracked.data, 1.0)
+        return out
 
     def __repr__(self) -> str:
         return (f"BatchNorm2d({self.num_features}, eps={self.eps}, momentum={self.momentum}, "
