@@ -391,12 +391,18 @@ def test_tiny_gpt2_converts_through_torch_export_and_trains():
     with use_policy("32-true"):
         ours_model = nn.from_torch(model, example=(ids,))
         ours = _np(ours_model(ids.numpy()))
-    tied = {"gpt.lm_head.weight"}     # tied to gpt.transformer.wte.weight: fpsim lists it once
+    tied = {"gpt.lm_head.weight"}     # tied to gpt.transformer.wte.weight: listed once here
     assert list(ours_model.state_dict()) == [k for k in model.state_dict() if k not in tied]
     assert ours_model.gpt.lm_head.weight is ours_model.gpt.transformer.wte.weight
     for name, value in ours_model.state_dict().items():
         np.testing.assert_array_equal(value.view(np.uint32),
                                       model.state_dict()[name].numpy().view(np.uint32))
+    torch_state = {k: v.numpy() for k, v in model.state_dict().items()}
+    ours_model.load_state_dict(torch_state)     # torch's keys, the tied one included
+    torch_state["gpt.lm_head.weight"] = torch_state["gpt.lm_head.weight"] + 1
+    with pytest.raises(ValueError, match="'gpt.lm_head.weight' is tied to "
+                                         "'gpt.transformer.wte.weight' here but holds other"):
+        ours_model.load_state_dict(torch_state)
     theirs = model(ids).detach().numpy()
     exact = model.double()(ids).detach().numpy()
     model.float()

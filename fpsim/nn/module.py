@@ -220,6 +220,7 @@ class Module:
         check_instance("state", state, Mapping, "a dict of name -> array, as state_dict gives")
         own = dict(self.named_parameters())
         own.update(self.named_buffers())
+        state = self._untied(state)
         missing = [k for k in own if k not in state]
         unexpected = [k for k in state if k not in own]
         if strict and (missing or unexpected):
@@ -243,6 +244,24 @@ class Module:
                 except ValueError as err:
                     raise ValueError(f"load_state_dict: {name!r}: {err}") from None
         return loaded
+
+    def _untied(self, state):
+        """``state`` with a shared tensor's later names (PyTorch's state_dict lists a tied
+        weight under each of its names; ours once, under the first) folded into the first,
+        refused where the two hold different values."""
+        first, folded = {}, dict(state)
+        for path, module in self.named_modules():
+            for name, t in list(module._params.items()) + list(module._buffers.items()):
+                full = f"{path}.{name}" if path else name
+                if t is None or first.setdefault(id(t), full) == full or full not in state:
+                    continue
+                tied = first[id(t)]
+                if tied in state and not xp.array_equal(xp.asarray(state[tied]),
+                                                        xp.asarray(state[full])):
+                    raise ValueError(f"load_state_dict: {full!r} is tied to {tied!r} here but "
+                                     f"holds other values")
+                folded.setdefault(tied, folded.pop(full))
+        return folded
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{n}={type(c).__name__}" for n, c in self._children.items())

@@ -253,9 +253,8 @@ def constant(tensor):
 class Lent(NamedTuple):
     """What ``from_torch`` lends the walk: ``kind(layer)`` ("layer", "Sequential",
     "ModuleList", "holder", "gemm holder" or "refused"), ``convert(layer, path)`` (a layer
-    by its table),
-    ``own_state(ours, layer, path)`` (a holder's own parameters, buffers and mode) and the
-    ``supported`` layers' names."""
+    by its table), ``own_state(ours, layer, path)`` (a holder's own parameters, buffers and
+    mode) and the ``supported`` layers' names."""
     kind: object
     convert: object
     own_state: object
