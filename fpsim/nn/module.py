@@ -17,7 +17,9 @@ For optimizers (master weights, loss scaling) the contract is:
   parameter's (buffer's) format; unknown or missing names, wrong shapes, NaN/inf values,
   values beyond the format's range and values a layer refuses (``check_loaded``: a negative
   running variance) are errors, all checked before anything changes (``check_state_dict``
-  checks without loading; ``strict=False`` allows missing and unknown names).
+  checks without loading; ``strict=False`` allows missing and unknown names). A tensor
+  shared by two modules is listed once, under its first name; a state dict that lists it
+  under each name too (PyTorch's) loads, its values equal under both.
 
 Buffers (``register_buffer``) are tensors that are state but not trained, such as
 ``BatchNorm2d``'s running statistics: in ``state_dict`` (so checkpoints that save the
