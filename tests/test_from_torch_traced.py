@@ -443,3 +443,47 @@ def test_fp8_recipe_and_keep_reach_the_exported_models_gemms():
     result = _trains(ours, data, policy="fp8-delayed:keep=gpt.lm_head")
     quantized = {name.rsplit(".", 1)[0] for name in result.fp8_names}
     assert "gpt.transformer.h.1.mlp.c_fc" in quantized and "gpt.lm_head" not in quantized
+
+
+class CausalSelfAttention(torch.nn.Module):
+    """minGPT's attention, written by hand: sizes unpacked, a mask buffer sliced by them and
+    compared with 0, ``math.sqrt`` of a size, ``@``, ``masked_fill``, ``F.softmax``."""
+
+    def __init__(self, n_embd=16, n_head=2, block_size=8):
+        super().__init__()
+        self.c_attn = torch.nn.Linear(n_embd, 3 * n_embd)
+        self.c_proj = torch.nn.Linear(n_embd, n_embd)
+        self.register_buffer("bias", torch.tril(torch.ones(block_size, block_size))
+                             .view(1, 1, block_size, block_size))
+        self.n_head, self.n_embd = n_head, n_embd
+
+    def forward(self, x):
+        import math
+
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        y = F.softmax(att, dim=-1) @ v
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+def test_hand_written_attention_converts_and_backpropagates():
+    torch.manual_seed(16)
+    attention = CausalSelfAttention()
+    x = np.random.default_rng(17).standard_normal((2, 6, 16)).astype(np.float32)
+    with use_policy("32-true"):
+        model = nn.from_torch(attention)
+        inputs = Tensor(x, requires_grad=True)
+        out = model(inputs)
+        out.sum().backward()
+    _same_state(model, attention)
+    theirs = torch.tensor(x, requires_grad=True)
+    attention(theirs).sum().backward()
+    # fp32 evaluations of the same ops (the encoder test's bound covers such a chain)
+    np.testing.assert_allclose(_np(out), attention(torch.tensor(x)).detach().numpy(),
+                               rtol=0, atol=1e-6)
+    np.testing.assert_allclose(_np(inputs.grad), theirs.grad.numpy(), rtol=0, atol=1e-5)

@@ -1,7 +1,8 @@
 """Any ``torch.nn.Module`` as an fpsim model, by tracing its ``forward`` (``from_torch``'s
 route for a module that is neither a known layer nor a ``Sequential``).
 
-The route is ``torch.fx.symbolic_trace``, part of PyTorch (no new dependency), for what its
+The route is torch.fx's symbolic tracer, part of PyTorch (no new dependency; buffers read as
+graph attributes, so a forward may slice a mask buffer by its input's sizes), for what its
 graph keeps: torch's own layers stay ``call_module`` nodes under their names in the model
 (``layer1.0.conv1``), so each becomes the engine's own layer (``Conv2d``, ``Linear``,
 ``MultiheadAttention``, ...) with its FP8 scaling slots, its ``keep=`` name and its place in
@@ -143,7 +144,9 @@ def trace(module) -> Plan:
     import torch.fx
 
     try:
-        graph = torch.fx.symbolic_trace(module).graph
+        tracer = torch.fx.Tracer()
+        tracer.proxy_buffer_attributes = True   # buffers as graph inputs: sliced by sizes
+        graph = tracer.trace(module)
     except Exception as err:    # fx raises whatever the forward's Python raises on proxies
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise Untraceable(f"from_torch: model ({type(module).__name__}) cannot be traced by "

@@ -161,6 +161,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     return ag.matmul(ag.softmax(scores, -1), value)
 
 
+def _compare(op):
+    """A comparison of values (a mask: no gradient), as a boolean array."""
+    def apply(input, other):
+        return op(*(v.data if isinstance(v, ag.Tensor) else v for v in (input, other)))
+    return apply
+
+
 def _identity(input, *args, **kwargs):
     return input
 
@@ -194,6 +201,9 @@ FUNCTIONS = {
     "_operator.mul": operator.mul, "_operator.truediv": operator.truediv,
     "_operator.floordiv": operator.floordiv, "_operator.neg": operator.neg,
     "_operator.matmul": operator.matmul, "_operator.getitem": operator.getitem,
+    **{f"_operator.{name}": _compare(getattr(operator, name))
+       for name in ("eq", "ne", "lt", "le", "gt", "ge")},
+    "math.sqrt": math.sqrt,     # of sizes (fx wraps math's functions of proxies)
 }
 
 GEMMS = ("torch.nn.functional.linear",)     # handlers that take the node's scaling slots
