@@ -233,7 +233,7 @@ def shown_apart(a, b, width: int = 60) -> tuple[str, str]:
     their difference. ``...`` marks what is left out.
 
     >>> shown_apart("x" * 100 + "A", "x" * 100 + "B", width=20)
-    ("...xxxxxxxxxxxxxxxxA'", "...xxxxxxxxxxxxxxxxB'")
+    ("...xxxxxxxxxxxxA'", "...xxxxxxxxxxxxB'")
     """
     ra, rb = repr(a), repr(b)
     if len(ra) <= width and len(rb) <= width:
