@@ -128,6 +128,23 @@ def test_resnet_converts_with_torchs_names_and_forward():
     assert out.holds(ours, theirs) <= 1
 
 
+def test_resnet_gradients_are_torchs_in_float64():
+    """The residual adds (x feeding both a convolution and the sum) pass every gradient."""
+    net = _resnet().eval().double()
+    x = np.random.default_rng(3).standard_normal((3, 1, 8, 8))
+    with use_policy("64-true"):
+        model = nn.from_torch(net)
+        inputs = Tensor(x, requires_grad=True)
+        model(inputs).sum().backward()
+    theirs = torch.tensor(x, requires_grad=True)
+    net(theirs).sum().backward()
+    np.testing.assert_allclose(_np(inputs.grad), theirs.grad.numpy(), rtol=1e-12, atol=1e-15)
+    reference = dict(net.named_parameters())
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(_np(p.grad), reference[name].grad.numpy(), rtol=1e-12,
+                                   atol=1e-15, err_msg=name)
+
+
 def _trains(model, data, policy="16-mixed"):
     result = train(model, data, policy=policy, steps=3, batch_size=8, seed=0)
     assert len(result.losses) == 3 and np.all(np.isfinite(result.losses))
