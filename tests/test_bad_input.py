@@ -76,9 +76,9 @@ def test_cli_input_failures_are_one_line_and_exit_2(tmp_path, capsys):
           "--against", str(tmp_path / "rec.npy")], "structured array"),
         (["describe", "1e999"], "'1e999' is beyond float64's range"),
         (["describe", "0x1p99999"], "beyond float64's range"),
-        (["train", "--samples", "0"], "--samples must be an integer >= 1, got 0"),
-        (["train", "--classes", "1"], "--classes must be an integer >= 2, got 1"),
-        (["train", "--lr", "inf"], "lr must be a number in (0.0, inf), got inf"),
+        (["train", "--samples", "0"], "samples (--samples) must be a positive integer, got 0"),
+        (["train", "--classes", "1"], "classes (--classes) must be an integer >= 2, got 1"),
+        (["train", "--lr", "inf"], "lr (--lr) must be a number in (0.0, inf), got inf"),
         (["train", "--samples", str(10**14)], "not enough memory"),
         (["train", "--resume", str(tmp_path)], "no checkpoint at"),
         (["train", "--out", str(src), "--steps", "1", "--samples", "64"],
@@ -172,9 +172,9 @@ def test_the_console_command_never_prints_a_traceback(tmp_path):
 
 
 @pytest.mark.parametrize("flags,words", [
-    (["--lr", "1e-60"], "lr=1e-60 is 0.0 in float32"),
-    (["--lr", "1e39"], "lr=1e+39 is inf in float32"),
-    (["--clip-norm", "1e-60"], "clip_norm=1e-60 is 0.0 in float32"),
+    (["--lr", "1e-60"], "lr (--lr)=1e-60 is 0.0 in float32"),
+    (["--lr", "1e39"], "lr (--lr)=1e+39 is inf in float32"),
+    (["--clip-norm", "1e-60"], "clip_norm (--clip-norm)=1e-60 is 0.0 in float32"),
 ])
 def test_values_float32_turns_into_refused_ones_are_refused(tmp_path, capsys, flags, words):
     out = tmp_path / "run"

@@ -66,7 +66,7 @@ def test_train_command_writes_run_trace_and_checkpoint(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["train", "--lr", "0"], "lr (--lr) must be a number > 0"),
+    (["train", "--lr", "0"], "lr (--lr) must be a number in (0.0, inf)"),
     (["train", "--scaler", "nvidia"], "unknown scaler 'nvidia'"),
     (["train", "--policy", "fp17-mixed"], "unknown precision policy"),
     (["train", "--optimizer", "lion"], "unknown optimizer (--optimizer) 'lion'"),

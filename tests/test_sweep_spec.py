@@ -59,7 +59,7 @@ def test_key_covers_the_whole_configuration_and_the_version():
     ("[grid]\nscaler = ['dynamic', 'nvidia']", "[grid] scaler: unknown scaler 'nvidia'"),
     ("[grid]\noptimizer = ['sgd', 'lion']", "unknown optimizer (--optimizer) 'lion'"),
     ("[grid]\nsteps = [5, 'ten']", "[grid] steps: must be an integer, got 'ten'"),
-    ("[grid]\nlr = [0.1, 0]", "[grid] lr: lr (--lr) must be a number > 0, got 0.0"),
+    ("[grid]\nlr = [0.1, 0]", "[grid] lr: lr (--lr) must be a number in (0.0, inf), got 0.0"),
     ("[grid]\nhidden = ['8', '8,x']", "hidden (--hidden) takes comma-separated positive integers"),
     ("[grid]\nseed = [0, 0]", "[grid] seed: 0 is listed twice"),
     ("[grid]\nseed = 3", "[grid] seed: an axis is a non-empty list of values"),

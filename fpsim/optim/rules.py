@@ -21,7 +21,10 @@ from ..options import check_flag, check_float32
 
 from .arith import Arith
 
-__all__ = ["SGD", "Adam", "AdamW", "Update", "check_number"]
+__all__ = ["SGD", "Adam", "AdamW", "Update"]
+
+# The hyperparameters are checked with ``check_float32``: every update computes in a format no
+# wider than float32, so a value float32 turns into a refused one (1e-50 -> 0) is refused too.
 
 
 class Update(NamedTuple):
@@ -65,11 +68,6 @@ class Update(NamedTuple):
         return (int(xp.count_nonzero(moved)),
                 int(xp.count_nonzero(xp.logical_and(moved, kept, out=kept))))
 
-
-# The hyperparameters are checked with ``check_float32``: every update computes in a format no
-# wider than float32, so a value float32 turns into a refused one (1e-50 -> 0) is refused too.
-# The name transforms.py imports it by:
-check_number = check_float32
 
 
 def _plain_numbers(rule) -> None:

@@ -51,10 +51,11 @@ from typing import NamedTuple
 from ..backend import copy, name as backend_in_use, round_to, scalar, size, xp
 from ..exact import global_norm
 from ..formats import Format, get
+from ..options import check_float32
 from ..scaling import check_overflow, found_inf, unscale
 from .arith import Arith
 from .flat import Joined, join, split
-from .rules import Update, check_number
+from .rules import Update
 
 __all__ = ["StepData", "Params", "EmptyState", "Chain", "chain", "find_overflow",
            "skip_on_overflow", "unscale_gradients", "measure_global_norm",
@@ -238,7 +239,7 @@ class ClipByGlobalNorm(Stateless):
     max_norm: float
 
     def __post_init__(self) -> None:
-        check_number("clip_norm", self.max_norm, 0.0, low_open=True)
+        check_float32("clip_norm", self.max_norm, 0.0, low_open=True)
 
     def update(self, step, state, params=None):
         norm = global_norm(step.grads) if step.grad_norm is None else step.grad_norm

@@ -15,7 +15,7 @@ wrong type, ``ValueError`` for a value out of range).
 ((32, 32), None)
 >>> TrainConfig(lr=-1.0)
 Traceback (most recent call last):
-ValueError: lr (--lr) must be a number > 0, got -1.0
+ValueError: lr (--lr) must be a number in (0.0, inf), got -1.0
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 from .. import formats, nn
 from ..autograd import get_policy
-from ..options import (check_between, check_choice, check_count, check_flag, check_instance,
+from ..options import (check_choice, check_count, check_flag, check_float32, check_instance,
                        check_path)
 from ..optim.schedules import parse_schedule
 from ..scaling import get_scaler
@@ -310,7 +310,8 @@ def _schedule(value) -> str | None:
 
 
 def _positive(name: str, value) -> float:
-    return check_between(_described(name), value, 0.0, low_open=True)
+    """A hyperparameter > 0 that float32 keeps > 0 (the updates compute in float32)."""
+    return check_float32(_described(name), value, 0.0, low_open=True)
 
 
 def _optional(check):
@@ -332,8 +333,8 @@ _CHECKS = {
     "policy": lambda name, v: _policy(v),
     "optimizer": lambda name, v: check_choice("optimizer (--optimizer)", v, OPTIMIZERS),
     "lr": _positive,
-    "momentum": lambda name, v: check_between(_described(name), v, 0.0),
-    "weight_decay": lambda name, v: check_between(_described(name), v, 0.0),
+    "momentum": lambda name, v: check_float32(_described(name), v, 0.0),
+    "weight_decay": lambda name, v: check_float32(_described(name), v, 0.0),
     "master": lambda name, v: _master(v),
     "clip_norm": _optional(_positive),
     "scaler": lambda name, v: _scaler(v),
