@@ -63,10 +63,10 @@ def _array_dtype(dtype):
 
 def _to(x, *args, dtype=None, **kwargs):
     """``.to(dtype)``: integer and boolean arrays cast; a float Tensor stays in its format
-    (the policy decides formats; the graph was exported in float32)."""
+    (the policy decides formats; the graph was exported in float32 or float64)."""
     dtype = next((a for a in args if isinstance(a, DType)), dtype)
     if _is_tensor(x):
-        if dtype not in (None, "float32"):
+        if dtype not in (None, "float32", "float64"):
             raise ValueError(f"aten.to: a float tensor to {dtype} is not supported")
         return x
     wanted = _array_dtype(dtype)
