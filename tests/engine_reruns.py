@@ -32,7 +32,8 @@ ENGINE_TESTS = [f"tests/{name}" for name in (
     "test_layer_norm_silu.py", "test_select_gelu_tanh.py", "test_batchnorm_dropout.py",
     "test_attention.py", "test_from_torch.py", "test_train_anything.py", "test_per_layer.py",
     "test_quant_blocks.py", "test_fp8_training.py", "test_batched_matmul.py",
-    "test_cr_vectorised.py", "test_fp4_training.py", "test_optim_extend.py")]
+    "test_cr_vectorised.py", "test_fp4_training.py", "test_optim_extend.py",
+    "test_nn_common_layers.py", "test_nn_stateful_layers.py")]
 
 #: the default selection without the ini's nbval options: the reruns collect no notebooks, and
 #: a machine without nbval (the GPU image, .ci/device-check) must run them too

@@ -29,7 +29,7 @@ from .. import autograd as ag
 from . import init
 from ..options import check_between, check_count
 from .layers import Dropout
-from .module import Module, parameter
+from .module import parameter
 from .gemm import GemmModule
 
 __all__ = ["LSTM"]
