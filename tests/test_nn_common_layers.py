@@ -207,6 +207,19 @@ def test_softmax_modules_are_the_ops_along_dim(cls):
         nn.from_torch(getattr(torch.nn, cls)())
 
 
+@pytest.mark.parametrize("cls", ["Softmax", "LogSoftmax"])
+def test_softmax_modules_fp16_within_one_ulp_of_torch_half(cls):
+    """"16-true": fp16 in, fp16 out, correctly rounded; torch's half kernel computes in
+    float and rounds once more: within one fp16 ulp."""
+    x = np.random.default_rng(27).standard_normal((4, 9)).astype(np.float16).astype(np.float32)
+    with use_policy("16-true"):
+        y = getattr(nn, cls)(-1)(Tensor(x, "fp16"))
+    assert y.fmt.name == "fp16"
+    t_y = getattr(torch.nn, cls)(-1)(torch.tensor(x).half()).float().numpy()
+    spacing = np.spacing(np.abs(t_y).astype(np.float16)).astype(np.float32)
+    assert np.all(np.abs(as_array(y) - t_y) <= spacing)
+
+
 def test_unflatten_is_torchs_reshape():
     x = np.arange(2 * 12 * 5, dtype=np.float32).reshape(2, 12, 5)
     for dim, sizes in ((1, (3, 4)), (-2, (2, -1)), (-1, (5, 1))):
@@ -328,6 +341,26 @@ def test_conv1d_equals_torch_fp32_where_sums_are_exact(groups):
     np.testing.assert_array_equal(dx, t_dx)
     np.testing.assert_array_equal(as_array(ours.weight.grad), theirs.weight.grad.numpy())
     np.testing.assert_array_equal(as_array(ours.bias.grad), theirs.bias.grad.numpy())
+
+
+@pytest.mark.parametrize("policy", ["16-true", "16-mixed"])
+def test_conv1d_fp16_equals_torch_half_where_sums_are_exact(policy):
+    """fp16 operands (the `matmul` category), fp16 out; small integers keep every sum
+    exact, so torch's half kernel gives the same bits."""
+    rng = np.random.default_rng(26)
+    x = rng.integers(-4, 5, (2, 4, 9)).astype(np.float32)
+    theirs = torch.nn.Conv1d(4, 6, 3, padding=1, groups=2)
+    with torch.no_grad():
+        theirs.weight.copy_(torch.tensor(rng.integers(-4, 5, (6, 2, 3)).astype(np.float32)))
+        theirs.bias.copy_(torch.tensor(rng.integers(-4, 5, 6).astype(np.float32)))
+    gy = rng.integers(-4, 5, (2, 6, 9)).astype(np.float32)
+    with use_policy(policy):
+        ours = nn.from_torch(theirs)
+    y, dx, fmt = run_ours(ours, x, gy, policy, "fp16")
+    t_y, t_dx = run_torch(theirs.half(), x, gy, torch.float16)
+    assert fmt == "fp16"
+    np.testing.assert_array_equal(y, t_y)
+    np.testing.assert_array_equal(dx, t_dx)
 
 
 def test_conv1d_init_and_refusals():
