@@ -2,7 +2,8 @@
 whatever directory pytest starts in, and a kernel that imports this checkout's fpsim (its root
 goes first on the kernel's PYTHONPATH, so an fpsim installed elsewhere is not the one
 tested). A lesson that needs PyTorch is skipped, with the reason,
-where torch does not import."""
+where torch does not import. The exercise versions in exercises/ are not collected: they raise
+NotImplementedError by design (tests/test_notebooks.py checks them instead)."""
 import os
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 NEEDS_TORCH = {"07_check_your_framework.ipynb"}
 SANITIZERS = Path(__file__).resolve().parent / "sanitize.cfg"
 REPO_ROOT = str(Path(__file__).resolve().parents[1])
+collect_ignore = ["exercises"]
 
 
 def pytest_configure(config):
