@@ -5,7 +5,6 @@ values bit for bit, give torch's forward under "32-true" within the layer-by-lay
 ``error_bounds``, and train under "16-mixed"; what cannot be run is refused in one line
 before any weight is copied.
 """
-import doctest
 import warnings
 
 import numpy as np
@@ -34,13 +33,6 @@ def _same_state(ours, theirs):
         np.testing.assert_array_equal(mine[name], value, strict=False)
         if value.dtype == np.float32:
             np.testing.assert_array_equal(mine[name].view(np.uint32), value.view(np.uint32))
-
-
-def test_traced_module_docstring_example():     # here, not test_doctests: it needs torch
-    from fpsim.nn import traced
-
-    result = doctest.testmod(traced, optionflags=doctest.NORMALIZE_WHITESPACE)
-    assert result.attempted > 0 and result.failed == 0
 
 
 class BasicBlock(torch.nn.Module):

@@ -366,12 +366,3 @@ def test_tiles_refuse_with_one_line():
         tile_quantize(np.zeros((4, 4), F32), tile=(0, 128))
     with pytest.raises(ValueError, match="takes element formats e4m3fn, e5m2; got 'e4m3fnuz'"):
         tile_quantize(np.zeros((4, 4), F32), "e4m3fnuz")
-
-
-@pytest.mark.numpy_only          # the examples print NumPy values
-def test_docstring_examples():
-    import doctest
-
-    import fpsim.quant.blocks
-    result = doctest.testmod(fpsim.quant.blocks, optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 0 and result.failed == 0

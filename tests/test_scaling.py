@@ -1,7 +1,6 @@
 """fpsim.scaling: hand-worked trajectories per preset (expected values read off each source),
 the protocol, static/none scalers, bad input, and the loss/gradient numerics."""
 import dataclasses
-import doctest
 import math
 
 import numpy as np
@@ -297,12 +296,3 @@ def test_found_inf_methods_and_check_overflow():
     tf_state = preset("tf-keras").init()
     assert check_overflow([on(np.float32([1.0])), on(np.float32([np.inf]))], tf_state)
     assert not check_overflow(on(np.float32([65504.0 * K])), tf_state, "fp16")
-
-
-@pytest.mark.numpy_only
-@pytest.mark.parametrize("module", ["state", "dynamic", "static", "numerics", "presets"])
-def test_docstring_examples(module):
-    import importlib
-    mod = importlib.import_module(f"fpsim.scaling.{module}")
-    assert doctest.testmod(mod).failed == 0
-    assert doctest.testmod(scaling).failed == 0
