@@ -23,6 +23,9 @@ overflow; the optimizer all-reduces the overflow flag): ``single_process_group()
 one-process gloo group, its rendezvous a file store in a temporary folder (no port to pick),
 once per process.
 
+Not run as a doctest: the first time a process starts DeepSpeed, it logs to standard output
+which accelerator it found (the DeepSpeed conformance tests run this comparison).
+
 >>> from fpsim.conformance import compare                              # doctest: +SKIP
 >>> compare(DynamicLossScalerAdapter(scale_window=3), [False] * 7 + [True], "deepspeed").agree  # doctest: +SKIP
 True

@@ -20,8 +20,8 @@ jax`` and ``KERAS_BACKEND=jax``, set before keras is first imported).
     The growth tracker is ``step_counter``; a step counts as skipped when the inner
     optimizer's ``iterations`` did not advance.
 
->>> from fpsim.conformance import compare                              # doctest: +SKIP
->>> compare(JmpAdapter(period=3), [False] * 7 + [True], "jmp", growth_interval=3).agree  # doctest: +SKIP
+>>> from fpsim.conformance import compare
+>>> compare(JmpAdapter(period=3), [False] * 7 + [True], "jmp", growth_interval=3).agree
 True
 """
 from __future__ import annotations

@@ -18,8 +18,8 @@ On a machine without CUDA the adapter builds it under ``cuda_as_cpu()``, a torch
 mode that turns a ``device='cuda'`` argument into ``'cpu'`` for the constructor's calls only:
 Megatron's own code runs unchanged, on float32 CPU tensors (the same float32 arithmetic).
 
->>> from fpsim.conformance import compare                              # doctest: +SKIP
->>> compare(DynamicGradScalerAdapter(growth_interval=3), [False] * 7 + [True], "megatron").agree  # doctest: +SKIP
+>>> from fpsim.conformance import compare
+>>> compare(DynamicGradScalerAdapter(growth_interval=3), [False] * 7 + [True], "megatron").agree
 True
 """
 from __future__ import annotations
