@@ -310,6 +310,8 @@ def test_stacked_lstm_refusals():
     with pytest.raises(ValueError, match=r"LSTM h0 must be \(2, 2, 4\), got \(2, 4\)"):
         nn.LSTM(3, 4, num_layers=2)(Tensor(np.ones((2, 5, 3))),
                                     (Tensor(np.ones((2, 4))), Tensor(np.ones((2, 4)))))
+    with pytest.raises(TypeError, match="seed must be an integer >= 0, got 'a'"):
+        nn.LSTM(3, 4, seed="a")
     with pytest.raises(ValueError, match="only batch_first=True, unidirectional"):
         nn.from_torch(torch.nn.LSTM(3, 4, num_layers=2, bidirectional=True, batch_first=True))
 

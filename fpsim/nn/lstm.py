@@ -57,6 +57,7 @@ class LSTM(GemmModule):
         check_count("hidden_size", hidden_size, 1)
         self.num_layers = check_count("num_layers", num_layers, 1)
         self.dropout = check_between("dropout", dropout, 0.0, 1.0)
+        seed = check_count("seed", seed, 0)         # checked even where no dropout uses it
         rng = init.as_rng(rng)
         self.input_size, self.hidden_size = input_size, hidden_size
         self.accumulation = accumulation
