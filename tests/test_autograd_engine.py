@@ -316,3 +316,36 @@ def test_linear_with_infinite_inputs_gives_nan_without_warnings():
                      Tensor(np.full((2, 3), np.inf, np.float32)),
                      Tensor(np.full((2,), -np.inf, np.float32)))
     assert np.isnan(backend.to_numpy(out.data)).all()
+
+
+@pytest.mark.parametrize("residual_first", [True, False])
+def test_a_residual_gets_the_gradient_of_both_paths(residual_first):
+    """``a + f(a)``: the gradient through ``f`` reaches ``a`` whichever operand comes first
+    (fpsim before 0.2 ordered the graph so that with ``a`` first it was dropped)."""
+    with use_policy("64-true"):
+        a = Tensor(np.array([0.5, -1.5]), requires_grad=True)
+        branch = (a * 3.0).tanh()
+        ((a + branch) if residual_first else (branch + a)).sum().backward()
+    expected = 1.0 + 3.0 * (1.0 - np.tanh(3.0 * np.array([0.5, -1.5])) ** 2)
+    np.testing.assert_allclose(backend.to_numpy(a.grad.data), expected, rtol=1e-13)
+
+
+def test_a_chain_of_residual_blocks_matches_torch_in_float64():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    x0, w = rng.normal(size=(3, 4)), rng.normal(size=(4, 4)) * 0.5
+    with use_policy("64-true"):
+        x = Tensor(x0, requires_grad=True)
+        weight = Tensor(w, requires_grad=True)
+        h = x
+        for _ in range(3):
+            h = h + (h @ weight).tanh()
+        (h * h).sum().backward()
+    tx = torch.tensor(x0, requires_grad=True)
+    tw = torch.tensor(w, requires_grad=True)
+    th = tx
+    for _ in range(3):
+        th = th + (th @ tw).tanh()
+    (th * th).sum().backward()
+    np.testing.assert_allclose(backend.to_numpy(x.grad.data), tx.grad.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(backend.to_numpy(weight.grad.data), tw.grad.numpy(), rtol=1e-12)

@@ -498,10 +498,6 @@ def test_hand_written_attention_converts_and_backpropagates():
     np.testing.assert_allclose(_np(inputs.grad), theirs.grad.numpy(), rtol=0, atol=1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason="autograd engine: _topological_order (tensor.py) marks "
-                   "a node seen when pushed, so in a + f(a) (GPT-2's residuals, its tanh GELU) "
-                   "a's gradient through f arrives after a was processed and is dropped; "
-                   "the forward is torch's to 2**-52")
 def test_gpt2_gradients_are_torchs_in_float64():
     model, ids = _gpt2(batch=2)
     model.double()

@@ -247,6 +247,18 @@ def record(data, fmt, parents, backward, op: str) -> Tensor:
 
 
 def _topological_order(root: Tensor) -> list:
+    """Every node ``root`` depends on, each after all of its parents: reversed, each node
+    comes after every node it sends a gradient to, so its gradient is complete when it is
+    passed on. The order fpsim 0.1 used (``_first_push_order``) is kept wherever it is such an
+    order, so those graphs keep their summation order and their bits; where it is not (a
+    residual ``a + f(a)``: the push from ``+`` put ``a`` before ``f(a)``, and ``f``'s gradient
+    reached ``a`` after ``a`` had been passed on, so fpsim 0.1 dropped it), a depth-first
+    post-order that marks a node when it is expanded (``_post_order``)."""
+    order = _first_push_order(root)
+    return order if _parents_first(order) else _post_order(root)
+
+
+def _first_push_order(root: Tensor) -> list:
     order, seen, stack = [], {id(root)}, [(root, False)]
     while stack:
         node, expanded = stack.pop()
@@ -257,6 +269,30 @@ def _topological_order(root: Tensor) -> list:
         for parent in node._parents:
             if parent.requires_grad and id(parent) not in seen:
                 seen.add(id(parent))
+                stack.append((parent, False))
+    return order
+
+
+def _parents_first(order: list) -> bool:
+    """Whether every node of ``order`` comes after each of its parents in it."""
+    position = {id(node): i for i, node in enumerate(order)}
+    return all(position.get(id(parent), -1) < i for i, node in enumerate(order)
+               for parent in node._parents)
+
+
+def _post_order(root: Tensor) -> list:
+    order, visited, stack = [], set(), [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        stack.append((node, True))
+        for parent in node._parents:
+            if parent.requires_grad and id(parent) not in visited:
                 stack.append((parent, False))
     return order
 
