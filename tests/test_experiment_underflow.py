@@ -1,4 +1,7 @@
-"""Experiment 1's numbers (quick mode): pinned, and telling the story the summary tells."""
+"""Experiment 1's numbers (quick mode): pinned, and telling the story the summary tells; the
+full run's, as the README and docs/reproduce.md quote them."""
+import json
+from pathlib import Path
 
 import numpy as np
 
@@ -62,3 +65,21 @@ def test_activation_gradients_are_the_experiments_data(tmp_path):
     per_layer = activation_gradients()
     assert len(per_layer) == len(result.numbers["layers"])
     assert judge(np.concatenate(per_layer))["counts"] == result.numbers["counts"]
+
+
+def test_the_readme_and_the_reproduce_page_quote_the_full_runs_numbers():
+    """The README's picture and docs/reproduce.md carry one caption; its numbers are the full
+    run's (figures/summary.json)."""
+    root = Path(__file__).resolve().parents[1]
+    full = json.loads((root / "figures" / "summary.json").read_text())
+    fractions = full["experiments"]["underflow"]["numbers"]["fractions"]
+    by_scale = fractions["by_scale"]
+    quoted = [f"{100 * fractions['lost_of_nonzero']:.1f}% round to zero in fp16",
+              f"another {100 * fractions['subnormal_of_nonzero']:.1f}% survive only as subnormals",
+              f"a loss scale of 8 recovers {100 * by_scale['8']['recovered_of_lost']:.1f}%",
+              f"128 recovers {100 * by_scale['128']['recovered_of_lost']:.1f}%",
+              f"32768 all but {100 * by_scale['32768']['still_lost_of_nonzero']:.2f}%"]
+    for page in (root / "README.md", root / "docs" / "reproduce.md"):
+        text = " ".join(page.read_text().split())
+        for phrase in quoted:
+            assert phrase in text, (page.name, phrase)
