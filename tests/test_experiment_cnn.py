@@ -11,7 +11,7 @@ from fpsim.experiments.cnn import (LAYERS, RUNS, ResidualCNN, images,
 from fpsim.plots.cnn import plot_cnn
 from pinned import assert_pinned
 
-PINNED = "a09f3d9e76012b0d5d607d65738958d57b83c201639295adfaecd16e4d2adf36"
+PINNED = "76555fd25a574f909c2d549d8223dd29e2bc6e0de4099cf6766d70ea8ef9a4f8"
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +65,10 @@ def test_runs_tell_the_summarys_story(quick):
     # fp16 without scaling flushes the most gradient values; a scale or bf16's range fewer
     assert none["final_underflow_fraction"] > static["final_underflow_fraction"] \
         > bf16["final_underflow_fraction"]
-    for r in (none, static, bf16):
-        assert abs(r["final_gap_to_fp32"]) < 0.01 and r["skipped_steps"] == 0
+    for r in (none, static, bf16):      # the summary's measure: the typical gap (quick mode's
+        # final loss is one batch's, so its gap to fp32 is that batch's noise, a few 0.01)
+        assert r["typical_gap_to_fp32"] < 1e-3 and abs(r["final_gap_to_fp32"]) < 0.05
+        assert r["skipped_steps"] == 0
     assert dynamic["skipped_steps"] == len(dynamic["skipped_at"])
     # fp32 master weights: next to no update lost to rounding, as the summary says
     assert max(r["mean_lost_update_fraction"] for r in runs.values()) < 1e-3

@@ -14,8 +14,8 @@ from fpsim.plots.fp4 import plot_fp4
 from pinned import assert_pinned
 
 ROOT = Path(__file__).resolve().parents[1]
-PINNED = "a81d900da38110a2897d9a570ceed1317669ccfedc82d59fba179f2e9ac3a1a0"
-NVFP4_LOSSES = "bff7062747408ba159bcd60bae194682ee4046df95d4719b14d7391de948bc18"
+PINNED = "2e7d97b7466dcf7f27517e6137a8be159d35329076d7fa83317e0ed00e5880a1"
+NVFP4_LOSSES = "43e5e881aea9fe58e0348735c8f88ba681aca8b40aade4dd236c986e8b592a90"
 
 
 @pytest.fixture(scope="module")

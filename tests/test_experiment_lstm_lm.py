@@ -14,7 +14,7 @@ from fpsim.plots.language import plot_language
 from language_story import assert_language_story
 from pinned import assert_pinned
 
-PINNED = "5a10bd8e73e445298d3e970650a332595e654298cd522bb1ab42ef34a8864a2c"
+PINNED = "37caecbc4488d2b9aceaed8ef53582550a071d4a8c6f4df67dd6b90fbc7318cb"
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from fpsim.plots.language import plot_language
 from language_story import assert_language_story
 from pinned import assert_pinned
 
-PINNED = "9a4affa20f6955abb4cf2da65844cf1224b968114718d493e77ce82d68b1c926"
+PINNED = "464fb41bc420e68fbb41a4c13658495a7e87fc797c161544ddc0f8fad0a9997c"
 
 
 @pytest.fixture(scope="module")
