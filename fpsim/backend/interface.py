@@ -89,7 +89,11 @@ ENGINE_PACKAGES = frozenset({"exact", "quant", "autograd", "nn", "optim", "scali
 HOST_PACKAGES = frozenset({"experiments", "plots", "conformance", "cli", "__main__", "sweep"})
 HOST_MODULES = frozenset({"fpsim.train.checkpoint", "fpsim.train.trace", "fpsim.train.data",
                           "fpsim.train.cli", "fpsim.train.factories", "fpsim.train.runs",
-                          "fpsim.train.run_records"})
+                          "fpsim.train.run_records",
+                          # read a torch model's graph (torch.fx, torch.export) when converting
+                          # it: torch is their input there, as a framework is a conformance
+                          # adapter's; the converted model runs autograd ops only
+                          "fpsim.nn.traced", "fpsim.nn.exported"})
 #: below the seam but written on the namespace and kernels for every backend, so bound to the
 #: same rules: the reference rounding and Philox that ``Backend`` runs by default
 PORTABLE_MODULES = frozenset({"fpsim.rounding.portable"})
