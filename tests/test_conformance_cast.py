@@ -108,7 +108,7 @@ def test_torch_casts_agree_e4m3fn_by_its_overflow_rule():
     assert check_cast(SRC, t.to(torch.bfloat16).view(torch.int16).numpy(), "bf16",
                       bits=True).agree
     assert check_cast(SRC, t.to(torch.float8_e5m2).float().numpy(), "e5m2").agree
-    # the fnuz casts give NaN on overflow, as fpsim's default does (README, Rounding)
+    # the fnuz casts give NaN on overflow, as fpsim's default does (docs/formats-and-rounding.md)
     assert check_cast(SRC, t.to(torch.float8_e4m3fnuz).float().numpy(), "e4m3fnuz").agree
     assert check_cast(SRC, t.to(torch.float8_e5m2fnuz).float().numpy(), "e5m2fnuz").agree
     e4m3 = t.to(torch.float8_e4m3fn).float().numpy()

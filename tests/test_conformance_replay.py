@@ -17,7 +17,8 @@ from fpsim.scaling import LossScaleMinimumError, preset, preset_names
 
 
 class TorchLikeScaler:
-    """A torch-style scaler written from scratch, as a user would (the README's example)."""
+    """A torch-style scaler written from scratch, as a user would (docs/check-a-framework.md
+    writes one)."""
 
     def __init__(self, growth_interval=2000, off_by_one=False, clamp_min=False):
         self.scale, self.interval, self.clean = 2.0 ** 16, growth_interval, 0
@@ -187,7 +188,7 @@ def test_reference_arguments_are_checked():
     assert replay(one_step, scaler, growth_interval=3).agree
 
 
-# --- hypothesis: the strategies, and the README's few-line property test -------------------
+# --- hypothesis: the strategies, and docs/conformance.md's few-line property test ----------
 
 @settings(max_examples=60, deadline=None)
 @given(overflow_patterns(growth_interval=4))

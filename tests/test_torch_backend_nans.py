@@ -1,6 +1,6 @@
 """NaN bits on the torch backend: the engine's elementwise ops and their gradients give NumPy's
 NaNs bit for bit (sign and payload) on inputs that make NaNs: NaNs of both signs with
-payloads, infinities, values that overflow the policy's formats (README, "Backends").
+payloads, infinities, values that overflow the policy's formats (docs/backends.md).
 
 Which of two NaNs an operation returns when both operands are NaN is left open by IEEE 754;
 NumPy's own choice varies with its SIMD path and the array's length, torch's add returns its
