@@ -1,8 +1,9 @@
 """Keeps the run times the docs state for `fpsim reproduce` (docs/reproduce.md, the README's
 quick start) honest: runs it (quick, or full with ``--full``) in a fresh process, measures
 wall-clock and CPU seconds (the child's user + system time), and compares each experiment's
-CPU seconds (``timings.json``'s ``cpu_seconds``) with ``MEASURED_SECONDS`` in ``fpsim/experiments/cli.py``, whose sums the docs state and from
-which the progress bar's ETA starts.
+CPU seconds (``timings.json``'s ``cpu_seconds``) with ``MEASURED_SECONDS`` in
+``fpsim/experiments/cli.py``, whose sums the docs state and from which the progress bar's
+ETA starts.
 
 Target: the whole run's CPU time within a factor of 1.5 of the stated total, either way
 (slower: the docs promise too little; faster: it has gone stale). CPU time, because a
