@@ -237,3 +237,27 @@ def test_the_last_line_names_every_file_written(tmp_path, capsys):
     assert last == f"wrote {tmp_path / 'run'}/run.json, trace.jsonl, checkpoint.npz, layers.jsonl"
     assert {p.name for p in (tmp_path / "run").iterdir()} >= {"run.json", "trace.jsonl",
                                                               "checkpoint.npz", "layers.jsonl"}
+
+
+def test_a_batch_norm_checkpoint_of_fpsim_0_1_resumes(tmp_path):
+    """fpsim 0.1 checkpoints lack BatchNorm's num_batches_tracked (it came in 0.2); it enters
+    no computation, so the run resumes with its bits and a note says what was filled in."""
+    from fpsim.train import load_checkpoint, save_checkpoint
+    data = make_dataset("images", n=64, classes=3, seed=0, size=8)
+
+    def run(steps, **kwargs):
+        with use_policy("16-mixed"):
+            model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1, rng=0), nn.BatchNorm2d(4),
+                                  nn.ReLU(), nn.Flatten(), nn.Linear(256, 3, rng=1))
+        return train(model, data, policy="16-mixed", steps=steps, batch_size=16,
+                     progress=False, **kwargs)
+
+    whole = run(6)
+    run(3, out=tmp_path)
+    path = tmp_path / "checkpoint.npz"
+    arrays, meta = load_checkpoint(path)
+    del arrays["param/1.num_batches_tracked"]
+    save_checkpoint(path, arrays, meta)
+    resumed = run(6, out=tmp_path, resume=path)
+    assert resumed.loss_hash == whole.loss_hash
+    assert any("holds no BatchNorm num_batches_tracked" in note for note in resumed.notes)

@@ -127,10 +127,11 @@ def train_model(model, data: Dataset, *, optimizer: Optimizer | None = None, sca
                    accumulate, per_layer, schedule, recorded or {})
     identity = run_identity(run.settings, run.optimizer, data, model)
     rng = backend.host_rng(seed)
-    state, start = run.scaler.init(), 0
+    state, start, resume_notes = run.scaler.init(), 0, []
     if resume is not None:
-        start, state = restore_checkpoint(resume, model, run.optimizer, run.scaler, rng,
-                                          identity, allow_changes)
+        start, state, resume_notes = restore_checkpoint(resume, model, run.optimizer,
+                                                        run.scaler, rng, identity,
+                                                        allow_changes)
         if start >= steps:
             raise ValueError(f"checkpoint {resume} is at step {start}; ask for more than "
                              f"{start} steps to continue")
@@ -142,7 +143,7 @@ def train_model(model, data: Dataset, *, optimizer: Optimizer | None = None, sca
         saving = _Saving(outputs.folder, checkpoint_every, identity)
         result = _steps(run, outputs, tables, saving, state, rng, range(start, steps),
                         progress)
-        result.notes[:0] = outputs.notes
+        result.notes[:0] = resume_notes + outputs.notes
         result.out = None if out is None else Path(out)     # not the folder it was built in
         if outputs.folder is not None:
             saving.save(run, result.scaler_state, rng, steps)

@@ -97,7 +97,7 @@ _OPTIONAL_META = ("modules",)       # modules' extra state (Dropout offsets); ab
 def restore_checkpoint(path, model, optimizer: Optimizer, scaler_cfg, rng, identity: dict,
                        allow_changes: frozenset):
     """Check the checkpoint completely against this run, then load it into ``model``,
-    ``optimizer`` and ``rng``; returns (step, scaler state)."""
+    ``optimizer`` and ``rng``; returns (step, scaler state, notes on what was filled in)."""
     arrays, meta = load_checkpoint(path)
 
     def bad(problem: str) -> CheckpointError:
@@ -125,6 +125,7 @@ def restore_checkpoint(path, model, optimizer: Optimizer, scaler_cfg, rng, ident
         raise bad(f"unknown arrays {strays[:5]}; a training checkpoint holds param/... and "
                   f"optim/... arrays")
     own = model.state_dict()
+    notes = _counts_fpsim_0_1_lacks(params, own, path)
     if set(params) != set(own):
         raise bad(f"parameters {sorted(set(own) - set(params))[:5]} missing, "
                   f"{sorted(set(params) - set(own))[:5]} unknown: it does not fit this model")
@@ -160,7 +161,7 @@ def restore_checkpoint(path, model, optimizer: Optimizer, scaler_cfg, rng, ident
     for name, values in extra.items():
         modules[name].set_extra_state(values)
     rng.bit_generator.state = meta["rng"]
-    return step, state
+    return step, state, notes
 
 
 def _check_masters(model, optimizer: Optimizer, params: dict, optim: dict, bad) -> None:
@@ -206,6 +207,20 @@ def check_same_config(what: str, saved, identity: dict, allow_changes: frozenset
                 f"{adjustable[0]})" if adjustable else "")
         raise ValueError(f"cannot resume from {what}: the configuration differs in "
                          f"{', '.join(differ)} ({shown}){hint}; resume with the same settings")
+
+
+def _counts_fpsim_0_1_lacks(params: dict, own: dict, path) -> list:
+    """BatchNorm's ``num_batches_tracked`` came in fpsim 0.2: a 0.1 checkpoint lacks it. It
+    enters no computation here (momentum is always a number), so it is filled with the
+    model's own count (0 in a fresh model), as torch fills it for state dicts older than it;
+    the note says so."""
+    filled = [name for name in own if name not in params
+              and name.rsplit(".", 1)[-1] == "num_batches_tracked"]
+    for name in filled:
+        params[name] = own[name]
+    return [f"checkpoint {path} (fpsim 0.1) holds no BatchNorm num_batches_tracked; "
+            f"{', '.join(filled)} counted from {float(own[filled[0]]):g} (it enters no "
+            f"computation: every number continues as it would have)"] if filled else []
 
 
 def _scaler_state(saved, scaler_cfg, bad) -> ScalerState:
