@@ -100,8 +100,23 @@ def _set(config, name: str, value) -> None:
     object.__setattr__(config, name, value)
 
 
+class Chainable(Schedule):
+    """A schedule in torch's chainable form: each lr from the one before (``following``),
+    starting from ``first``."""
+
+    def first(self, base_lr):
+        return base_lr
+
+    def values(self, base_lr):
+        lr, epoch = self.first(base_lr), 0
+        while True:
+            yield lr
+            epoch += 1
+            lr = self.following(lr, base_lr, epoch)
+
+
 @dataclass(frozen=True)
-class StepLR(Schedule):
+class StepLR(Chainable):
     """``torch.optim.lr_scheduler.StepLR``: the lr times ``gamma`` every ``step_size``
     steps, multiplied onto the previous lr (not ``base * gamma ** n``)."""
 
@@ -113,13 +128,6 @@ class StepLR(Schedule):
         _set(self, "step_size", check_count("step_size", self.step_size, 1))
         _set(self, "gamma", check_between("gamma", self.gamma, 0.0))
 
-    def values(self, base_lr):
-        lr, epoch = base_lr, 0
-        while True:
-            yield lr
-            epoch += 1
-            lr = self.following(lr, base_lr, epoch)
-
     def following(self, lr, base_lr, epoch):
         return lr * self.gamma if epoch % self.step_size == 0 else lr
 
@@ -128,7 +136,7 @@ class StepLR(Schedule):
 
 
 @dataclass(frozen=True)
-class Cosine(Schedule):
+class Cosine(Chainable):
     """``torch.optim.lr_scheduler.CosineAnnealingLR`` in torch's recursive form: each lr is
     the previous one minus ``eta_min`` times a ratio of cosines, plus ``eta_min``; past
     ``t_max`` it climbs back (period ``2 t_max``), as torch's does."""
@@ -140,13 +148,6 @@ class Cosine(Schedule):
     def __post_init__(self) -> None:
         _set(self, "t_max", check_count("t_max", self.t_max, 1))
         _set(self, "eta_min", check_between("eta_min", self.eta_min, 0.0))
-
-    def values(self, base_lr):
-        lr, epoch = base_lr, 0
-        while True:
-            yield lr
-            epoch += 1
-            lr = self.following(lr, base_lr, epoch)
 
     def following(self, lr, base_lr, epoch):
         t_max, eta_min = self.t_max, self.eta_min
@@ -161,7 +162,7 @@ class Cosine(Schedule):
 
 
 @dataclass(frozen=True)
-class Linear(Schedule):
+class Linear(Chainable):
     """``torch.optim.lr_scheduler.LinearLR``: from ``start_factor`` times the lr to
     ``end_factor`` times it over ``total_iters`` steps (a linear warm-up), in torch's
     recursive form; then constant."""
@@ -177,12 +178,8 @@ class Linear(Schedule):
         _set(self, "end_factor", check_between("end_factor", self.end_factor, 0.0, 1.0))
         _set(self, "total_iters", check_count("total_iters", self.total_iters, 1))
 
-    def values(self, base_lr):
-        lr, epoch = base_lr * self.start_factor, 0
-        while True:
-            yield lr
-            epoch += 1
-            lr = self.following(lr, base_lr, epoch)
+    def first(self, base_lr):
+        return base_lr * self.start_factor
 
     def following(self, lr, base_lr, epoch):
         if epoch > self.total_iters:
