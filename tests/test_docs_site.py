@@ -90,3 +90,29 @@ def test_the_site_builds_strictly(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "site" / "api" / "train" / "index.html").exists()
     assert (tmp_path / "site" / "notebooks" / "01_number_formats" / "index.html").exists()
+
+
+def load_hook(name, needs):
+    pytest.importorskip(needs, reason=f"the docs extra is not installed ({needs})")
+    spec = importlib.util.spec_from_file_location(name, DOCS / "_hooks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_doctest_lines_are_fenced_for_the_api_reference():
+    fence = load_hook("griffe_doctests", "griffe").fence_doctests
+    text = "The scale.\n\n>>> [1.0, 8.0][:1]\n[1.0]\n\nThen.\n    >>> x = 1\n    >>> x\n    1"
+    assert fence(text) == ("The scale.\n\n```pycon\n>>> [1.0, 8.0][:1]\n[1.0]\n```\n\nThen.\n"
+                           "    ```pycon\n    >>> x = 1\n    >>> x\n    1\n    ```")
+    assert fence("No example here.\n\nNone.") == "No example here.\n\nNone."
+
+
+def test_links_to_figures_and_lessons_reach_them_in_the_site():
+    site_link = load_hook("site", "mkdocs").site_link
+    assert site_link("../figures/fp8.png", "") == "figures/fp8.png"
+    assert site_link("../../notebooks/01_number_formats.ipynb", "frameworks") == \
+        "../notebooks/01_number_formats.ipynb"
+    for unchanged in ("engine.md", "../conformance.md", "https://www.mkdocs.org/"):
+        assert site_link(unchanged, "frameworks" if unchanged.startswith("..") else "") == \
+            unchanged
