@@ -1,5 +1,6 @@
 """The CNN experiment's numbers (quick mode): pinned, telling the story its summary tells, and
-its figure the same bytes when drawn again from the same numbers."""
+its figure the same bytes when drawn again from the same numbers; the README and
+docs/reproduce.md quote the full run's (figures/summary.json)."""
 import hashlib
 
 import numpy as np
@@ -10,6 +11,7 @@ from fpsim.experiments.cnn import (LAYERS, RUNS, ResidualCNN, images,
                                    record_activation_gradients, what_is_lost)
 from fpsim.plots.cnn import plot_cnn
 from pinned import assert_pinned
+from quoted import full_run, paragraphs
 
 PINNED = "76555fd25a574f909c2d549d8223dd29e2bc6e0de4099cf6766d70ea8ef9a4f8"
 
@@ -97,3 +99,30 @@ def test_recorded_gradients_are_deterministic():
 
 def test_cnn_numbers_pinned(quick):
     assert_pinned("cnn", quick[1].numbers, PINNED)
+
+
+def test_the_readme_and_the_reproduce_page_quote_the_full_runs_numbers():
+    n = full_run("cnn")
+    init, done = n["gradients_at_init"], n["gradients_after_fp32_training"]
+    runs = n["runs"]       # summary.json sorts its keys: the runs by label, not in RUNS order
+    fp32, none, static, dynamic, bf16 = (runs[label] for label in RUNS)
+    peak = max(range(len(bf16["losses"])), key=bf16["losses"].__getitem__)
+    skipped = " and ".join(map(str, dynamic["skipped_at"]))
+    quoted = [f"{100 * init['fractions']['subnormal_of_nonzero']:.1f}% are fp16 subnormals",
+              f"{100 * done['fractions']['lost_of_nonzero']:.1f}% round to zero",
+              f"{100 * done['lost_values_from_fit_samples']:.1f}% of those belong",
+              f"carry {100 * done['lost_share_of_gradient_magnitude']:.2f}% of the gradients'",
+              f"{none['final_loss']:.4f} against fp32's {fp32['final_loss']:.4f}",
+              f"a typical gap of {none['typical_gap_to_fp32']:.4f} (a static scale of 128: "
+              f"{static['typical_gap_to_fp32']:.4f})",
+              f"strays furthest (typical gap {bf16['typical_gap_to_fp32']:.4f})",
+              f"jumps to {bf16['losses'][peak]:.2f} at step {peak} and is back to "
+              f"{bf16['final_loss']:.4f}",
+              f"skips steps {skipped}, backs off to {dynamic['final_scale']:g}",
+              f"(typical gap {dynamic['typical_gap_to_fp32']:.4f}, final loss "
+              f"{dynamic['final_loss']:.4f})"]
+    # the words drawn from the numbers: bf16-mixed strays furthest of all the runs
+    assert bf16["typical_gap_to_fp32"] == max(r["typical_gap_to_fp32"] for r in runs.values())
+    for page, paragraph in paragraphs("**CNN** (Fig. 3").items():
+        for phrase in quoted:
+            assert phrase in paragraph, (page, phrase)

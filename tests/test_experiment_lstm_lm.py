@@ -1,6 +1,7 @@
 """The LSTM language-model experiment's numbers (quick mode): pinned, telling the story its
 summary tells, its figure the same bytes when drawn again; and the generated language it
-shares with the transformer experiment: its rule and its entropy."""
+shares with the transformer experiment: its rule and its entropy; the README and
+docs/reproduce.md quote both language models' full runs (figures/summary.json)."""
 import hashlib
 import math
 
@@ -8,11 +9,12 @@ import numpy as np
 import pytest
 
 from fpsim.experiments import reproduce
-from fpsim.experiments._language import (LENGTH, OFFSET_SIXTEENTHS, VOCAB,
+from fpsim.experiments._language import (LENGTH, OFFSET_SIXTEENTHS, RUNS, VOCAB,
                                          entropy_nats, markov_source)
 from fpsim.plots.language import plot_language
 from language_story import assert_language_story
 from pinned import assert_pinned
+from quoted import full_run, paragraphs
 
 PINNED = "37caecbc4488d2b9aceaed8ef53582550a071d4a8c6f4df67dd6b90fbc7318cb"
 
@@ -74,3 +76,39 @@ def test_runs_tell_the_summarys_story(quick):
 
 def test_lstm_lm_numbers_pinned(quick):
     assert_pinned("lstm_lm", quick[1].numbers, PINNED)
+
+
+def _gap(x: float) -> str:
+    return f"{x:.2g}" if x < 1e-3 else f"{x:.4f}"
+
+
+def test_the_readme_and_the_reproduce_page_quote_both_language_models_full_runs():
+    """One paragraph quotes the LSTM's number, then the transformer's, in pairs."""
+    lstm, transformer = full_run("lstm_lm"), full_run("transformer_lm")
+    # summary.json sorts its keys: the runs by label, not in RUNS order
+    fp32, none, static, dynamic, bf16, true16, truebf16 = (
+        (lstm["runs"][label], transformer["runs"][label]) for label in RUNS)
+    moments = [n["diagnosis"]["16_true_moments_after_step_1"]["v_zero_m_nonzero"]
+               for n in (lstm, transformer)]
+    quoted = [f"fp32 gets to {fp32[0]['final_loss']:.4f} (LSTM) and "
+              f"{fp32[1]['final_loss']:.4f} (transformer)",
+              f"flushes {100 * none[0]['mean_underflow_fraction']:.2g}% (LSTM, rising to "
+              f"{100 * none[0]['final_underflow_fraction']:.2g}% as it fits) and "
+              f"{100 * none[1]['mean_underflow_fraction']:.2g}% of the nonzero",
+              f"({none[0]['final_loss']:.4f} and {none[1]['final_loss']:.4f}; typical gap to "
+              f"fp32 {_gap(none[0]['typical_gap_to_fp32'])} and "
+              f"{_gap(none[1]['typical_gap_to_fp32'])}, a scale of 128's "
+              f"{_gap(static[0]['typical_gap_to_fp32'])} and "
+              f"{_gap(static[1]['typical_gap_to_fp32'])}, bf16-mixed's "
+              f"{_gap(bf16[0]['typical_gap_to_fp32'])} and {_gap(bf16[1]['typical_gap_to_fp32'])}",
+              f"not in {100 * moments[0]:.1f}% and {100 * moments[1]:.1f}% of the entries",
+              f"bf16-true trains ({truebf16[0]['final_loss']:.4f} and "
+              f"{truebf16[1]['final_loss']:.4f}), losing "
+              f"{100 * truebf16[0]['mean_lost_update_fraction']:.1f}% and "
+              f"{100 * truebf16[1]['mean_lost_update_fraction']:.1f}% of its updates"]
+    # what the paragraph concludes from them: no skipped step, 16-true NaN from step 1
+    assert all(r["skipped_steps"] == 0 for r in dynamic)
+    assert all(r["first_nonfinite_step"] == 1 for r in true16)
+    for page, paragraph in paragraphs("**Language models** (the paper's").items():
+        for phrase in quoted:
+            assert phrase in paragraph, (page, phrase)
