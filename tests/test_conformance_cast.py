@@ -257,7 +257,7 @@ def test_mx_mode_checks_scales_and_elements_against_torchao(tmp_path, capsys, fm
     assert cli.main(argv) == 1
     out = capsys.readouterr().out.splitlines()
     assert out[1] == f"  scales (e8m0 codes): 1 of {codes.size} blocks differ"
-    assert out[2].startswith(f"    block (5, 0): amax ") and out[3] == (
+    assert out[2].startswith("    block (5, 0): amax ") and out[3] == (
         "  elements: 32 values in those blocks not compared")
 
 

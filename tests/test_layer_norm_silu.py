@@ -32,7 +32,7 @@ from fpsim.autograd import Tensor, use_policy
 
 gmpy2 = pytest.importorskip("gmpy2")
 
-from mpfr_oracle import mpfr_rounded
+from mpfr_oracle import mpfr_rounded  # noqa: E402 (it imports gmpy2: after the skip)
 
 U = 2.0 ** -24
 SECOND_ORDER = 1 + 2.0 ** -10

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fpsim.autograd import Tensor, use_policy
-from fpsim.exact.observers import attached, backward_pass, gradients_observed, observing
+from fpsim.exact.observers import attached, backward_pass, gradients_observed
 from fpsim.exact.product_count import ProductCount, count_products
 from fpsim.exact.underflow import (GradientUnderflow, PerTensorUnderflow, count_gradient_underflow,
                                    count_per_tensor)

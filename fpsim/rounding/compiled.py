@@ -113,7 +113,10 @@ def _float32_fields(rules: Rules, overflow_to, flush_below, zero_add) -> tuple:
     else:
         nan_keep = u(0) if rules.unsigned_zero else u(0x80000000)
         nan_set = u(0xFFC00000) if rules.unsigned_zero else u(0x7FC00000)
-    clip = lambda field: u(min(max(field, 0), 255))
+
+    def clip(field):
+        return u(min(max(field, 0), 255))
+
     with np.errstate(over="ignore"):
         values = f(rules.max_finite), f(overflow_to), f(flush_below), f(zero_add)
     return (clip(rules.emin + 127), clip(rules.emax + 128), u(max(23 - rules.man_bits, 0)),
