@@ -1,6 +1,7 @@
 """Accumulation models: exact (vs Fraction + MPFR), sequential, blocked, determinism, errors."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import subprocess
@@ -541,7 +542,7 @@ def test_get_accumulation_specs_and_errors():
         BlockedAccumulation.h100("e4m3")
     with pytest.raises(ValueError, match="unknown tensor-core"):
         tensor_core("b200")
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         ExactAccumulation().acc = BF16                                      # frozen
 
 

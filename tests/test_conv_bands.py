@@ -170,8 +170,8 @@ def test_column_major_bands_give_the_bits_of_row_major_ones(case, policy, monkey
     monkeypatch.setattr(ops_conv, "unfold", row_major)
     for name, tuning in (("smallest", SMALLEST), ("default", {})):
         with quiet():
-            theirs = _run(values, geometry, policy, None, tuning)
-        for part, mine, theirs in zip(("y", "dx", "dW", "db"), ours[name], theirs):
+            their_run = _run(values, geometry, policy, None, tuning)
+        for part, mine, theirs in zip(("y", "dx", "dW", "db"), ours[name], their_run):
             np.testing.assert_array_equal(mine, theirs, err_msg=f"{part} {name}")
     assert any(layouts) == (policy != "64-true")
 

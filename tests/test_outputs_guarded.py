@@ -54,7 +54,7 @@ def test_ctrl_c_while_a_figure_is_written_leaves_old_or_new_whole_files(tmp_path
     for _ in range(3):       # the figure write must be caught in the act; retry if missed
         proc = fpsim("reproduce", "--quick", "--only", "underflow", "--out", str(out),
                      "--quiet")
-        writing = wait_for(lambda: proc.poll() is not None or any(
+        writing = wait_for(lambda proc=proc: proc.poll() is not None or any(
             p.name.endswith(".tmp") and ".underflow_histogram." in p.name
             for p in out.iterdir()))
         if writing and proc.poll() is None:

@@ -64,10 +64,12 @@ class _Snapshot:
     def __init__(self, observers: tuple, backward: bool) -> None:
         self.observers, self.backward = observers, backward
         self.gradient_reports = tuple(
-            getattr(o, "rounded") for o in observers if hasattr(o, "rounded")) if backward else ()
+            o.rounded for o in observers if hasattr(o, "rounded")) if backward else ()
 
 
-_registry: ContextVar[_Snapshot] = ContextVar("fpsim_observers", default=_Snapshot((), False))
+# A snapshot is never changed in place (each change sets a new one): safe as the default.
+_registry: ContextVar[_Snapshot] = ContextVar(
+    "fpsim_observers", default=_Snapshot((), False))  # noqa: B039
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ def plot_fp8(curves: dict, reference: str, outlier: int, stem: Path,
     with figure_style():
         fig, axes = new_figure(11.0, 7.5, nrows=2, ncols=2)
         (loss_ax, scale_ax), (flush_ax, bar_ax) = axes
-        for i, (label, (losses, scale, saturated, flushed)) in enumerate(curves.items()):
+        for i, (label, (losses, scale, _saturated, flushed)) in enumerate(curves.items()):
             color = f"C{i}"
             width = 2.4 if label == reference else 1.2
             loss_ax.plot(running_mean(losses, window), label=label, color=color,

@@ -45,7 +45,7 @@ def plot_loss_curves(runs: dict, plateau: float, snapshot: int, stem: Path) -> l
         ax.set_title("Training loss")
         top = plateau * 1.25
         ax.set_ylim(0, top)
-        for (label, r), color in zip(runs.items(), COLORS):
+        for r, color in zip(runs.values(), COLORS):
             peak = int(np.argmax(r["losses"]))
             if r["losses"][peak] > top:
                 # the text sits in the empty band below the plateau, an arrow to the spike
