@@ -48,8 +48,9 @@ class Description:
         lines = [
             f"{self.input!r} in {self.format.name} "
             f"(1 sign, {self.format.exp_bits} exponent, {self.format.man_bits} mantissa bits)",
-            f"  stored value  {self.exact}" + ("" if self.value == self.input or self.kind == "nan"
-                                                else f"   (rounding error {self.rounding_error:+.6g})"),
+            f"  stored value  {self.exact}" + (
+                "" if self.value == self.input or self.kind == "nan"
+                else f"   (rounding error {self.rounding_error:+.6g})"),
             f"  bits          {self.sign} {self.exponent_bits} {self.mantissa_bits}"
             f"   = 0x{self.bits:0{width}X}",
             f"  class         {self.kind}",
@@ -95,6 +96,7 @@ def describe(value: float, fmt: "Format | str", mode: str = "nearest_even") -> D
         exponent = exponent_field - fmt.bias
     elif kind == "subnormal":
         exponent = fmt.emin - fmt.man_bits + mantissa.bit_length() - 1
-    exact = f"{Decimal.from_float(float(stored)):f}" if kind in ("normal", "subnormal", "zero") else repr(stored)
+    exact = (f"{Decimal.from_float(float(stored)):f}" if kind in ("normal", "subnormal", "zero")
+             else repr(stored))
     return Description(fmt, given, stored, bits, sign, format(exponent_field, f"0{fmt.exp_bits}b"),
                        format(mantissa, f"0{fmt.man_bits}b"), kind, exponent, exact)

@@ -12,7 +12,8 @@ Traceback (most recent call last):
 ValueError: unknown rounding mode 'sideways'; accepted: nearest_even, toward_zero
 >>> check_choice("rounding mode", "nearest_evn", ("nearest_even", "toward_zero"))
 Traceback (most recent call last):
-ValueError: unknown rounding mode 'nearest_evn'; did you mean 'nearest_even'? accepted: nearest_even, toward_zero
+ValueError: unknown rounding mode 'nearest_evn'; did you mean 'nearest_even'? accepted:
+nearest_even, toward_zero
 >>> check_count("hidden size", 8.9, 1)
 Traceback (most recent call last):
 TypeError: hidden size must be a positive integer, got 8.9
@@ -142,7 +143,8 @@ def check_float32(name: str, value, low: float = -math.inf, high: float = math.i
 
     >>> check_float32("lr", 1e-50, 0.0, low_open=True)
     Traceback (most recent call last):
-    ValueError: lr=1e-50 is 0.0 in float32, the format it is used in; give a value in (0.0, inf) that float32 keeps there (its range is 2**-149 to 3.4e38)
+    ValueError: lr=1e-50 is 0.0 in float32, the format it is used in; give a value in (0.0, inf)
+    that float32 keeps there (its range is 2**-149 to 3.4e38)
     >>> check_float32("beta1", "0.9", 0.0, 1.0, high_open=True)
     Traceback (most recent call last):
     TypeError: beta1 must be a number in [0.0, 1.0), got '0.9'

@@ -17,9 +17,9 @@ product by the accumulation model, rounded once to the operand's gradient format
 
 - dx: the transposed convolution, written as a stride-1 convolution of the gradient placed
   every ``stride`` positions in a zero frame (read in place: ``Unfolding``), with the kernel
-  flipped and its in/out axes swapped (what cuDNN's dgrad computes). Each dx element is the sum of ALL its products
-  (over output channel and kernel position: the col2im scatter-add of the column gradient
-  ``g @ W``, but never rounding the per-column sums ``g @ W`` on the way), rounded once.
+  flipped and its in/out axes swapped (what cuDNN's dgrad computes). Each dx element is the sum of
+  ALL its products (over output channel and kernel position: the col2im scatter-add of the column
+  gradient ``g @ W``, but never rounding the per-column sums ``g @ W`` on the way), rounded once.
   The terms are taken in (o, flipped i, flipped j) order. With finite weights the frame's
   zero terms change no exact sum and no sequential accumulator (acc + 0 = acc: the
   accumulator starts at +0 and is never -0); the blocked model cuts them into its blocks of
@@ -47,9 +47,9 @@ once (``fast_matmul.prepare``): a band of gradient rows (float64) and, for it, e
 of columns (float32 and float64) together within ``conv_weight_prepared_share`` of the
 larger of x and g (in float32 bytes; the default usually takes all of a group's rows in
 one band, so every column band is unfolded and widened once); other models' bands hold
-both operands together within ``conv_weight_band_share`` of it. Splitting the outputs keeps every element's dot
-product whole, so the bands never change a bit (``tests/test_conv_bands.py`` compares the
-smallest bands with one band). Measured with tracemalloc, the per-thread work buffers
+both operands together within ``conv_weight_band_share`` of it. Splitting the outputs keeps every
+element's dot product whole, so the bands never change a bit (``tests/test_conv_bands.py`` compares
+the smallest bands with one band). Measured with tracemalloc, the per-thread work buffers
 counted (N = 16, C = O = 16, 32 x 32, 3 x 3, padding 1, fp32): the forward pass peaks at
 2.1 times the input's bytes, its output (1x) included, dx at 2.1x (dx included), dW at 3.5x
 (before the bands, measured the same way: 5.8x, 5.8x, 8.4x); with O = 2 C

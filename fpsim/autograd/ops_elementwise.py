@@ -15,9 +15,9 @@ Where each rounds (``fmt`` is the op's output format from the policy, see ``ops_
   NumPy) rounded once, so its bits may differ between backends and machines.
 - Backward: single-operation gradients (g, -g, g*y, g/y, relu's mask) in float32 opmath,
   composite formulas (tanh's g*(1-t*t) with t the libm-free float64 tanh, div's -g*x/y**2,
-  ...) in float64; each rounded once to the input's ``grad_fmt``. Where an input was broadcast, the full-shape gradient is then
-  summed over the broadcast axes by the accumulation model and rounded to ``grad_fmt`` again
-  (PyTorch: ``sum_to_size`` on the gradient).
+  ...) in float64; each rounded once to the input's ``grad_fmt``. Where an input was broadcast, the
+  full-shape gradient is then summed over the broadcast axes by the accumulation model and rounded
+  to ``grad_fmt`` again (PyTorch: ``sum_to_size`` on the gradient).
 
 Categories: ``exp``, ``log``, ``pow`` are on autocast's float32 list (policy ``wide``); the rest
 are ``elementwise`` (promote by default).

@@ -25,11 +25,11 @@ torch.amp", section "Autocast Op Reference", lists "CUDA Ops that can autocast t
 
 Shape ops (reshape, transpose, indexing) never round and keep their input's format.
 
-Besides the categories: ``param`` (the format ``nn`` creates parameters in), ``input`` (tensors
-made from user data), ``fp8`` (``None``, or an FP8 recipe, ``fpsim.quant.recipe``: every ``linear`` then
-quantizes its operands, ``ops_fp8``), ``grad`` (``None``: a tensor's gradient is stored in the tensor's own
-format, as in every framework; a format: every gradient is stored in it, as FP8 recipes store
-gradients in E5M2), and ``accumulation`` (the default dot-product/sum model of ``matmul``,
+Besides the categories: ``param`` (the format ``nn`` creates parameters in), ``input`` (tensors made
+from user data), ``fp8`` (``None``, or an FP8 recipe, ``fpsim.quant.recipe``: every ``linear`` then
+quantizes its operands, ``ops_fp8``), ``grad`` (``None``: a tensor's gradient is stored in the
+tensor's own format, as in every framework; a format: every gradient is stored in it, as FP8 recipes
+store gradients in E5M2), and ``accumulation`` (the default dot-product/sum model of ``matmul``,
 ``linear`` and sums; ``fpsim.exact.accumulation``).
 
 Policies from the strings users already type:

@@ -23,13 +23,13 @@ and the conformance adapters, which read and write files and talk to frameworks)
 read. The ``numpy-strict`` backend checks the same at run time, and what other array
 libraries refuse or do differently (``strict.py``).
 
-Which backend: NumPy is the default; ``numpy-strict`` is NumPy underneath with the checks
-above (slow; for testing the engine); ``torch`` computes on PyTorch CPU tensors with NumPy's
-bits (listed when PyTorch is installed, imported only when chosen; ``torch_backend.py``).
-``available()`` lists them; the GPU backends are further implementations of ``Backend``. ``set_backend(name)``, ``use_backend(name)`` (a
-context manager) or the ``FPSIM_BACKEND`` environment variable (read when fpsim is imported;
-case and surrounding spaces do not matter; unset or empty means numpy) choose one; the choice
-is process-wide, not per thread.
+Which backend: NumPy is the default; ``numpy-strict`` is NumPy underneath with the checks above
+(slow; for testing the engine); ``torch`` computes on PyTorch CPU tensors with NumPy's bits (listed
+when PyTorch is installed, imported only when chosen; ``torch_backend.py``). ``available()`` lists
+them; the GPU backends are further implementations of ``Backend``. ``set_backend(name)``,
+``use_backend(name)`` (a context manager) or the ``FPSIM_BACKEND`` environment variable (read when
+fpsim is imported; case and surrounding spaces do not matter; unset or empty means numpy) choose
+one; the choice is process-wide, not per thread.
 
 Containers: a value of any fpsim ``Format`` lives in a float32 array (every format fits one
 exactly, see ``fpsim.formats``); the float64 reference mode of ``fpsim.autograd`` keeps float64
@@ -69,7 +69,8 @@ __all__ = ["NAMESPACE", "ARRAY_ATTRIBUTES", "DTYPE_KINDS", "HOST_PACKAGES", "HOS
            "is_array_like", "astype", "copy", "size", "scalar", "isdtype", "is_contiguous",
            "is_unshared", "zero_where", "bitcast", "bits", "from_bits", "round_to", "uniforms",
            "scratch", "errstate", "host_rng", "is_generator", "array_text", "versions",
-           "CONTAINER", "backend_from_environment", "accepted", "DEVICE_BACKENDS", "Tuning", "tuning", "use_tuning"]
+           "CONTAINER", "backend_from_environment", "accepted", "DEVICE_BACKENDS", "Tuning",
+           "tuning", "use_tuning"]
 
 def _torch_backend(device: str = "cpu") -> Backend:
     """The PyTorch backend on ``device``, imported only when chosen (importing torch takes

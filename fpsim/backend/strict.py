@@ -251,8 +251,8 @@ class StrictArray:
         where = _engine_caller()
         if (isinstance(value, (np.ndarray, np.generic)) and value.dtype != self.array.dtype
                 and where):
-            raise StrictError(f"{where}: assigns {value.dtype} values into a {self.array.dtype} array "
-                              f"(NumPy casts silently, torch refuses); cast first")
+            raise StrictError(f"{where}: assigns {value.dtype} values into a {self.array.dtype} "
+                              f"array (NumPy casts silently, torch refuses); cast first")
         self.array[_unwrap(index, seen)] = value
 
     def __neg__(self):

@@ -22,7 +22,8 @@ step and bit by bit.
 >>> report = compare(ReferenceAdapter("torch", growth_interval=2), [False, False, True], "torch",
 ...                  growth_interval=2)
 >>> print(report)
-agree: 3 of 3 steps match preset torch (growth_interval=2) (compared: scale_before, scale_after, skipped, growth_tracker, hysteresis)
+agree: 3 of 3 steps match preset torch (growth_interval=2) (compared: scale_before, scale_after,
+skipped, growth_tracker, hysteresis)
 """
 from .adapters import AdapterError, ReferenceAdapter, ScalerAdapter, compare, record
 from .expect import check_settings

@@ -27,7 +27,8 @@ Not run as a doctest: the first time a process starts DeepSpeed, it logs to stan
 which accelerator it found (the DeepSpeed conformance tests run this comparison).
 
 >>> from fpsim.conformance import compare                              # doctest: +SKIP
->>> compare(DynamicLossScalerAdapter(scale_window=3), [False] * 7 + [True], "deepspeed").agree  # doctest: +SKIP
+>>> compare(DynamicLossScalerAdapter(scale_window=3), [False] * 7 + [True],  # doctest: +SKIP
+...         "deepspeed").agree
 True
 """
 from __future__ import annotations

@@ -22,7 +22,8 @@ A preset name takes the trace header's ``params`` as overrides (the configuratio
 framework was given), then ``overrides`` on top; ``use_header_params=False`` ignores them.
 
 >>> from fpsim.conformance.trace import Trace, TraceHeader, TraceStep
->>> steps = (TraceStep(0, False, 65536.0, 65536.0, False), TraceStep(1, True, 65536.0, 16384.0, True))
+>>> steps = (TraceStep(0, False, 65536.0, 65536.0, False),
+...          TraceStep(1, True, 65536.0, 16384.0, True))
 >>> report = replay(Trace(TraceHeader(source="demo"), steps), "torch")
 >>> report.agree, report.divergence.step, report.divergence.fields
 (False, 1, ('scale_after',))

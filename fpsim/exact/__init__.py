@@ -79,6 +79,6 @@ __all__ = ["accumulation", "observers", "underflow", "Accumulation", "ExactAccum
            "scatter_sum",
            "UnderflowCount", "count_gradient_underflow", "global_norm", "exact_global_norm",
            "FALLBACK_COUNT", "certified", "cr_cross_entropy", "cr_exp", "cr_gelu", "cr_gelu_tanh",
-           "cr_log",
-           "cr_log_softmax", "cr_sigmoid", "cr_silu", "cr_softmax", "cr_tanh", "enclosure", "forced_fallback",
+           "cr_log", "cr_log_softmax", "cr_sigmoid", "cr_silu", "cr_softmax", "cr_tanh",
+           "enclosure", "forced_fallback",
            "log_softmax64", "row_terms", "settle", "settle_rows", "silu64", "softmax64"]

@@ -109,8 +109,9 @@ def certify(approx: xp.ndarray, width: xp.ndarray, width_cols: xp.ndarray | None
     arrays to rounded arrays (``round_to`` in any mode but stochastic); None is the float32
     cast, computed chunk by chunk (``tuning().certificate_chunk`` elements) so the
     temporaries stay in cache: ``low`` and ``certified`` then live in this thread's reused
-    buffers, valid until the next call, and ``high`` is a fresh float32 array. ``approx`` has at least one axis. Host arrays are
-    taken as the backend's (``xp.asarray``), as by every function exported here.
+    buffers, valid until the next call, and ``high`` is a fresh float32 array. ``approx`` has at
+    least one axis. Host arrays are taken as the backend's (``xp.asarray``), as by every function
+    exported here.
     """
     approx, width = xp.asarray(approx), xp.asarray(width)
     width_cols = None if width_cols is None else xp.asarray(width_cols)
@@ -177,12 +178,12 @@ def certify_fp32_open(approx: xp.ndarray, width_rows: xp.ndarray, width_cols: xp
     Each chunk is first certified with one width W = fl(max width_rows * max width_cols)
     (the maxima over the chunk's rows and the widths they take; a scalar operand: no outer
     product, cheaper passes). W >= w everywhere (rounding is monotonic), so where its ends
-    agree they enclose s as well and fl32(fl64(approx +- W)) is the common value, the same as fl32(fl64(approx +- w)) between them; only the few
-    elements where they differ are taken again with their own w (gathered), and the result
-    is the same as with w throughout. Where W leaves more than 1/``recheck_share`` of a
-    chunk (widths of very different sizes), the chunk is taken again with w throughout.
-    Chunk sizes and thresholds: ``tuning()``'s ``certificate_open_chunk``, ``einsum_from``,
-    ``recheck_share``."""
+    agree they enclose s as well and fl32(fl64(approx +- W)) is the common value, the same as
+    fl32(fl64(approx +- w)) between them; only the few elements where they differ are taken again
+    with their own w (gathered), and the result is the same as with w throughout. Where W leaves
+    more than 1/``recheck_share`` of a chunk (widths of very different sizes), the chunk is taken
+    again with w throughout. Chunk sizes and thresholds: ``tuning()``'s ``certificate_open_chunk``,
+    ``einsum_from``, ``recheck_share``."""
     approx, width_rows, width_cols = xp.asarray(approx), xp.asarray(width_rows), \
         xp.asarray(width_cols)
     high = xp.asarray(high)              # the caller's array itself (it receives the ends)

@@ -20,8 +20,8 @@ from decimal import (MAX_EMAX, MIN_EMIN, ROUND_HALF_EVEN, Context, Decimal, Divi
                      InvalidOperation, Overflow, localcontext)
 from fractions import Fraction
 
-__all__ = ["context", "dexp", "dln", "dtanh", "dsigmoid", "dsilu", "dgelu", "dgelu_tanh", "dnormal_tail", "dpi",
-           "mills_taylor"]
+__all__ = ["context", "dexp", "dln", "dtanh", "dsigmoid", "dsilu", "dgelu", "dgelu_tanh",
+           "dnormal_tail", "dpi", "mills_taylor"]
 
 
 def context(digits: int):

@@ -11,9 +11,10 @@ u = 2**-53 (one float64 rounding):
   significant bits, so k*LN2_HI is exact for |k| < 2**21 and y - k*LN2_HI is exact whenever
   k = 0 or y is a multiple of 2**-50 (float32 x with |x| >= 0.34, 2x, a*a/2 with a >= 0.83;
   a softmax shift x_i - m need not be, and then adds one more rounding, 0.35u) (Cody-Waite).
-  |r| <= 0.3466; the reduced argument is off by at most 0.7u + |k| 2**-85. expm1(r) = r + r*r*q(r), q the Taylor series to r**12/14!
-  (truncation < 2**-60 |r|): q carries <= 3u, r*r*q <= 0.07|r| so it adds <= 0.4u, the final
-  sum u: expm1(r) within 1.5u (relative), and exp(y) = 2**k (1 + expm1(r)) within 3.5u.
+  |r| <= 0.3466; the reduced argument is off by at most 0.7u + |k| 2**-85. expm1(r) = r + r*r*q(r),
+  q the Taylor series to r**12/14! (truncation < 2**-60 |r|): q carries <= 3u, r*r*q <= 0.07|r| so
+  it adds <= 0.4u, the final sum u: expm1(r) within 1.5u (relative), and exp(y) = 2**k (1 +
+  expm1(r)) within 3.5u.
 - ``log`` of a positive float64: x = 2**e m, m in [1/sqrt 2, sqrt 2), f = m - 1 exact
   (Sterbenz), s = f / (2 + f) within 2u, log m = 2 atanh s = 2s + s z w(z), z = s*s, the
   series to s**23 (truncation < 2**-60): log m within 3.2u; with e*LN2_HI exact and

@@ -53,15 +53,15 @@ def work_array(name: str | None, shape: tuple, dtype) -> xp.ndarray:
 
 
 def widen_with_norms(x: xp.ndarray, name: str | None, axis: int, quanta: bool = False):
-    """(x in float64, exact, in a reused buffer (``work_array``) with x's memory order (BLAS reads either);
-    the 2-norms in float64 over ``axis``; with ``quanta``, the lines' ``line_quanta`` over
-    ``axis``, else None), chunk by chunk along x's memory order, so that the norms and the
-    quanta read the values while they are in cache (without quanta, larger chunks: the
-    copy and the norms alone run faster so on large operands). A norm's sum runs in some order (in
-    partial sums per chunk where a line crosses chunks); the (K/2 + 2) u bound on its error
+    """(x in float64, exact, in a reused buffer (``work_array``) with x's memory order (BLAS reads
+    either); the 2-norms in float64 over ``axis``; with ``quanta``, the lines' ``line_quanta`` over
+    ``axis``, else None), chunk by chunk along x's memory order, so that the norms and the quanta
+    read the values while they are in cache (without quanta, larger chunks: the copy and the norms
+    alone run faster so on large operands). A norm's sum runs in some order (in partial sums per
+    chunk where a line crosses chunks); the (K/2 + 2) u bound on its error
     (``cauchy_schwarz_bound``) holds for every order; the quanta's minimum is one
-    (``lowest_bit_patterns`` per chunk, combined). Chunk sizes: ``tuning().widen_chunk``
-    elements with quanta, ``plain_factor`` times more without."""
+    (``lowest_bit_patterns`` per chunk, combined). Chunk sizes: ``tuning().widen_chunk`` elements
+    with quanta, ``plain_factor`` times more without."""
     settings = tuning()
     if is_contiguous(x, "F") and not is_contiguous(x, "C"):
         src, along_rows = x.T, axis == 0                # src is C-ordered

@@ -34,8 +34,8 @@ from .cnn import TRACKING
 from .loss_curves import median, typical_gap
 from .recipes import first_step_moments
 
-__all__ = ["run_language_experiment", "VOCAB", "LENGTH", "BATCH", "STATIC_SCALE", "EPS", "RUNS", "markov_source",
-           "entropy_nats", "train_one", "run_all", "summary", "table"]
+__all__ = ["run_language_experiment", "VOCAB", "LENGTH", "BATCH", "STATIC_SCALE", "EPS", "RUNS",
+           "markov_source", "entropy_nats", "train_one", "run_all", "summary", "table"]
 
 VOCAB, LENGTH, SEQUENCES, BATCH = 16, 8, 2048, 64
 OFFSET_SIXTEENTHS = (8, 4, 2, 2)     # P(offset = k) = OFFSET_SIXTEENTHS[k] / 16

@@ -50,7 +50,8 @@ def measure(k_values, outputs: int = 8, seed: int = 0) -> dict:
             b = round_to(draw(rng, (k, outputs)).astype(np.float32), "fp16")
             reference = exact_reference(a, b)
             for name, (make, out_fmt) in MODELS.items():
-                got = backend.to_numpy(matmul(a, b, out_fmt=out_fmt, model=make())).astype(np.float64)
+                got = backend.to_numpy(matmul(a, b, out_fmt=out_fmt, model=make()))
+                got = got.astype(np.float64)
                 rel = np.abs(got - reference) / np.abs(reference)
                 errors[data_name][name].append(float(np.median(rel)))
     return errors

@@ -248,7 +248,8 @@ def _spike_sentence(run: dict, *others: dict) -> str:
     calm = ", ".join(f"{o['losses'][t]:.3f}" for o in others)
     return (f" The dynamic run's loss spikes to {sp['loss']:.1f} at step {sp['step']} (off the "
             f"left panel's scale). Its trace shows why: at step {t} a batch gives it a loss of "
-            f"{sp['trigger_loss']:.2f} where it had been near {median(run['losses'][t - 10:t]):.2f}, "
+            f"{sp['trigger_loss']:.2f} where it had been near "
+            f"{median(run['losses'][t - 10:t]):.2f}, "
             f"with a gradient norm of {sp['trigger_grad_norm']:.0f}, "
             f"{sp['trigger_grad_norm'] / sp['usual_grad_norm']:.0f} times its usual "
             f"{sp['usual_grad_norm']:.1f}; Adam, normalising by second moments built from far "

@@ -150,13 +150,15 @@ def _summary(rows: dict, diagnosis: dict, steps: int) -> str:
             if moments["v_zero_m_zero"] else "")
     accs = ", ".join(f"{k} {100 * r[k]['heldout_accuracy']:.1f}%" for k in ok + ["bf16-true"])
     variant = f"16-true, Adam eps={VARIANT_EPS:g}"
+    gap = max(abs(r[k]['mean_loss_last_50'] - r['32-true']['mean_loss_last_50']) for k in ok[1:])
     return (
         f"The Lightning precision strings as recipes, one MLP on the teacher task, Adam "
         f"(lr {LR}), {steps} identical steps each; held-out accuracy: {accs}. The mixed "
         f"recipes keep fp32 weights and optimizer state and match fp32 to within "
-        f"{max(abs(r[k]['mean_loss_last_50'] - r['32-true']['mean_loss_last_50']) for k in ok[1:]):.1g} "
+        f"{gap:.1g} "
         f"in final loss (16-mixed's GradScaler, starting at 2^16, skipped "
-        f"{r['16-mixed']['skipped_steps']} steps). `16-true` (fp16 weights and Adam state, no master copy, no "
+        f"{r['16-mixed']['skipped_steps']} steps). `16-true` (fp16 weights and Adam state, "
+        f"no master copy, no "
         f"scaler, as Lightning's HalfPrecision) is NaN from step "
         f"{r['16-true']['first_nonfinite_loss_step']}, like the blog's pure-fp16 run: Adam's "
         f"eps = 1e-8 is below fp16's smallest subnormal (2^-24 = 6e-8) and rounds to "

@@ -13,8 +13,8 @@ For optimizers (master weights, loss scaling) the contract is:
   assigning ``p.data = <new float32 array already rounded to p.fmt>``.
 - ``zero_grad()`` sets every ``.grad`` to ``None``.
 - ``state_dict()`` returns ``{name: copy of p.data}`` (host NumPy arrays on every backend)
-  for every parameter and buffer, in PyTorch's order; ``load_state_dict(d)`` rounds each array into the
-  parameter's (buffer's) format; unknown or missing names, wrong shapes, NaN/inf values,
+  for every parameter and buffer, in PyTorch's order; ``load_state_dict(d)`` rounds each array into
+  the parameter's (buffer's) format; unknown or missing names, wrong shapes, NaN/inf values,
   values beyond the format's range and values a layer refuses (``check_loaded``: a negative
   running variance) are errors, all checked before anything changes (``check_state_dict``
   checks without loading; ``strict=False`` allows missing and unknown names). A tensor

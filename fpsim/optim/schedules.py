@@ -304,7 +304,8 @@ def parse_schedule(text: str) -> Schedule:
     StepLR(step_size=30, gamma=0.5)
     >>> parse_schedule("cosine:tmax=100")
     Traceback (most recent call last):
-    ValueError: schedule 'cosine:tmax=100': unknown cosine key 'tmax'; did you mean 't_max'? accepted: t_max, eta_min
+    ValueError: schedule 'cosine:tmax=100': unknown cosine key 'tmax'; did you mean 't_max'?
+    accepted: t_max, eta_min
     """
     check_instance("schedule", text, str, "a string such as 'cosine:t_max=100'")
     head, pairs = split_options(text, "schedule")        # fpsim.grammar, as every option

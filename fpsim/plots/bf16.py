@@ -47,8 +47,8 @@ def plot_bf16(mixed: dict, reference: str, regression: dict, windows: dict, stem
         reg_ax.set_ylabel("training loss (MSE)")
         reg_ax.legend(fontsize=7)
         for i, (label, (bins, bits)) in enumerate(windows.items()):
-            plot_lost_update_window(ratio_ax, bins, bits, f"{label} (shaded: 2^{bits}..2^{bits + 1})",
-                                    color=f"C{i}")
+            plot_lost_update_window(ratio_ax, bins, bits,
+                                    f"{label} (shaded: 2^{bits}..2^{bits + 1})", color=f"C{i}")
         ratio_ax.set_title("updates lost from |w|/|u| = 256 (bf16), 2048 (fp16)")
         ratio_ax.set_xlabel("|weight| / |intended update|")
         ratio_ax.set_ylabel("fraction lost")

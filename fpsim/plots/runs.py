@@ -33,7 +33,8 @@ PANELS = (
     ("lost_update_fraction", "lost updates", "% of weight updates lost to rounding", "percent"),
     ("grad_norm", "gradient norm", "global L2 norm, unscaled (gaps: skipped)", "log"),
 )
-STYLES = ("-", "--", "-.", ":")  # identical runs draw on top of each other: styles keep each visible
+# identical runs draw on top of each other: styles keep each visible
+STYLES = ("-", "--", "-.", ":")
 
 
 def open_run(path: "Run | str | os.PathLike") -> Run:

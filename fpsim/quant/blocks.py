@@ -219,10 +219,10 @@ def _cast(scaled, x, fmt: Format):
 
 def mx_quantize(x, fmt="e4m3fn", *, axis: int = -1, block: int = 32,
                 scale_rule: ScaleRule = ScaleRule.SPEC) -> MXTensor:
-    """Quantize the float32 array ``x`` to MX: one E8M0 scale per ``block`` consecutive
-    elements along ``axis`` (the reduction dimension), elements in ``fmt`` (one of
-    ``MX_ELEMENT_FORMATS``), the scale by ``scale_rule`` (module docstring). ``x.shape[axis]`` must be a
-    multiple of ``block`` (ValueError otherwise).
+    """Quantize the float32 array ``x`` to MX: one E8M0 scale per ``block`` consecutive elements
+    along ``axis`` (the reduction dimension), elements in ``fmt`` (one of ``MX_ELEMENT_FORMATS``),
+    the scale by ``scale_rule`` (module docstring). ``x.shape[axis]`` must be a multiple of
+    ``block`` (ValueError otherwise).
 
     >>> import numpy as np
     >>> x = np.array([448.0, 1.0] + [0.0] * 30, np.float32)
@@ -230,7 +230,8 @@ def mx_quantize(x, fmt="e4m3fn", *, axis: int = -1, block: int = 32,
     [127, 127]
     >>> mx_quantize(x[:30])
     Traceback (most recent call last):
-    ValueError: mx_quantize: x.shape[-1] is 30; MX takes a length that is a multiple of the block (32)
+    ValueError: mx_quantize: x.shape[-1] is 30; MX takes a length that is a multiple of the block
+    (32)
     """
     fmt = _element_format(fmt, MX_ELEMENT_FORMATS, "mx_quantize")
     rule = ScaleRule(scale_rule)

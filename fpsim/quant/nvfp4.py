@@ -195,7 +195,8 @@ def nvfp4_quantize(x, *, tile=(1, 16), rule=NVFP4Rule.TE, mode: str = "nearest_e
     >>> import numpy as np
     >>> nvfp4_quantize(np.zeros((2, 20), np.float32))
     Traceback (most recent call last):
-    ValueError: nvfp4_quantize: x has shape (2, 20); 1x16 tiles take columns a multiple of 16 and rows a multiple of 1
+    ValueError: nvfp4_quantize: x has shape (2, 20); 1x16 tiles take columns a multiple of 16 and
+    rows a multiple of 1
     """
     x, tile, rule, seed, offset = _checked(x, tile, rule, mode, seed, offset)
     rows, cols = x.shape

@@ -46,9 +46,10 @@ mantissa bit would serve (E2M3 suits casts of smooth weights and activations: ``
 >>> recipe = get_recipe("fp8-delayed:history=16,margin=1")
 >>> recipe.scaling.value, recipe.history, recipe.margin, recipe.forward.name, recipe.backward.name
 ('delayed', 16, 1, 'e4m3fn', 'e5m2')
->>> get_recipe("fp8-delayed:histroy=16")
+>>> get_recipe("fp8-delayed:histroy=16")  # doctest: +NORMALIZE_WHITESPACE
 Traceback (most recent call last):
-ValueError: FP8 recipe 'fp8-delayed:histroy=16': unknown key 'histroy' (did you mean 'history'?); fp8-delayed takes format, history, margin, algo, acc, keep
+ValueError: FP8 recipe 'fp8-delayed:histroy=16': unknown key 'histroy' (did you mean 'history'?);
+fp8-delayed takes format, history, margin, algo, acc, keep
 """
 from __future__ import annotations
 
@@ -124,9 +125,10 @@ class Fp8Recipe:
     the format of inputs and weights; ``backward``: of output gradients; ``forward``,
     ``backward`` and ``power_2`` left None take the kind's default (``KIND_DEFAULTS``).
 
-    >>> Fp8Recipe(ScalingKind.MX, history=5)
+    >>> Fp8Recipe(ScalingKind.MX, history=5)  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
-    ValueError: history is not a setting of mx scaling (it takes forward, backward, accumulation, keep; history stays 1024), got history=5
+    ValueError: history is not a setting of mx scaling (it takes forward, backward, accumulation,
+    keep; history stays 1024), got history=5
     """
 
     scaling: ScalingKind

@@ -75,7 +75,8 @@ from ..options import check_choice, check_count
 
 __all__ = ["AmaxAlgorithm", "amax", "scale_from_amax", "quantize", "Quantized",
            "count_saturated", "SCALE_RULES", "TORCHAO_EPS",
-           "DelayedScalingState", "init_delayed", "record_amax", "update_delayed", "FLT_MAX", "fl32"]
+           "DelayedScalingState", "init_delayed", "record_amax", "update_delayed", "FLT_MAX",
+           "fl32"]
 
 FLT_MAX = 3.4028234663852886e38
 SCALE_RULES = ("transformer_engine", "torchao")   # whose current-scaling rule (module doc)

@@ -197,10 +197,11 @@ def _bad_float(where: str, name: str, raw):
 
 def read_trace(source: "str | os.PathLike | IO[str]", *,
                drop_torn_tail: bool = False) -> list[StepRecord]:
-    """Read a trace written by ``TraceWriter``; ``TraceError`` names the line and field that
-    is wrong. Checks that every step has exactly the trace's fields, that ``loss_bits`` agrees
-    with ``loss``, and that the steps run 0, 1, 2, ... each once (``check_steps``). A last line without its newline
-    was torn by a crash while it was written: an error, or dropped with ``drop_torn_tail``."""
+    """Read a trace written by ``TraceWriter``; ``TraceError`` names the line and field that is
+    wrong. Checks that every step has exactly the trace's fields, that ``loss_bits`` agrees with
+    ``loss``, and that the steps run 0, 1, 2, ... each once (``check_steps``). A last line without
+    its newline was torn by a crash while it was written: an error, or dropped with
+    ``drop_torn_tail``."""
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         try:
