@@ -243,3 +243,15 @@ def test_a_model_in_another_parameter_format_than_the_policy_is_refused(tmp_path
         run(blobs(), out, model=small_model(built), policy=trained)
     assert words in str(err.value)
     assert not out.exists()
+
+
+def test_a_model_built_outside_any_policy_is_not_trained_as_16_true(tmp_path):
+    """Issue 43's silent case: a model built without use_policy keeps fp32 weights; training
+    it with policy="16-true" would label fp32 weights a 16-true run. It is refused, saying how
+    to build it."""
+    model = nn.MLP([4, 8, 3], rng=0)
+    with pytest.raises(ValueError, match=r"is stored in fp32 but policy 16-true keeps "
+                                         r"parameters in fp16; build the model under "
+                                         r"use_policy\('16-true'\)"):
+        run(blobs(), tmp_path / "run", model=model, policy="16-true")
+    assert not (tmp_path / "run").exists()
