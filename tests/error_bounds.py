@@ -16,7 +16,8 @@ Local errors, with K the length of a dot product:
   computed operands).
 - softmax along the last axis (PyTorch: s - max (u |s - max|), exp within 1 ulp (2u), the
   sum (gamma_n), the division, or a reciprocal and a product (2u)): p_i (u |s_i - m| + 4u +
-  gamma_n + sum_j p_j (u |s_j - m| + 2u)); fpsim correctly rounded: u p_i. Propagated: p_i (err_i + sum_j p_j err_j).
+  gamma_n + sum_j p_j (u |s_j - m| + 2u)); fpsim correctly rounded: u p_i. Propagated:
+  p_i (err_i + sum_j p_j err_j).
 - layer_norm: PyTorch, from its own mean m' and rstd r' on its input (taken by a forward
   hook, ``torch.native_layer_norm``): gamma_4 of (|x| + |m'|) r' |w| + |b|, plus
   |y(m', r') - y(m, r)|; fpsim: u |y| (its float64 evaluation rounded once). Propagated:

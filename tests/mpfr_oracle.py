@@ -37,9 +37,9 @@ import numpy as np
 from fpsim.formats import Format, get
 from fpsim.rounding import round_to
 
-__all__ = ["mpfr_round", "mpfr_round_rational", "stochastic_outcomes", "native_ieee_round", "DETERMINISTIC_MODES",
-           "mpfr_rounded", "FUNCTIONS", "function_values", "row_terms", "softmax_values",
-           "log_softmax_values"]
+__all__ = ["mpfr_round", "mpfr_round_rational", "stochastic_outcomes", "native_ieee_round",
+           "DETERMINISTIC_MODES", "mpfr_rounded", "FUNCTIONS", "function_values", "row_terms",
+           "softmax_values", "log_softmax_values"]
 
 DETERMINISTIC_MODES = ("nearest_even", "nearest_away", "toward_zero", "up", "down")
 _MPFR_DIRECTIONS = {"nearest_even": gmpy2.RoundToNearest, "toward_zero": gmpy2.RoundToZero,

@@ -153,7 +153,8 @@ def hard_cases():
     sub_a = np.float32(np.resize([1.125, 1.375, 1.625, 1.875], 64))
     sub_b = np.float32(np.resize([2.0 ** -3, 2.0 ** -5, 2.0 ** -7, 2.0 ** -9], 64))
     sub_a[32:40], sub_b[32:40] = 2.0 ** -9, 448.0
-    return [("cancellation", cancel, ones), ("subnormal inputs", sub_a, sub_b), ("huge range in a chunk", huge_range, ones),
+    return [("cancellation", cancel, ones), ("subnormal inputs", sub_a, sub_b),
+            ("huge range in a chunk", huge_range, ones),
             ("bits at the truncation edge", tie_like, ones), ("growing exponents", growing,
                                                               growing[::-1].copy()),
             ("K < 32", ones[:5] * 3.0, ones[:5] * 0.125),

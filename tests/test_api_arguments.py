@@ -68,11 +68,14 @@ def test_a_bad_step_argument_changes_nothing():
     (dict(model=None), TypeError, r"model must be an fpsim.nn.Module .*got NoneType None"),
     (dict(out=123), TypeError,
      r"out \(--out\) must be a file or folder name \(a str or an os.PathLike\), got int 123"),
-    (dict(out=""), ValueError, r"out \(--out\) must be a file or folder name, got the empty name ''"),
+    (dict(out=""), ValueError,
+     r"out \(--out\) must be a file or folder name, got the empty name ''"),
     (dict(resume=5), TypeError, r"resume \(--resume\) must be a file or folder name .*got int 5"),
-    (dict(per_layer="yes"), TypeError, r"per_layer \(--per-layer\) must be True or False, got 'yes'"),
+    (dict(per_layer="yes"), TypeError,
+     r"per_layer \(--per-layer\) must be True or False, got 'yes'"),
     (dict(progress="no"), TypeError, r"progress must be True or False, got 'no'"),
-    (dict(trace_layout=5), TypeError, r"unknown trace format \(--trace-format\) 5; accepted: jsonl, csv"),
+    (dict(trace_layout=5), TypeError,
+     r"unknown trace format \(--trace-format\) 5; accepted: jsonl, csv"),
 ])
 def test_train_arguments_are_checked_before_anything_is_written(tmp_path, monkeypatch,
                                                                  changes, kind, message):

@@ -59,7 +59,8 @@ def test_activation_gradient_underflows_in_fp16_but_not_in_fp32():
 
     g32, g16 = grad_of_x("32-true"), grad_of_x("16-true")
     assert backend.to_numpy(g32.data)[0] == 2.0 ** -28 and g32.fmt == FP32
-    assert backend.to_numpy(g16.data)[0] == 0.0 and g16.fmt == FP16      # below fp16's 2**-24: underflow
+    # below fp16's 2**-24: underflow
+    assert backend.to_numpy(g16.data)[0] == 0.0 and g16.fmt == FP16
 
 
 def test_16_mixed_linear_sends_fp16_gradients_to_fp32_weights():

@@ -29,7 +29,8 @@ def test_help_shows_every_default_of_an_option_that_takes_a_value(command):
 
 def test_train_seed_below_zero_names_the_option(capsys):
     assert main(["train", "--seed", "-1"]) == 2
-    assert capsys.readouterr().err.strip() == "fpsim: error: seed (--seed) must be an integer >= 0, got -1"
+    assert capsys.readouterr().err.strip() == \
+        "fpsim: error: seed (--seed) must be an integer >= 0, got -1"
 
 
 def test_a_bare_key_error_becomes_a_sentence():

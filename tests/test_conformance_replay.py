@@ -370,6 +370,7 @@ def test_write_trace_takes_what_record_returns(tmp_path):
     trace = record(ReferenceAdapter("deepspeed", growth_interval=3), [False, True, False])
     write_trace(tmp_path / "t.jsonl", trace)
     back = read_trace(tmp_path / "t.jsonl")
-    assert back.steps == trace.steps and back.header.source == "preset deepspeed (growth_interval=3)"
+    assert back.steps == trace.steps
+    assert back.header.source == "preset deepspeed (growth_interval=3)"
     write_trace(tmp_path / "u.jsonl", trace, source="mine", params={"growth_interval": 3})
     assert read_trace(tmp_path / "u.jsonl").header[:2] == ("mine", {"growth_interval": 3})

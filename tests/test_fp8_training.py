@@ -147,7 +147,8 @@ def test_recipe_policies():
     recipe = policy.fp8
     assert (recipe.scaling, recipe.history, recipe.margin, recipe.algorithm.value) == \
         (ScalingKind.DELAYED, 16, 2, "most_recent")
-    assert recipe.backward is E4M3FN and policy.matmul.name == "bf16" and policy.param.name == "fp32"
+    assert recipe.backward is E4M3FN
+    assert policy.matmul.name == "bf16" and policy.param.name == "fp32"
     assert get_policy("fp8-block").fp8.power_2 and not get_policy("fp8-current").fp8.power_2
     assert get_recipe("fp8-current:acc=h100-fp8:promote=128").accumulation is not None
 

@@ -111,7 +111,8 @@ def test_lesson_5_takes_its_recipes_from_recipe_for():
 
 def exercises_script():
     """notebooks/exercises.py, the generator of the exercise versions (a script, not in fpsim)."""
-    spec = importlib.util.spec_from_file_location("lesson_exercises", ROOT / "notebooks" / "exercises.py")
+    spec = importlib.util.spec_from_file_location("lesson_exercises",
+                                                  ROOT / "notebooks" / "exercises.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -155,7 +156,8 @@ def test_generator_refuses_a_lesson_without_the_convention(tmp_path):
     lesson = tmp_path / NOTEBOOKS[0].name
     nbformat.write(nb, lesson)
     with pytest.raises(ValueError, match=r"^01_number_formats.ipynb: the cells tagged 'solution' "
-                                         r"answer exercises \[\], the '## Exercises' list has \[1, 2, 3\]$"):
+                                         r"answer exercises \[\], the '## Exercises' list has "
+                                         r"\[1, 2, 3\]$"):
         script.without_solutions(lesson)
 
 
@@ -224,6 +226,8 @@ def test_the_notebooks_extra_installs_what_every_lesson_imports():
                 modules = ([a.name for a in node.names] if isinstance(node, ast.Import)
                            else [node.module] if isinstance(node, ast.ImportFrom) and node.module
                            else [])
-                for top in {m.split(".")[0] for m in modules} - set(sys.stdlib_module_names) - {"fpsim"}:
+                tops = {m.split(".")[0] for m in modules} - set(sys.stdlib_module_names)
+                for top in tops - {"fpsim"}:
                     dists = {requirement_name(d) for d in providers.get(top, [])}
-                    assert dists & brought, f"{path.name} imports {top}, which the notebooks extra does not install"
+                    assert dists & brought, \
+                        f"{path.name} imports {top}, which the notebooks extra does not install"

@@ -72,7 +72,8 @@ SGD_CASES = [
 ]
 
 
-@pytest.mark.parametrize("kwargs", SGD_CASES, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()))
+@pytest.mark.parametrize("kwargs", SGD_CASES,
+                         ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()))
 def test_sgd_matches_torch_bit_for_bit(kwargs):
     init = np.random.default_rng(0).standard_normal(4099).astype(np.float32)
     grads = gradients(init.shape, STEPS, 1)

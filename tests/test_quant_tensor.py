@@ -121,7 +121,8 @@ def _hard_values(rng, fmt, n=4096):
     grid = np.array([fmt.max_finite, fmt.smallest_subnormal, fmt.min_normal, 1.0], np.float32)
     half_ulp = np.float32(1 + 2.0 ** -(fmt.man_bits + 1))             # midpoints above 1.0
     specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e38, -1e38], np.float32)
-    return np.concatenate([x, grid, grid * half_ulp, -grid * half_ulp, grid * np.float32(0.5), specials])
+    return np.concatenate([x, grid, grid * half_ulp, -grid * half_ulp, grid * np.float32(0.5),
+                           specials])
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
@@ -213,7 +214,8 @@ def test_quantized_linear_matches_torchao_float8_linear():
 def test_torchao_rule_differs_from_te_on_three_documented_classes():
     """The module docstring's three classes, pinned: a power-of-two scale just below 2**k, an
     infinite amax, an amax below torchao's 1e-12 floor (0 included)."""
-    just_above_3_5 = float(np.nextafter(np.float32(3.5), np.float32(4)))   # 448/amax: 2 ulps below 128
+    # 448/amax: 2 ulps below 128
+    just_above_3_5 = float(np.nextafter(np.float32(3.5), np.float32(4)))
     assert scale_from_amax(just_above_3_5, E4M3FN, power_2=True) == 64.0
     assert scale_from_amax(just_above_3_5, E4M3FN, power_2=True, rule="torchao") == 128.0
     assert scale_from_amax(math.inf, E4M3FN) == 1.0

@@ -3,6 +3,7 @@ interrupted runs, framework scaler traces), the precision recipes' defaults and 
 overrides, and help texts that say what the defaults are."""
 import json
 import math
+import struct
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,7 @@ def test_compare_names_the_first_difference_with_bits(runs, capsys):
     out = capsys.readouterr().out
     difference = compare_runs(runs["a"], runs["lr"]).difference
     assert difference.step == 1 and difference.field == "loss"  # step 0 ran before any update
-    bits = f"0x{__import__('struct').unpack('<I', __import__('struct').pack('<f', difference.a))[0]:08x}"
+    bits = f"0x{struct.unpack('<I', struct.pack('<f', difference.a))[0]:08x}"
     assert out.startswith("differ first at step 1, field loss (after 1 bit-identical steps)")
     assert bits in out and "<- differs" in out
     assert "config.optimizer" in out  # the configuration difference behind it

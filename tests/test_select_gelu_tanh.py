@@ -247,8 +247,8 @@ def test_gelu_tanh_fallback_and_hard_cases_against_mpfr():
     from fpsim.rounding import round_to
 
     rng = np.random.default_rng(6)
-    cases = {"fp32": np.concatenate([np.array([1, 3, 0x80000005, 12345], np.uint32).view(np.float32),
-                                     rng.standard_normal(40).astype(np.float32) * 4]),
+    odd_bits = np.array([1, 3, 0x80000005, 12345], np.uint32).view(np.float32)
+    cases = {"fp32": np.concatenate([odd_bits, rng.standard_normal(40).astype(np.float32) * 4]),
              "fp16": np.array([25.0078125, -3.0009765625, 2.0 ** -25 * 3, 7.00390625],
                               np.float32),
              "bf16": rng.uniform(-15, 9, 40).astype(np.float32)}

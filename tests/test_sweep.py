@@ -49,7 +49,8 @@ seed = [0, 1, 2, 3]
 def _table(folder: Path) -> list[dict]:
     """results.csv without the wall-time column (the one that differs between runs)."""
     with open(folder / "results.csv", newline="") as handle:
-        return [{k: v for k, v in row.items() if k != "wall_time"} for row in csv.DictReader(handle)]
+        return [{k: v for k, v in row.items() if k != "wall_time"}
+                for row in csv.DictReader(handle)]
 
 
 def _spec(tmp_path: Path, text: str, name: str = "spec.toml"):

@@ -1,12 +1,13 @@
 """Correctly rounded transcendentals (``fpsim.exact``) against MPFR, libm-free.
 
-The oracle: MPFR (gmpy2) evaluates each exact function at 200 bits (128 in the slow test;
-gelu of |x| < 2**-30 through its Taylor series at 400 bits: for an odd subnormal x, x/2 is a
-tie that only the x*x/sqrt(2 pi) term, 2**-150 relative, decides), rounds that once to the format's significand grid with its subnormals, and fpsim's documented
-overflow rule (``round_to`` of a value already on the grid) finishes it. fpsim must give the
-same bits for every input: random float32 inputs over each function's whole range, tails
-(overflow and underflow edges, subnormal results, x near 0, large |x|), special values, and
-inputs whose float64 certificate fails (found by running the certificate over 2**24 floats).
+The oracle: MPFR (gmpy2) evaluates each exact function at 200 bits (128 in the slow test; gelu of
+|x| < 2**-30 through its Taylor series at 400 bits: for an odd subnormal x, x/2 is a tie that only
+the x*x/sqrt(2 pi) term, 2**-150 relative, decides), rounds that once to the format's significand
+grid with its subnormals, and fpsim's documented overflow rule (``round_to`` of a value already on
+the grid) finishes it. fpsim must give the same bits for every input: random float32 inputs over
+each function's whole range, tails (overflow and underflow edges, subnormal results, x near 0, large
+|x|), special values, and inputs whose float64 certificate fails (found by running the certificate
+over 2**24 floats).
 """
 from __future__ import annotations
 
