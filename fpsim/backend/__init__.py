@@ -53,6 +53,7 @@ import os
 import re
 import sys
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -107,7 +108,11 @@ class _Namespace:
                              f"(fpsim.backend.NAMESPACE): {', '.join(sorted(NAMESPACE))}")
 
 
-xp = _Namespace()
+if TYPE_CHECKING:
+    # mypy reads xp as NumPy, the reference backend: the others offer its names with its meaning.
+    import numpy as xp
+else:
+    xp = _Namespace()
 _current: Backend = NumpyBackend()
 
 
