@@ -31,6 +31,7 @@ import secrets
 import socket
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 __all__ = ["atomic_file", "write_text", "write_bytes", "folder_lock", "FolderInUse",
            "LOCK_NAME", "naming_file", "remove_stale_temporaries"]
@@ -57,6 +58,7 @@ def atomic_file(path: "str | os.PathLike", mode: str = "wb", encoding: "str | No
     with naming_file(path):     # a full disk's error names the file it stopped
         try:
             fd = os.open(temp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _BINARY, 0o644)
+            handle: IO
             if mode == "w":
                 handle = os.fdopen(fd, "w", encoding=encoding or "utf-8", newline="")
             else:

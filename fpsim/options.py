@@ -125,7 +125,7 @@ def check_count_between(name: str, value, low: int, high: int) -> int:
     wanted = f"an integer from {low} to {high}"
     if isinstance(value, bool) or not isinstance(value, Integral):
         raise TypeError(f"{name} must be {wanted}, got {value!r}")
-    if not low <= value <= high:
+    if not low <= int(value) <= high:
         raise ValueError(f"{name} must be {wanted}, got {value!r}")
     return int(value)
 

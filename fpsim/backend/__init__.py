@@ -53,6 +53,7 @@ import os
 import re
 import sys
 from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -90,7 +91,8 @@ DEVICE_BACKENDS = re.compile(r"(?P<library>torch):(?P<device>cuda(?::\d+)?)")
 
 # backends that need a library fpsim does not require: name -> (module, how to install it)
 OPTIONAL = {"torch": ("torch", "pip install 'fpsim[torch]' (PyTorch's CPU build)")}
-_IMPLEMENTATIONS = {"numpy": NumpyBackend, "numpy-strict": StrictBackend}
+_IMPLEMENTATIONS: dict[str, Callable[..., Backend]] = {"numpy": NumpyBackend,
+                                                     "numpy-strict": StrictBackend}
 if importlib.util.find_spec("torch") is not None:
     _IMPLEMENTATIONS["torch"] = _torch_backend
 CONTAINER = np.float32  # the container of every fpsim Format, on every backend

@@ -48,6 +48,8 @@ run on a registered backend gives NumPy's bits).
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..rounding import round_to as host_round_to
@@ -113,10 +115,10 @@ class Backend:
     speed settings (``tuning.py``), which never change a value."""
 
     name: str = ""
-    xp = None
+    xp: Any = None          # each library's own namespace type
     tuning: Tuning = Tuning()
     #: the container of every fpsim Format (every format's values fit a float32 exactly)
-    container = None
+    container: Any = None   # each library's own dtype type
 
     def activate(self) -> None:
         """Called when this backend becomes the current one (``set_backend``, ``use_backend``,

@@ -229,7 +229,9 @@ def read_trace(source: "str | os.PathLike | IO[str]") -> Trace:
             raise TraceFormatError(where, 1, None, f"not UTF-8 text ({err.reason})") from None
     else:
         where, text = getattr(source, "name", "<trace>"), source.read()
-    header, steps, lines = None, [], []
+    header = None
+    steps: list = []
+    lines: list = []
     for number, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
             continue

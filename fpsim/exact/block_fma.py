@@ -85,7 +85,7 @@ def _aligned_sum(cells: list, quantum: xp.ndarray, bits: int) -> xp.ndarray:
     Zeros: IEEE addition within a group; -0 only if every cell is -0 either way.
     """
     group = 1 << (51 - bits)
-    parts = []
+    parts: list = []
     for i, cell in enumerate(cells):
         cut = xp.trunc(cell / quantum) * quantum
         if i % group:

@@ -36,7 +36,7 @@ def context(digits: int):
 def dpi(digits: int) -> Decimal:
     """pi to ``digits`` digits (the series recipe of the ``decimal`` documentation)."""
     with context(digits + 5):
-        lasts, t, s, n, na, d, da = 0, Decimal(3), 3, 1, 0, 0, 24
+        lasts, t, s, n, na, d, da = Decimal(0), Decimal(3), Decimal(3), 1, 0, 0, 24
         while s != lasts:
             lasts = s
             n, na = n + na, na + 8

@@ -152,7 +152,8 @@ def trace(module) -> Plan:
         raise Untraceable(f"from_torch: model ({type(module).__name__}) cannot be traced by "
                           f"torch.fx ({type(err).__name__}: {first}); give example=(inputs,) "
                           f"to convert it through torch.export") from None
-    steps, layers, attributes = [], {}, []
+    steps, attributes = [], []
+    layers: dict = {}
     for node in graph.nodes:
         target = _target(node, torch)
         if node.op == "call_module":

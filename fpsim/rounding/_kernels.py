@@ -78,7 +78,7 @@ _CONTAINERS = {
 }
 
 
-def magic_applies(rules: Rules, dtype: np.dtype) -> bool:
+def magic_applies(rules: Rules, dtype: np.typing.DTypeLike) -> bool:
     """Whether ``round_nearest_even_magic`` is exact for these rules in this container:
     C must stay finite for inputs up to 2**(emax+1), and x + C must stay in C's binade
     (man_bits <= t - 2, module doc)."""
@@ -249,7 +249,7 @@ def round_nearest_even_magic(x: np.ndarray, out: np.ndarray, rules: Rules,
     if zeros or (nan and not fn_nans):      # fn formats: NaNs take x's sign as they settle
         sign = magic  # C is spent: its buffer takes x's sign bit
         np.bitwise_and(x.view(uint), k.sign_mask, out=sign)
-        result_bits = result.view(uint)
+        result_bits: np.ndarray = result.view(uint)
         np.bitwise_or(result_bits, sign, out=result_bits)
     if rules.unsigned_zero and zeros:
         np.add(result, k.zero, out=result)   # -0 + 0 == +0 under round-to-nearest
@@ -274,7 +274,8 @@ def _settle_fn_nans(result: np.ndarray, x: np.ndarray, rules: Rules, k,
     masked write (numpy's masked copyto costs about fifteen of these passes). For fn,
     ``bits ^ N`` is the magnitude ^ quiet: six passes in all."""
     box = _CONTAINERS[result.dtype]
-    uint, bits = box.uint, result.view(box.uint)
+    uint = box.uint
+    bits: np.ndarray = result.view(uint)
     sint = np.dtype(uint).str.replace("u", "i")
     quiet = uint(box.exp_mask | (1 << (box.mant_bits - 1)))
     magnitude = scratch.get(2, uint, result.size)
@@ -302,7 +303,7 @@ def settle_nans(result: np.ndarray, rules: Rules) -> None:
     as ml_dtypes decodes it).
     """
     box = _CONTAINERS[result.dtype]
-    bits = result.view(box.uint)
+    bits: np.ndarray = result.view(box.uint)
     if rules.nan_payload:
         cut = (1 << (box.mant_bits - rules.man_bits)) - 1
         np.bitwise_and(bits, box.uint(~cut & (box.sign_mask * 2 - 1)), out=bits)

@@ -31,8 +31,8 @@ SEED_MAX = 2**64 - 1     # seeds (keys) and offsets (counters) are 64-bit words
 def philox4x32(counter, key, rounds: int = ROUNDS):
     """Philox4x32-``rounds`` of four uint32 counter words (arrays of one shape) under two
     uint32 key words; returns the four output words as uint32 arrays."""
-    words = [np.array(c, np.uint64) for c in counter]
-    return tuple(w.astype(np.uint32) for w in _rounds(*words, key, rounds))
+    c0, c1, c2, c3 = (np.array(c, np.uint64) for c in counter)
+    return tuple(w.astype(np.uint32) for w in _rounds(c0, c1, c2, c3, key, rounds))
 
 
 def _rounds(c0, c1, c2, c3, key, rounds):

@@ -71,7 +71,7 @@ def expand(spec: SweepSpec) -> list[Cell]:
                              for name, values in spec.zipped.items())))]
     cells = []
     for index, combo in enumerate(itertools.product(*grid, *zipped)):
-        axes = {}
+        axes: dict = {}
         for part in combo:
             axes.update(part if isinstance(part[0], tuple) else (part,))
         config = dict(spec.base, **axes)

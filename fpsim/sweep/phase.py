@@ -59,7 +59,7 @@ def phase_diagram(folder: "str | Path", x: str, y: str, *, outcome: str = "outco
                              f"number")
     order = {name: _first_seen(rows, name) for name in (x, y, facet) if name}
     panels = {}
-    for panel in order.get(facet, [None]):
+    for panel in order[facet] if facet else [None]:
         grid = []
         for y_value in order[y]:
             line = []

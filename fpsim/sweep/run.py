@@ -166,7 +166,8 @@ def write_record(spec: SweepSpec, cells: list[Cell], out: Path, backend_name: st
 def _versions() -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
-    found = {"python": sys.version.split()[0], "platform": platform.platform()}
+    found: dict[str, str | None] = {"python": sys.version.split()[0],
+                                    "platform": platform.platform()}
     for package in ("numpy", "ml_dtypes", "dask", "distributed", "pyarrow"):
         try:
             found[package] = version(package)
@@ -331,7 +332,7 @@ def run_sweep(spec: SweepSpec, out: "str | Path", *, workers: int | None = None,
             n_workers = _check_versions(client, backend_name)
         write_record(spec, cells, out, backend_name)
         summary = SweepSummary(out, len(cells), len(done), workers=n_workers)
-        table = {}
+        table: dict = {}
         try:
             if pending:
                 _run_pending(client, pending, out, done, spec, baselines, summary, progress,
@@ -355,7 +356,7 @@ def _run_pending(client, pending, out, done, spec, baselines, summary, progress,
                                retries=retries, pure=False)
         futures[future] = cell
     bar = progress_bar(summary.cells, summary.earlier, "cell", progress)
-    table = {}
+    table: dict = {}
     last_parquet = time.perf_counter()
     try:
         for future in as_completed(list(futures)):

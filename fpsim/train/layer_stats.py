@@ -165,7 +165,7 @@ def read_step_table(table: StepTable, path: "str | os.PathLike", *,
     names = header.get(table.names_key)
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise ValueError(f"{path} line 1: {table.names_key!r} must be a list of names")
-    steps = []
+    steps: list = []
     for lineno, line in enumerate(lines[1:], start=2):
         try:
             row = strict_json(line)
