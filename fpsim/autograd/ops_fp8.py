@@ -101,7 +101,7 @@ class ScalingSlots:
         self.stats: dict = {role: TensorStats() for role in FORWARD_ROLES + BACKWARD_ROLES}
         self.kept = False
         self.sr_seed = 0
-        self.sr_offset = None
+        self.sr_offset: int | None = None
 
     def use(self, recipe) -> None:
         """Before a GEMM under ``recipe``: start the stochastic counter where it rounds so

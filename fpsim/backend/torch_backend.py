@@ -429,7 +429,7 @@ class TorchBackend(Backend):
         return nullcontext()
 
     def versions(self) -> dict:
-        found = {"torch": torch.__version__, "numpy": np.__version__}
+        found: dict[str, str | None] = {"torch": torch.__version__, "numpy": np.__version__}
         if self.device.type == "cuda":
             found.update(cuda=torch.version.cuda, device=torch.cuda.get_device_name(self.device))
         return found

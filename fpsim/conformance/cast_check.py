@@ -215,8 +215,8 @@ def compare_values(source, ours, theirs, fmt: Format, mode: str, max_examples: i
     examples = []
     for flat in np.flatnonzero(~same & counted)[:max_examples]:
         index = np.unravel_index(flat, source.shape)
-        index = tuple(int(i) for i in index) if source.ndim != 1 else int(index[0])
-        examples.append((index, CLASSES[cls.reshape(-1)[flat]], float(source.reshape(-1)[flat]),
+        where = tuple(int(i) for i in index) if source.ndim != 1 else int(index[0])
+        examples.append((where, CLASSES[cls.reshape(-1)[flat]], float(source.reshape(-1)[flat]),
                          float(ours.reshape(-1)[flat]), float(theirs.reshape(-1)[flat])))
     return CastReport(fmt.name, mode, int(np.count_nonzero(counted)), counts, mismatches,
                       tuple(examples))

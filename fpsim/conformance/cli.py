@@ -266,10 +266,10 @@ def _check_cast(args) -> int:
     except FileNotFoundError as err:
         raise UsageError(str(err)) from None
     if codes is not None:
-        report = check_mx_cast(source, result, codes, fmt, rule=args.mx_rule, block=args.block,
-                               bits=args.bits, max_examples=args.examples)
-        print(report)
-        return 0 if report.agree else 1
+        mx_report = check_mx_cast(source, result, codes, fmt, rule=args.mx_rule,
+                                  block=args.block, bits=args.bits, max_examples=args.examples)
+        print(mx_report)
+        return 0 if mx_report.agree else 1
     report = check_cast(source, result, fmt, mode=args.mode, bits=args.bits,
                         max_examples=args.examples)
     print(report)

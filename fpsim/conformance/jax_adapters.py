@@ -88,7 +88,7 @@ class KerasLossScaleAdapter:
         optimizer.build([self._variable])
         self._grads = {True: [np.full(1, np.inf, np.float32)],
                        False: [np.ones(1, np.float32)]}
-        self._skipped = None
+        self._skipped: bool | None = None
         # The jax backend cannot run the stateful apply eagerly (its ops.cond traces the
         # branches); Keras's own jax trainer calls stateless_apply, and so does this adapter.
         self._stateless = keras.backend.backend() == "jax"

@@ -39,12 +39,15 @@ from __future__ import annotations
 
 import math
 import re
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from ..scaling import ScalerState, found_inf, preset, unscale
 from .trace import TraceStep, TraceWriter
+
+if TYPE_CHECKING:       # torch is imported when an adapter is made (_torch)
+    from torch.utils.hooks import RemovableHandle
 
 __all__ = ["GradScalerAdapter", "GradScalerRecorder", "check_unscale", "UnscaleCheck",
            "gradscaler_params", "found_inf_of", "grad_stats", "check_supported",
@@ -147,7 +150,7 @@ class GradScalerAdapter:
         self._param = torch.nn.Parameter(torch.zeros(1, device=device))
         self._optimizer = torch.optim.SGD([self._param], lr=0.0)
         self._stepped = False
-        self._skipped = None
+        self._skipped: bool | None = None
         self._optimizer.register_step_post_hook(self._on_step)
         self._one = torch.ones((), dtype=torch.float32, device=device)
         self._grads = {True: torch.full((1,), math.inf, device=device),
@@ -204,7 +207,7 @@ class GradScalerRecorder:
                  grad_stats: bool = True) -> None:
         self._writer = open_scaler_trace(scaler, target, source=source)
         self.scaler, self._with_stats = scaler, grad_stats
-        self._hooked: dict[int, object] = {}
+        self._hooked: dict[int, RemovableHandle] = {}
         self._optimizers: "tuple[int, ...] | None" = None
         self._stepped: set[int] = set()
         self.steps = 0
@@ -315,7 +318,7 @@ def check_unscale(grads: np.ndarray, scale: float) -> UnscaleCheck:
     param = torch.nn.Parameter(torch.zeros(grads.size + 1))
     optimizer = torch.optim.SGD([param], lr=0.0)
     scaler.scale(torch.ones(()))
-    param.grad = torch.from_numpy(np.concatenate([grads, np.float32([1.0])]))
+    param.grad = torch.from_numpy(np.concatenate([grads, np.array([1.0], np.float32)]))
     scaler.unscale_(optimizer)
     theirs = param.grad.numpy()
     found_torch = found_inf_of(scaler, [optimizer])

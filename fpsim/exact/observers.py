@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 from contextvars import ContextVar
+from typing import Any
 
 __all__ = ["Rounding", "observing", "backward_pass", "attached", "gradients_observed",
            "rounded"]
@@ -52,7 +53,9 @@ class Rounding:
     __slots__ = ("before", "after", "counts")
 
     def __init__(self, before, after) -> None:
-        self.before, self.after, self.counts = before, after, None
+        self.before, self.after = before, after
+        # an underflow.UnderflowCount once measured (underflow.py imports this module)
+        self.counts: Any = None
 
 
 class _Snapshot:

@@ -17,7 +17,7 @@ import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from .. import backend
 from ..files import folder_lock, write_text
@@ -309,7 +309,7 @@ def _write_summaries(out: Path, results: list[Result], quick: bool, timings: dic
     payload = {"mode": mode, "experiments": entries}
     write_text(out / "summary.json", json.dumps(payload, indent=2, sort_keys=True) + "\n")
     # which array library computed: the bits are the same on each, the seconds are not
-    computed_on = {"backend": backend.name(), "versions": backend.versions()}
+    computed_on: dict[str, Any] = {"backend": backend.name(), "versions": backend.versions()}
     write_text(out / "timings.json", json.dumps({"mode": mode, "experiments": timings,
                                                  **computed_on}, indent=2, sort_keys=True) + "\n")
     lines = ["# Mixed Precision Training, reproduced with fpsim", "",

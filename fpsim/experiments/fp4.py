@@ -20,6 +20,7 @@ give: the bias of nearest-even against stochastic rounding on the read-out's out
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -134,8 +135,10 @@ def rounding_bias(gradient: np.ndarray) -> dict:
     device = backend.asarray(np.ascontiguousarray(gradient), xp.float32)
     positive, nonzero = gradient > 0, int(np.count_nonzero(gradient))
     out = {}
-    for label, options in (("nearest_even", {}),
-                           ("stochastic", {"mode": "stochastic", "seed": 0, "offset": 0})):
+    # each cast's nvfp4_quantize keywords (a mode, a seed, an offset)
+    casts: tuple[tuple[str, dict[str, Any]], ...] = (
+        ("nearest_even", {}), ("stochastic", {"mode": "stochastic", "seed": 0, "offset": 0}))
+    for label, options in casts:
         q = nvfp4_quantize(device, **options)
         values = backend.to_numpy(nvfp4_dequantize(q)).astype(np.float64)
         out[label] = {"flushed": q.flushed / nonzero,
@@ -156,13 +159,11 @@ def run(ctx: Context) -> Result:
     reference = [float(v) for v in results[REFERENCE].losses]
     runs = {label: _run_numbers(RUNS[label], result, reference, tail)
             for label, result in results.items()}
+    rounding = rounding_bias(_head_gradient(models[REFERENCE], data))
     numbers = {"model": MODEL, "steps": steps, "optimizer": f"Adam lr {LR} eps {EPS:g}",
                "batch": BATCH, "tokens_per_batch": BATCH * LENGTH, "separates": SEPARATES,
-               "runs": runs,
-               "head_gradient_rounding": rounding_bias(_head_gradient(models[REFERENCE],
-                                                                      data))}
-    figures = plot_fp4(runs, REFERENCE, CASTS, numbers["head_gradient_rounding"],
-                       ctx.out / "fp4")
+               "runs": runs, "head_gradient_rounding": rounding}
+    figures = plot_fp4(runs, REFERENCE, CASTS, rounding, ctx.out / "fp4")
     return Result("fp4", TITLE, numbers, [f.name for f in figures], summary(numbers))
 
 

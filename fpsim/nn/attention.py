@@ -141,8 +141,9 @@ class MultiheadAttention(GemmModule):
         key = query if key is None else ag.as_tensor(key)
         value = key if value is None else ag.as_tensor(value)
         if not self.batch_first:        # (L, B, E): the same computation between transposes
-            out, weights = self._attend(*_batch_first(query, key, value), key_padding_mask,
-                                        need_weights, attn_mask, average_attn_weights)
+            query, key, value = _batch_first(query, key, value)
+            out, weights = self._attend(query, key, value, key_padding_mask, need_weights,
+                                        attn_mask, average_attn_weights)
             return out.transpose(1, 0, 2), weights
         return self._attend(query, key, value, key_padding_mask, need_weights, attn_mask,
                             average_attn_weights)

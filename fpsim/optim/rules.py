@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from numbers import Real
 from dataclasses import dataclass, fields
-from typing import NamedTuple
+from typing import NamedTuple, SupportsFloat
 
 from ..backend import copy, scalar, xp
 from ..options import check_flag, check_float32
@@ -37,7 +37,7 @@ class Update(NamedTuple):
 
     param: xp.ndarray
     direction: xp.ndarray
-    factor: object      # a 0-d float32 value (``fpsim.backend.scalar``)
+    factor: SupportsFloat   # a 0-d float32 value (``fpsim.backend.scalar``)
     state: tuple
     counts: tuple[int, int] | None = None
 

@@ -107,9 +107,9 @@ class NVFP4Tensor(NamedTuple):
     0-d: the tensor's largest magnitude, which the per-tensor scale comes from), the tile, the
     rule, and the counts of saturated (beyond 6 before the clamp) and flushed elements."""
 
-    elements: object
-    scales: object
-    amax: object
+    elements: xp.ndarray
+    scales: xp.ndarray
+    amax: xp.ndarray
     tile: tuple
     rule: NVFP4Rule
     saturated: int

@@ -49,7 +49,7 @@ def replacing_run(out_dir: Path, old_names: "list | None"):
     _swap_in(out_dir, token, old_names)
 
 
-def _swap_in(out_dir: Path, token: str, old_names: list) -> None:
+def _swap_in(out_dir: Path, token: str, old_names: list | None) -> None:
     staging, moving, aside = (out_dir / f"{kind}{token}" for kind in (NEW, MOVING_IN, OLD))
     if old_names is None:
         old_names = sorted(e.name for e in staging.iterdir() if (out_dir / e.name).exists())
@@ -81,7 +81,8 @@ def _move_in(out_dir: Path, moving: Path, aside: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
-def _old_run_kept(err: OSError, out_dir: Path, staging: Path, old_names: list) -> OSError:
+def _old_run_kept(err: OSError, out_dir: Path, staging: Path,
+                  old_names: list | None) -> OSError:
     """``err`` as one sentence: which file of the new run failed, and that the old is kept."""
     failed = Path(err.filename) if err.filename is not None else None
     if failed is None:
