@@ -33,6 +33,8 @@ class GemmModule(Module):
     """A module that runs GEMMs: its FP8/FP4 scaling state, one ``ScalingSlots`` per GEMM
     site, saved in ``extra_state`` (module doc)."""
 
+    _gemm_slots: dict[str, ScalingSlots]     # set past Module.__setattr__: not a submodule
+
     def __init__(self) -> None:
         super().__init__()
         object.__setattr__(self, "_gemm_slots", {})

@@ -186,6 +186,8 @@ class Traced(GemmModule):
     """A traced torch model (module doc): ``forward`` takes the torch forward's arguments
     (fpsim Tensors, arrays, integer token ids) and runs each step through the engine."""
 
+    _fpsim_plan: Plan           # set past Module.__setattr__: not a parameter or submodule
+
     def __init__(self, plan: Plan, constants=None):
         super().__init__()
         object.__setattr__(self, "_fpsim_plan", plan)
