@@ -16,6 +16,8 @@ policy's ``param`` format.
 """
 from __future__ import annotations
 
+import math
+
 from numbers import Integral
 
 from ..options import check_count, check_instance
@@ -38,23 +40,11 @@ class Conv2d(Module):
                  dilation=1, groups: int = 1, bias: bool = True, *, rng=None,
                  accumulation=None):
         super().__init__()
-        check_count("in_channels", in_channels, 1)
-        check_count("out_channels", out_channels, 1)
-        check_count("groups", groups, 1)
-        if in_channels % groups or out_channels % groups:
-            raise ValueError(f"Conv2d: groups={groups} must divide in_channels "
-                             f"({in_channels}) and out_channels ({out_channels})")
         self.kernel_size = pair(kernel_size, "kernel_size", 1)
         self.stride, self.dilation = pair(stride, "stride", 1), pair(dilation, "dilation", 1)
         self.padding = pair(padding, "padding", 0)
-        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
-        self.accumulation = accumulation
-        rng = init.as_rng(rng)
-        fan_in = in_channels // groups * self.kernel_size[0] * self.kernel_size[1]
-        shape = (out_channels, in_channels // groups) + self.kernel_size
-        self.weight = parameter(init.fan_in_uniform(rng, shape, fan_in))
-        self.bias = (parameter(init.fan_in_uniform(rng, (out_channels,), fan_in))
-                     if bias else None)
+        _weight_and_bias(self, "Conv2d", in_channels, out_channels, groups, self.kernel_size,
+                         bias, rng, accumulation)
 
     def forward(self, x):
         return ag.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation,
@@ -79,23 +69,11 @@ class Conv1d(Module):
                  padding: int = 0, dilation: int = 1, groups: int = 1, bias: bool = True, *,
                  rng=None, accumulation=None):
         super().__init__()
-        check_count("in_channels", in_channels, 1)
-        check_count("out_channels", out_channels, 1)
-        check_count("groups", groups, 1)
-        if in_channels % groups or out_channels % groups:
-            raise ValueError(f"Conv1d: groups={groups} must divide in_channels "
-                             f"({in_channels}) and out_channels ({out_channels})")
         self.kernel_size = _single(kernel_size, "kernel_size", 1)
         self.stride, self.dilation = _single(stride, "stride", 1), _single(dilation, "dilation", 1)
         self.padding = _single(padding, "padding", 0)
-        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
-        self.accumulation = accumulation
-        rng = init.as_rng(rng)
-        fan_in = in_channels // groups * self.kernel_size
-        shape = (out_channels, in_channels // groups, self.kernel_size)
-        self.weight = parameter(init.fan_in_uniform(rng, shape, fan_in))
-        self.bias = (parameter(init.fan_in_uniform(rng, (out_channels,), fan_in))
-                     if bias else None)
+        _weight_and_bias(self, "Conv1d", in_channels, out_channels, groups, (self.kernel_size,),
+                         bias, rng, accumulation)
 
     def forward(self, x):
         x = ag.as_tensor(x)
@@ -113,6 +91,25 @@ class Conv1d(Module):
                 f"kernel_size={self.kernel_size}, stride={self.stride}, "
                 f"padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
                 f"bias={self.bias is not None}, fmt={self.weight.fmt})")
+
+
+def _weight_and_bias(layer, kind: str, in_channels, out_channels, groups, kernel: tuple, bias,
+                     rng, accumulation) -> None:
+    """The checked channels and groups, and a convolution's parameters as torch draws them:
+    U(+-1/sqrt(fan_in)), fan_in = in/groups times the kernel's size, weight then bias."""
+    check_count("in_channels", in_channels, 1)
+    check_count("out_channels", out_channels, 1)
+    check_count("groups", groups, 1)
+    if in_channels % groups or out_channels % groups:
+        raise ValueError(f"{kind}: groups={groups} must divide in_channels "
+                         f"({in_channels}) and out_channels ({out_channels})")
+    layer.in_channels, layer.out_channels, layer.groups = in_channels, out_channels, groups
+    layer.accumulation = accumulation
+    rng = init.as_rng(rng)
+    fan_in = in_channels // groups * math.prod(kernel)
+    shape = (out_channels, in_channels // groups) + kernel
+    layer.weight = parameter(init.fan_in_uniform(rng, shape, fan_in))
+    layer.bias = parameter(init.fan_in_uniform(rng, (out_channels,), fan_in)) if bias else None
 
 
 def _single(value, name: str, minimum: int) -> int:
