@@ -50,6 +50,7 @@ def test_ruff_finds_nothing():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.slow      # ~11 s; CI runs mypy as a step of its own (.ci/run), before the tests
 def test_mypy_finds_nothing(tmp_path):
     require_pinned("mypy")
     done = run_tool("mypy", "--cache-dir", str(tmp_path / "mypy_cache"))
