@@ -1,4 +1,5 @@
-"""The README's Python examples run, in order, as written."""
+"""The README's Python examples run, in order, as written, and its links reach their files."""
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,3 +20,13 @@ def test_readme_python_blocks_run(tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           cwd=tmp_path, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_readme_relative_links_reach_a_file():
+    """The front door's links into the docs site, figures and lessons (GitHub resolves them
+    from the repository root)."""
+    targets = re.findall(r"\]\(([^)\s#]+)", README.read_text())
+    assert any(target.startswith("docs/") for target in targets)
+    for target in targets:
+        if "://" not in target:
+            assert (README.parent / target).exists(), target
