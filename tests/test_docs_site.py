@@ -78,6 +78,7 @@ def test_the_pages_python_examples_run(page, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+@pytest.mark.slow      # 7-28 s; CI builds the site strictly as a step of its own (.ci/run)
 def test_the_site_builds_strictly(tmp_path):
     missing = [name for name in SITE_BUILDERS if importlib.util.find_spec(name) is None]
     if missing:
