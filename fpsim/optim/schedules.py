@@ -108,11 +108,17 @@ class Chainable(Schedule):
         return base_lr
 
     def values(self, base_lr):
-        lr, epoch = self.first(base_lr), 0
-        while True:
-            yield lr
-            epoch += 1
-            lr = self.following(lr, base_lr, epoch)
+        return chained(self, self.first(base_lr), base_lr)
+
+
+def chained(schedule: Chainable, lr: float, base_lr: float):
+    """``lr``, then each next lr from the one before by ``schedule.following`` (torch's
+    chainable form), without end."""
+    epoch = 0
+    while True:
+        yield lr
+        epoch += 1
+        lr = schedule.following(lr, base_lr, epoch)
 
 
 @dataclass(frozen=True)
@@ -216,11 +222,7 @@ class WarmupCosine(Schedule):
         warm_up = Linear(self.start_factor, 1.0, self.warmup)
         yield from islice(warm_up.values(base_lr), self.warmup)
         cosine = Cosine(self.t_max, self.eta_min)
-        lr, epoch = cosine.restarted(base_lr), 0
-        while True:
-            yield lr
-            epoch += 1
-            lr = cosine.following(lr, base_lr, epoch)
+        yield from chained(cosine, cosine.restarted(base_lr), base_lr)
 
 
 @dataclass(frozen=True)
