@@ -88,18 +88,23 @@ def _f64_rows(data, n):
     return xp.reshape(backend.astype(data, xp.float64, copy=False), (-1, n))
 
 
+def _wide_operands(op: str, eps, x, weight, bias) -> tuple:
+    """``(eps, fmt, tensors, (x, weight, bias))``: ``eps`` checked (>= 0); the given tensors
+    cast as the ``wide`` category casts them (``tensors``, for the graph), and each of x,
+    weight, bias among them (None where not given)."""
+    eps = check_real("eps", eps)
+    if eps < 0:
+        raise ValueError(f"{op}: eps must be >= 0, got {eps}")
+    fmt, tensors = operands("wide", *(t for t in (x, weight, bias) if t is not None))
+    return eps, fmt, tensors, (tensors[0], tensors[1] if weight is not None else None,
+                               tensors[-1] if bias is not None else None)
+
+
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
     """``(x - mean) / sqrt(var + eps) * weight + bias`` over the trailing
     ``normalized_shape`` axes (module doc: float64 throughout, one rounding)."""
     shape = _normalized_shape(normalized_shape)
-    eps = check_real("eps", eps)
-    if eps < 0:
-        raise ValueError(f"layer_norm: eps must be >= 0, got {eps}")
-    given = [t for t in (x, weight, bias) if t is not None]
-    fmt, tensors = operands("wide", *given)
-    x = tensors[0]
-    weight = tensors[1] if weight is not None else None
-    bias = tensors[-1] if bias is not None else None
+    eps, fmt, tensors, (x, weight, bias) = _wide_operands("layer_norm", eps, x, weight, bias)
     _check(x, shape, weight, bias)
     n = math.prod(shape)
     count = backend.scalar(n, xp.float64)
@@ -263,14 +268,7 @@ def group_norm(x, num_groups: int, weight=None, bias=None, eps: float = 1e-5) ->
     dx = r (gw - mean gw - x_hat mean(gw x_hat)), gw = g w_c; dw_c = RO(sum g x_hat),
     db_c = RO(sum g) over the samples and positions of channel c."""
     groups = check_count("num_groups", num_groups, 1)
-    eps = check_real("eps", eps)
-    if eps < 0:
-        raise ValueError(f"group_norm: eps must be >= 0, got {eps}")
-    given = [t for t in (x, weight, bias) if t is not None]
-    fmt, tensors = operands("wide", *given)
-    x = tensors[0]
-    weight = tensors[1] if weight is not None else None
-    bias = tensors[-1] if bias is not None else None
+    eps, fmt, tensors, (x, weight, bias) = _wide_operands("group_norm", eps, x, weight, bias)
     if x.ndim < 2 or x.shape[1] % groups:
         raise ValueError(f"group_norm: input must be (N, C, ...) with C divisible by "
                          f"num_groups={groups}, got shape {x.shape}")
