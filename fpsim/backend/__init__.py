@@ -59,8 +59,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..options import check_instance
-from .interface import (ARRAY_ATTRIBUTES, DTYPE_KINDS, HOST_MODULES, HOST_PACKAGES, NAMESPACE,
-                        Backend)
+from .interface import (ARRAY_ATTRIBUTES, DTYPE_KINDS, FUSED_KERNELS, HOST_MODULES,
+                        HOST_PACKAGES, NAMESPACE, Backend)
 from .numpy_backend import NumpyBackend
 from .strict import StrictBackend
 from .tuning import Tuning
@@ -70,7 +70,8 @@ __all__ = ["NAMESPACE", "ARRAY_ATTRIBUTES", "DTYPE_KINDS", "HOST_PACKAGES", "HOS
            "use_backend", "asarray", "to_numpy", "to_list", "host_bytes", "is_array",
            "is_array_like", "astype", "copy", "size", "scalar", "isdtype", "is_contiguous",
            "is_unshared", "zero_where", "bitcast", "bits", "from_bits", "round_to", "uniforms",
-           "scratch", "errstate", "host_rng", "is_generator", "array_text", "versions",
+           "scratch", "errstate", "fused", "FUSED_KERNELS", "host_rng", "is_generator",
+           "array_text", "versions",
            "CONTAINER", "backend_from_environment", "accepted", "DEVICE_BACKENDS", "Tuning",
            "tuning", "use_tuning"]
 
@@ -324,6 +325,12 @@ def scratch(slot, dtype, n: int):
 
 def errstate(**settings):
     return _current.errstate(**settings)
+
+
+def fused(kernel: str):
+    """The current backend's compiled ``kernel`` (one of ``FUSED_KERNELS``), or None: the
+    exact layer then computes it on the namespace (the same bits)."""
+    return _current.fused(kernel)
 
 
 def versions() -> dict:

@@ -56,8 +56,8 @@ from ..rounding import round_to as host_round_to
 from ..rounding.portable import philox_uniforms_portable, round_to_portable
 from .tuning import Tuning
 
-__all__ = ["NAMESPACE", "ARRAY_ATTRIBUTES", "DTYPE_KINDS", "ENGINE_PACKAGES", "HOST_PACKAGES",
-           "HOST_MODULES", "PORTABLE_MODULES", "is_engine_module", "Backend"]
+__all__ = ["NAMESPACE", "FUSED_KERNELS", "ARRAY_ATTRIBUTES", "DTYPE_KINDS", "ENGINE_PACKAGES",
+           "HOST_PACKAGES", "HOST_MODULES", "PORTABLE_MODULES", "is_engine_module", "Backend"]
 
 NAMESPACE = frozenset("""
     ndarray generic integer bool_ float16 float32 float64 int8 int32 int64 intp uint8 uint16
@@ -76,6 +76,22 @@ NAMESPACE = frozenset("""
     broadcast_shapes shape atleast_1d concatenate stack split delete ix_ take_along_axis
     put_along_axis take array_equal shares_memory errstate
 """.split())
+
+#: the fused kernels a backend may offer (``Backend.fused``): each one computes what the exact
+#: layer's own code computes on the namespace, the same bits for every input it accepts, in
+#: one compiled pass instead of dozens of array passes (the exact layer runs its own code
+#: where a backend offers none, and the parity tests force both):
+#:
+#: - ``exp(y)``: ``fpsim.exact.elementary.exp`` of a float64 array (any shape), inf, -inf
+#:   and NaN included;
+#: - ``normal_tail(x)``: (Phi(x), exp(-(x*x)/2)) of a float64 array with every |x| <= 20,
+#:   ``fpsim.exact.elementary``'s table path (``_phi_on_table`` and its Gaussian factor);
+#: - ``certify_fp32_open(approx, width_rows, width_cols, high, row_blocks)``:
+#:   ``fpsim.exact.certificate.certify_fp32_open``, the same open elements and ends;
+#: - ``certified_row_sums(terms)``: ``fpsim.exact.sums``' row certificate on a 2-D float64
+#:   array of finite terms: (values, decided), each decided row's value its exact sum
+#:   rounded to odd at 53 bits (the other rows are summed in limbs by the caller).
+FUSED_KERNELS = frozenset({"exp", "normal_tail", "certify_fp32_open", "certified_row_sums"})
 
 #: what the engine may read from an array object itself (indexing and operators aside)
 ARRAY_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "T"})
@@ -231,6 +247,11 @@ class Backend:
         """A context manager silencing (``"ignore"``) floating-point warnings where the
         library raises them; infinities and NaNs are always produced as IEEE says."""
         raise NotImplementedError
+
+    def fused(self, kernel: str):
+        """The compiled ``kernel`` (one of ``FUSED_KERNELS``) this backend offers now, or None:
+        the exact layer then runs its own code (the reference). None by default."""
+        return None
 
     def versions(self) -> dict:
         """Library names and versions, for run records."""

@@ -8,16 +8,24 @@ their Python dispatch: 0.6 to 1.2 us a call, about a thousand calls per training
 """
 from __future__ import annotations
 
+import importlib
 import sys
 from types import SimpleNamespace
 
 import numpy as np
 
-from ..rounding import philox_uniforms, round_to, thread_scratch
+from ..rounding import compiled_enabled, philox_uniforms, round_to, thread_scratch
 from .host_memory import keep_freed_memory
-from .interface import DTYPE_KINDS, NAMESPACE, Backend
+from .interface import DTYPE_KINDS, FUSED_KERNELS, NAMESPACE, Backend
 
 __all__ = ["NumpyBackend"]
+
+#: where each fused kernel's Numba loop lives (modules imported on first use: Numba compiles
+#: on the first call, then loads its cache)
+_FUSED_SOURCES = {"exp": "numba_elementary", "normal_tail": "numba_elementary",
+                  "certify_fp32_open": "numba_certificate",
+                  "certified_row_sums": "numba_sums"}
+assert set(_FUSED_SOURCES) == FUSED_KERNELS
 
 _KINDS = {"bool": "b", "signed integer": "i", "unsigned integer": "u", "integral": "iu",
           "real floating": "f", "numeric": "iuf"}
@@ -151,5 +159,26 @@ class NumpyBackend(Backend):
     def errstate(self, **settings):
         return np.errstate(**settings)
 
+    def fused(self, kernel: str):
+        """The Numba loop of ``kernel`` where the compiled loops are on
+        (``fpsim.rounding.use_compiled``, the default where Numba is installed), else None."""
+        if not compiled_enabled():
+            return None
+        return _fused_kernel(kernel)
+
     def versions(self) -> dict:
         return {"numpy": np.__version__}
+
+
+def _fused_kernel(kernel: str):
+    """``kernel``'s function from its module (``_FUSED_SOURCES``), imported once."""
+    found = _FUSED.get(kernel)
+    if found is None:
+        if kernel not in FUSED_KERNELS:
+            raise ValueError(f"fused kernel {kernel!r} is not one of {sorted(FUSED_KERNELS)}")
+        module = importlib.import_module(f"{__package__}.{_FUSED_SOURCES[kernel]}")
+        found = _FUSED[kernel] = getattr(module, kernel)
+    return found
+
+
+_FUSED: dict = {}

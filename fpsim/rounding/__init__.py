@@ -59,7 +59,7 @@ from .environment import check_environment
 from .rational import float64_round_to_odd
 
 __all__ = ["round_to", "MODES", "RoundingMode", "philox_uniforms", "philox4x32",
-           "float64_round_to_odd", "use_compiled"]
+           "float64_round_to_odd", "use_compiled", "compiled_enabled"]
 
 
 class RoundingMode(str, enum.Enum):
@@ -394,6 +394,12 @@ def use_compiled(enabled: bool) -> bool:
                          "pip install 'fpsim[fast]'")
     previous, _compiled_enabled = _compiled_enabled, enabled
     return previous
+
+
+def compiled_enabled() -> bool:
+    """Whether the compiled loops run (``use_compiled``): ``round_to``'s every-mode kernel and
+    the NumPy backend's fused kernels (``fpsim.backend.fused``) read this one switch."""
+    return _compiled_enabled
 
 
 def _run_parallel(kernel, src: np.ndarray, dst: np.ndarray) -> None:
