@@ -39,22 +39,23 @@ the input at stride 1 (9x for a 3x3 kernel), and the exact model's matmul
 They are never built whole, and no padded or zero-stuffed copy is made (``Unfolding``: each
 band takes the part of x or g that lands on it and keeps zeros elsewhere). The forward pass
 and dx unfold bands of samples x output rows, as few as fit (each is one product), each
-group's columns at most ``tuning().conv_band_share`` of the larger of x and
-the output (g) in elements, unless one output row of one sample needs more; the bias joins
-each band in the certified epilogue. dW's bands are rows of g (output channels) and columns
-(c, i, j) of the unfolded input. On the exact model's fast path each operand is widened
-once (``fast_matmul.prepare``): a band of gradient rows (float64) and, for it, each band
-of columns (float32 and float64) together within ``conv_weight_prepared_share`` of the
-larger of x and g (in float32 bytes; the default usually takes all of a group's rows in
-one band, so every column band is unfolded and widened once); other models' bands hold
-both operands together within ``conv_weight_band_share`` of it. Splitting the outputs keeps every
-element's dot product whole, so the bands never change a bit (``tests/test_conv_bands.py`` compares
-the smallest bands with one band). Measured with tracemalloc, the per-thread work buffers
-counted (N = 16, C = O = 16, 32 x 32, 3 x 3, padding 1, fp32): the forward pass peaks at
-2.1 times the input's bytes, its output (1x) included, dx at 2.1x (dx included), dW at 3.5x
-(before the bands, measured the same way: 5.8x, 5.8x, 8.4x); with O = 2 C
-(``benchmarks/bench_models.py``: N = 64, 8 -> 16 channels, 14 x 14) at 4.7x (its 2x output
-included), 3.1x and 6.9x, 3.4 times the gradient g (before: 6.7x, 7.8x, 11.4x).
+group's columns at most ``tuning().conv_band_share`` of the larger of x and the output (g)
+in elements, unless one output row of one sample needs more; the bias joins each band in the
+certified epilogue. On the exact model's fast path dW splits its reduction over (n, p, q)
+instead, in parts of samples (``product_parts.matmul_in_parts``: the bits of one certified
+product): each part's gradient rows and columns at most ``conv_weight_part_share`` of the
+larger of x and g in float32 elements (their float64 copies twice that), and only the open
+elements' lines are rebuilt for the exact step. Other models' dW bands are rows of g (output
+channels) and columns (c, i, j) of the unfolded input, both operands together within
+``conv_weight_band_share`` of it. Splitting the outputs keeps every element's dot product
+whole, and parts of the reduction are one more blocking of the same float64 product, so
+neither changes a bit (``tests/test_conv_bands.py`` compares the smallest bands and parts
+with one band). Measured with tracemalloc, the per-thread work buffers counted (N = 16,
+C = O = 16, 32 x 32, 3 x 3, padding 1, fp32): the forward pass peaks at 2.1 times the input's
+bytes, its output (1x) included, dx at 2.1x (dx included), dW at 2.1x (before the bands,
+measured the same way: 5.8x, 5.8x, 8.4x); with O = 2 C (``benchmarks/bench_models.py``:
+N = 64, 8 -> 16 channels, 14 x 14) at 4.7x (its 2x output included), 3.1x and 3.6x (before:
+6.7x, 7.8x, 11.4x).
 
 >>> from fpsim.autograd import Tensor, use_policy
 >>> x = Tensor([[[[1.0, 2.0], [3.0, 4.0]]]])
@@ -69,10 +70,11 @@ from __future__ import annotations
 import math
 
 from .. import backend
-from ..backend import tuning, xp
+from ..backend import size, to_list, tuning, xp
 from ..exact import observers, underflow
 from ..exact.accumulation import ExactAccumulation
-from ..exact.fast_matmul import matmul_2d, prepare
+from ..exact.fast_matmul import matmul_2d
+from ..exact.product_parts import matmul_in_parts
 from ..formats import FP32
 from ..options import check_count
 from .accumulate import acc_matmul, acc_sum, accumulation_model
@@ -274,7 +276,7 @@ def _weight_gradient(g, x, weight, how, groups, model, budget):
 def _banded_weight_gradient(dw, g, x, how, groups, fmt, model, budget):
     """dW into ``dw`` in bands of output channels (rows of g) and of (c, i, j) columns, both
     operands of a band together at most ``budget`` elements (``_weight_bands``); on the
-    exact model's fast path, each operand widened once (``_prepared_weight_gradient``)."""
+    exact model's fast path, the reduction in parts (``_weight_gradient_in_parts``)."""
     n, o, p, q = g.shape
     og, cg, k = o // groups, dw.shape[1], math.prod(dw.shape[1:])
     flat = xp.reshape(dw, (o, k))       # a view: the bands write dw
@@ -282,8 +284,8 @@ def _banded_weight_gradient(dw, g, x, how, groups, fmt, model, budget):
         source = x[:, group * cg:(group + 1) * cg]
         channels = range(group * og, (group + 1) * og)
         if _fast_path_applies(model, fmt, g):
-            _prepared_weight_gradient(flat, g, source, how, channels, fmt, model, max(1, int(
-                tuning().conv_weight_prepared_share * max(backend.size(x), backend.size(g)))))
+            _weight_gradient_in_parts(flat, g, source, how, channels, fmt, model, max(1, int(
+                tuning().conv_weight_part_share * max(backend.size(x), backend.size(g)))))
             continue
         rows, cols = _weight_bands(og, k, n * p * q, budget)
         for left in range(0, k, cols):  # each column band unfolded once
@@ -308,30 +310,35 @@ def _fast_path_applies(model, fmt, g) -> bool:
             and g.dtype == xp.float32)
 
 
-def _prepared_weight_gradient(flat, g, source, how, channels, fmt, model, budget):
-    """dW's rows ``channels`` (one group) on the exact fast path, each operand widened once
-    (``fast_matmul.prepare``: the same float64 values and norms ``matmul_2d`` takes itself,
-    so the same bits): the gradient rows in bands of channels, each band prepared once, and
-    for each, the (c, i, j) columns in bands, each unfolded and prepared once per band of
-    rows (``_prepared_bands``: usually one band of rows, so once), all within ``budget``
-    float32 elements' bytes. A product the fast path does not take (NaN/inf) goes the
-    general way (``acc_matmul``)."""
+def _weight_gradient_in_parts(flat, g, source, how, channels, fmt, model, budget):
+    """dW's rows ``channels`` (one group) on the exact fast path, the reduction over (n, p, q)
+    in parts of samples (``product_parts.matmul_in_parts``: the bits of ``matmul_2d`` on the
+    whole operands, which are never built): each part's gradient rows and im2col columns
+    together at most ``budget`` float32 elements (their float64 copies: twice that). A
+    product the fast path does not take (NaN/inf) goes the general way (``acc_matmul``)."""
     n, _, p, q = g.shape
-    length, k = n * p * q, flat.shape[1]
-    rows, cols = _prepared_bands(len(channels), k, length, budget)
-    for first in range(channels.start, channels.stop, rows):
-        stop = min(channels.stop, first + rows)
-        grads = _gradient_rows(g, first, stop)
-        prepared = prepare(grads, "a")._replace(source=None)    # gather from the float64
-        del grads                                               # values: frees the copy
-        for left in range(0, k, cols):
-            right = min(k, left + cols)
-            columns = unfold(source, how, slice(0, n), range(p), q, left, right,
-                              column_major=True)
-            out = matmul_2d(prepared, prepare(columns, "b"), fmt)
-            if out is None:
-                out = acc_matmul(_gradient_rows(g, first, stop), columns, fmt, model)
-            flat[first:stop, left:right] = out
+    k = flat.shape[1]
+    chosen = g[:, channels.start:channels.stop]
+    samples = max(1, budget // max(1, (len(channels) + k) * p * q))
+
+    def parts():
+        for first in range(0, n, samples):
+            batch = slice(first, min(n, first + samples))
+            yield (_gradient_rows(chosen[batch], 0, len(channels)),
+                   unfold(source, how, batch, range(p), q, 0, k, column_major=True))
+
+    def rows_of(lines):
+        return _gradient_rows(xp.take(chosen, lines, axis=1), 0, size(lines))
+
+    def cols_of(columns):
+        return xp.concatenate([unfold(source, how, slice(0, n), range(p), q, c, c + 1)
+                               for c in to_list(columns)], axis=1)
+
+    out = matmul_in_parts(parts(), (len(channels), k), fmt, rows_of, cols_of, budget)
+    if out is None:
+        out = acc_matmul(_gradient_rows(chosen, 0, len(channels)),
+                         unfold(source, how, slice(0, n), range(p), q, 0, k), fmt, model)
+    flat[channels.start:channels.stop] = out
 
 
 def _plain_weight_gradient(dw, g, x, how, groups, fmt, model):
@@ -363,25 +370,6 @@ def _weight_bands(rows, cols, length, budget):
         width = min(cols, room - height)
         key = (-(-rows // height) * -(-cols // width), height + width)
         best = min(best, (key, height, width)) if best else (key, height, width)
-    return best[1], best[2]
-
-
-def _prepared_bands(rows, cols, length, budget):
-    """(output channels, columns) per band of dW on the prepared path: a band of gradient
-    rows in float64 (2 float32 elements' bytes each) and a band of columns in float32 and
-    float64 (3) together within ``budget`` where that leaves room for a column, else one
-    row and one column. Of those, the least work in units of ``length`` elements: the rows
-    widened once, the columns unfolded and widened once per band of rows, and each
-    product's float64 reads (cheaper per element: weighted a half)."""
-    best = None
-    for height in range(1, rows + 1):
-        width = min(cols, (budget - 2 * height * length) // (3 * length))
-        if width < 1 and height > 1:
-            break
-        width = max(1, width)
-        bands = -(-rows // height)
-        cost = rows + 2 * bands * cols + bands * -(-cols // width) * (height + width) / 2
-        best = min(best, (cost, height, width)) if best else (cost, height, width)
     return best[1], best[2]
 
 

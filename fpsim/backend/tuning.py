@@ -61,11 +61,11 @@ class Tuning(NamedTuple):
     #: larger of the input and the output gradient (memory: about 3.5 times the band's bytes;
     #: each band's product widens its operands again: smaller bands cost time)
     conv_weight_band_share: float = 0.75
-    #: autograd.ops_conv: dW on the exact model's fast path, its prepared operands' bytes (a
-    #: band of gradient rows in float64, a band of columns in float32 and float64), as a share
-    #: of the larger of the input and the output gradient in float32 bytes (each operand is
-    #: widened once, so larger bands save only per-product costs)
-    conv_weight_prepared_share: float = 2.2
+    #: autograd.ops_conv: dW on the exact model's fast path, the reduction in parts of
+    #: samples: a part's gradient rows and im2col columns, float32 elements together, as a
+    #: share of the larger of the input and the output gradient (their float64 copies take
+    #: twice that; smaller parts cost more BLAS calls, never a bit)
+    conv_weight_part_share: float = 0.25
 
 
 #: few, large chunks on a GPU, where each array operation costs a kernel launch and many a

@@ -97,7 +97,8 @@ from .open_elements import exact_elements, exact_zero_signs, gather_source
 from .product_count import note_fast
 from .widening import Prepared, prepare, widen_with_norms, work_array
 
-__all__ = ["matmul_2d", "matmul_batched", "round_out", "Prepared", "prepare"]
+__all__ = ["matmul_2d", "matmul_batched", "round_out", "settle_open", "certificate_widths",
+           "Prepared", "prepare"]
 
 _ROW_FLOOR = 2.0 ** -600  # width floors: w > 0 for all-zero lines, below any nonzero one's
 _COL_FLOOR = 2.0 ** -400
@@ -234,10 +235,7 @@ def _matmul_2d(a, b, out_fmt, bias, note, k, blocks: _Blocks):
     fp32_out = out_fmt == FP32
     # pre is the output itself for fp32; otherwise only a work array (out is rounded from it)
     pre = xp.empty(shape, xp.float32) if fp32_out else work_array("pre", shape, xp.float32)
-    # Floors keep w > 0 where a row or column is all zero (module docstring, (3)); they are
-    # below every nonzero norm's factor (norms of float32 values are at least 2**-149).
-    row_width = xp.maximum(row_norm * width_factor(k), _ROW_FLOOR)
-    col_width = xp.maximum(col_norm, _COL_FLOOR)
+    row_width, col_width = certificate_widths(row_norm, col_norm, k)
     exact_rows = (_exact_rows(row_norm, col_norm, row_quanta, col_quanta, k, blocks)
                   if try_exact else None)
     if exact_rows is None:
@@ -253,12 +251,22 @@ def _matmul_2d(a, b, out_fmt, bias, note, k, blocks: _Blocks):
     out = pre if fp32_out else round_to(pre, out_fmt)     # acc = hi32 wherever certified
     exact = 0
     if opened.shape[0]:
-        exact = _settle_open(a, b, a64, b64, row_norm, col_norm, approx, opened, low32, pre,
-                             out, bias, out_fmt, fp32_out, blocks)
+        def exact_at(rows, cols, where):
+            return exact_elements(gather_source(a, a64), gather_source(b, b64), row_norm,
+                                  col_norm, rows, blocks.column(rows, cols),
+                                  _flat(approx)[where])
+        exact = settle_open(opened, low32, pre, out, bias, out_fmt, exact_at)
     if note:
         observers.rounded(pre, out)
     note_fast(blocks.count, size(out), opened.shape[0], exact)
     return out
+
+
+def certificate_widths(row_norm, col_norm, k: int):
+    """(row widths, column widths) whose products are the certificate's w (module docstring,
+    (1)). Floors keep w > 0 where a row or column is all zero ((3)); they are below every
+    nonzero norm's factor (norms of float32 values are at least 2**-149)."""
+    return xp.maximum(row_norm * width_factor(k), _ROW_FLOOR), xp.maximum(col_norm, _COL_FLOOR)
 
 
 def _products(a64, b64, blocks: _Blocks) -> xp.ndarray:
@@ -335,18 +343,19 @@ def _flat(x) -> xp.ndarray:
     return xp.reshape(x, (-1,))
 
 
-def _settle_open(a, b, a64, b64, row_norm, col_norm, approx, opened, low32, pre, out, bias,
-                 out_fmt, fp32_out, blocks: _Blocks) -> int:
-    """pre and out at the elements the fp32 certificate left open (flat indices ``opened``,
-    their low ends ``low32``; pre and out hold f's values at the high ends there). The
-    f-level certificate takes those where f = rnd_out(pre(.)) gives one bit pattern at both
-    ends and pre is nonzero of one sign at both (pre(acc) then keeps the zero/nonzero
-    pattern of the exact path; pre and out there are already f's values at the high end);
-    it only helps when f is coarser than rnd32 (an output format or a bias). The rest are
-    summed exactly: returns how many."""
-    # flat indices into the C-ordered pre, out and approx (thousands of elements may be
-    # open: 1-D gathers are the cheap ones)
+def settle_open(opened, low32, pre, out, bias, out_fmt, exact_at) -> int:
+    """pre and out (2-D, C-ordered) at the elements the fp32 certificate left open (flat
+    indices ``opened``, their low ends ``low32``; pre and out hold f's values at the high ends
+    there). The f-level certificate takes those where f = rnd_out(pre(.)) gives one bit
+    pattern at both ends and pre is nonzero of one sign at both (pre(acc) then keeps the
+    zero/nonzero pattern of the exact path; pre and out there are already f's values at the
+    high end); it only helps when f is coarser than rnd32 (an output format or a bias). The
+    rest are summed exactly by ``exact_at(rows, cols, where)`` (their fp32 exact sums; where:
+    their flat indices): returns how many."""
+    # flat indices into the C-ordered pre and out (thousands of elements may be open: 1-D
+    # gathers are the cheap ones)
     n = pre.shape[1]
+    fp32_out = out_fmt == FP32
     flat_pre, flat_out = _flat(pre), _flat(out)
     if bias is not None or not fp32_out:
         pre_low = low32 if bias is None else low32 + bias[opened % n]
@@ -355,8 +364,7 @@ def _settle_open(a, b, a64, b64, row_norm, col_norm, approx, opened, low32, pre,
         if not opened.shape[0]:
             return 0
     rows, cols = xp.divmod(opened, n)
-    acc = exact_elements(gather_source(a, a64), gather_source(b, b64), row_norm, col_norm,
-                         rows, blocks.column(rows, cols), _flat(approx)[opened])
+    acc = exact_at(rows, cols, opened)
     if bias is not None:
         acc += bias[cols]
     flat_pre[opened] = acc
