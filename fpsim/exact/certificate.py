@@ -67,7 +67,7 @@ from __future__ import annotations
 
 import math
 
-from ..backend import astype, bitcast, bits, is_contiguous, scratch, size, tuning, xp
+from ..backend import astype, bitcast, bits, fused, is_contiguous, scratch, size, tuning, xp
 from .sums import zero_sum
 
 __all__ = ["error_factor", "tight_error_factor", "width_factor", "certify", "certify_fp32_open",
@@ -183,10 +183,16 @@ def certify_fp32_open(approx: xp.ndarray, width_rows: xp.ndarray, width_cols: xp
     with their own w (gathered), and the result is the same as with w throughout. Where W leaves
     more than 1/``recheck_share`` of a chunk (widths of very different sizes), the chunk is taken
     again with w throughout. Chunk sizes and thresholds: ``tuning()``'s ``certificate_open_chunk``,
-    ``einsum_from``, ``recheck_share``."""
+    ``einsum_from``, ``recheck_share``. (This needs widths > 0, as the callers' floors give.) A
+    backend's fused kernel, where offered, gives the same in one compiled pass, w per element."""
     approx, width_rows, width_cols = xp.asarray(approx), xp.asarray(width_rows), \
         xp.asarray(width_cols)
     high = xp.asarray(high)              # the caller's array itself (it receives the ends)
+    kernel = fused("certify_fp32_open")  # one compiled pass, w per element: the same bits
+    if kernel is not None:
+        found = kernel(approx, width_rows, width_cols, high, row_blocks)
+        if found is not None:            # None: inputs it declines (widths <= 0 ...)
+            return found
     cols = _ColumnWidths(width_cols, None if row_blocks is None else xp.asarray(row_blocks))
     settings = tuning()
     recheck_share = settings.recheck_share
