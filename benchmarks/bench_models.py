@@ -35,6 +35,8 @@ from fpsim.exact.sums import SUM_ROWS
 from fpsim.exact.correctly_rounded import FALLBACK_COUNT
 from fpsim.exact.product_count import count_products
 from fpsim.optim import SGD, Optimizer
+from fpsim.rounding import use_compiled
+from fpsim.rounding.compiled import available as compiled_available
 from fpsim.train.losses import batch_inputs, resolve_loss
 from fpsim.train import Dataset
 
@@ -360,6 +362,14 @@ def report(title, make_model, data, floor_step, make_torch_step, args) -> None:
         print(f"    {sum_paths(step)}")
         print(f"    {correctly_rounded_paths(step)}")
         print(f"    peak memory of one step: {peak_in_a_fresh_thread(step) / 2 ** 20:.1f} MiB")
+    if compiled_available():       # what the optional compiled kernels (fpsim[fast]) buy
+        previous = use_compiled(False)
+        try:
+            seconds = _seconds(step, args.repeat, args.budget)
+        finally:
+            use_compiled(previous)
+        print(f"  fpsim 16-mixed, NumPy kernels only (use_compiled(False)) {seconds * 1e3:8.1f}"
+              f" ms  {seconds / floor:.1f}x floor")
 
 
 def sum_paths(step) -> str:

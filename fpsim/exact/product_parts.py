@@ -37,8 +37,8 @@ def matmul_in_parts(parts, shape, out_fmt, rows_of, cols_of, exact_budget: int, 
     by ``parts``: an iterable of (a_part (m, K_t), b_part (K_t, n)) float32 arrays, the slices
     of K in any order; ``rows_of``/``cols_of`` rebuild lines for the exact step (module doc),
     for as many open elements at a time as gather at most ``exact_budget`` products (at
-    least one element). None where a value is not finite or K is 0. ``note``: report the rounding to the
-    underflow observers, as ``matmul_2d`` does."""
+    least one element). None where a value is not finite or K is 0. ``note``: report the
+    rounding to the underflow observers, as ``matmul_2d`` does."""
     m, n = shape
     approx = xp.zeros((m, n), xp.float64)
     row_squares, col_squares = xp.zeros(m, xp.float64), xp.zeros(n, xp.float64)
@@ -59,8 +59,8 @@ def matmul_in_parts(parts, shape, out_fmt, rows_of, cols_of, exact_budget: int, 
     fp32_out = out_fmt == FP32
     pre = xp.empty((m, n), xp.float32)
     with xp.errstate(over="ignore", invalid="ignore"):
-        opened, low32, _ = certify_fp32_open(approx, *certificate_widths(row_norm, col_norm, k),
-                                             pre)
+        row_width, col_width = certificate_widths(row_norm, col_norm, k)
+        opened, low32, _ = certify_fp32_open(approx, row_width, col_width, pre)
         out = pre if fp32_out else round_to(pre, out_fmt)
 
         def exact_at(rows, cols, where):
