@@ -417,38 +417,3 @@ def test_exact_rows_gate_reads_first_lines_before_the_quanta(monkeypatch):
         assert same_bits(matmul_2d(wide, b, out_fmt),
                          slow_reference(wide, b, out_fmt))
     assert not patterns and not taken
-
-
-@pytest.mark.parametrize("kind", ["fp16", "ints", "wide", "tiny", "huge"])
-@pytest.mark.parametrize("prepared", ["a", "b", "both", "both, gathered from float64"])
-def test_prepared_operands_give_the_same_bits(kind, prepared, monkeypatch):
-    """``fast_matmul.prepare``d operands (widened once, as conv2d's dW keeps them): the same
-    bits as the reference, at every output format, with and without a bias, with exact rows
-    forced on (their quanta prepared) or left out (none prepared), gathering from the
-    float32 original or from the float64 values; a prepared operand is never widened again;
-    a non-finite one leaves the product to the general path (None)."""
-    widened = _count_calls(monkeypatch, fast_matmul, "widen_with_norms")
-    rng = np.random.default_rng(len(kind) + 70)
-    for quanta in (False, True):
-        with backend.use_tuning(exact_min_saving=-10 ** 9 if quanta else 0):
-            for m, k, n in ((12, 9, 10), (17, 33, 8), (9, 2, 14)):
-                a, b, bias = adversarial(rng, m, k, n, kind)
-                ops = [dev(a), dev(b)]
-                for i, side in enumerate("ab"):
-                    if side in prepared or "both" in prepared:
-                        ops[i] = fast_matmul.prepare(ops[i], side, quanta=quanta)
-                        if "float64" in prepared:
-                            ops[i] = ops[i]._replace(source=None)
-                before = len(widened)
-                for out_fmt in OUT_FORMATS:
-                    for beta in (None, bias):
-                        with np.errstate(over="ignore", invalid="ignore"):
-                            out = fast_matmul.matmul_2d(*ops, out_fmt,
-                                                        None if beta is None else dev(beta))
-                        assert same_bits(host(out), slow_reference(a, b, out_fmt, beta)), (
-                            m, k, n, out_fmt)
-                calls = 2 * len(OUT_FORMATS) * (2 if "both" in prepared else 1)
-                assert len(widened) - before == 2 * 2 * len(OUT_FORMATS) - calls
-    a, b, _ = adversarial(rng, 5, 4, 3, "fp16")
-    a[1, 2] = np.inf
-    assert fast_matmul.matmul_2d(fast_matmul.prepare(dev(a), "a"), dev(b), FP32) is None

@@ -18,7 +18,8 @@ its thread count.
 - ``fast_matmul.py``: the ``ExactAccumulation(fp32)`` fast path, certified straight to
   the output format, 2-D and batched (``matmul_2d``, ``matmul_batched``, ``round_out``);
   ``widening.py``: its operands widened to float64 with their norms and quanta, chunk by
-  chunk, or once in advance for reuse (``prepare``); ``open_elements.py``: its exact step,
+  chunk; ``product_parts.py``: the product with its reduction in parts (conv2d's dW, batch
+  by batch); ``open_elements.py``: its exact step,
   the elements the certificates leave open, summed from their gathered products (or their
   supports); ``product_count.py``: how many products and elements took each path.
 - ``scatter.py``: scatter-add with exact, order-free totals (``scatter_sum``), the

@@ -72,10 +72,9 @@ BLAS product gives approx, the fp32 ends take each row's widths from its own blo
 chunk's blocks, which encloses s as well), exact rows bound U by the largest sigma of the
 row's block, and the exact step gathers from the folded a and b (``open_elements``
 unchanged). ``product_count.count_products`` counts the open and exactly summed elements.
-(7) Prepared operands (``prepare``: a ``Prepared`` float64 copy, norms and, optionally,
-quanta, made by the same widening): the certificate reads only those, so an operand used in
-several products (a band of im2col columns against every band of output channels, conv2d's
-dW) is widened once; without quanta no exact rows are tried (the same bits, by (5)).
+(7) The reduction in parts (``product_parts.matmul_in_parts``: a and b arrive as slices of
+K, conv2d's dW batch by batch): (1)-(4) read a and b only through approx, the norms and the
+open elements' lines, each of which the parts give (that module's docstring).
 Non-finite inputs (seen as non-finite norms), K = 0 and empty shapes are left to the general
 path (``matmul_2d`` and ``matmul_batched`` return None). The fp32 ends are computed chunk by chunk
 (``certificate.certify_fp32_open``; first with the chunk's largest w, which encloses s as
@@ -95,10 +94,9 @@ from .certificate import certify_fp32_open, error_factor, width_factor
 from .exact_dots import cauchy_schwarz_bound
 from .open_elements import exact_elements, exact_zero_signs, gather_source
 from .product_count import note_fast
-from .widening import Prepared, prepare, widen_with_norms, work_array
+from .widening import widen_with_norms, work_array
 
-__all__ = ["matmul_2d", "matmul_batched", "round_out", "settle_open", "certificate_widths",
-           "Prepared", "prepare"]
+__all__ = ["matmul_2d", "matmul_batched", "round_out", "settle_open", "certificate_widths"]
 
 _ROW_FLOOR = 2.0 ** -600  # width floors: w > 0 for all-zero lines, below any nonzero one's
 _COL_FLOOR = 2.0 ** -400
@@ -116,14 +114,13 @@ def round_out(x32: xp.ndarray, fmt) -> xp.ndarray:
     return round_to(x32, fmt)
 
 
-def matmul_2d(a: xp.ndarray | Prepared, b: xp.ndarray | Prepared, out_fmt,
-              bias: xp.ndarray | None = None, *, note: bool = True) -> xp.ndarray | None:
+def matmul_2d(a: xp.ndarray, b: xp.ndarray, out_fmt, bias: xp.ndarray | None = None, *,
+              note: bool = True) -> xp.ndarray | None:
     """ExactAccumulation(fp32) ``a @ b`` (+ ``bias`` in the fp32 accumulator) rounded to
     ``out_fmt``, as float32; None where the fast path does not apply. ``note``: report
     (accumulator + bias, output) as a rounding (``observers.rounded``), as
-    ``accumulation._to_output`` does. ``a`` and ``b`` may come prepared (``prepare``): the
-    same bits, without widening them again."""
-    a, b = _as_operand(a), _as_operand(b)
+    ``accumulation._to_output`` does."""
+    a, b = xp.asarray(a), xp.asarray(b)
     bias = None if bias is None else xp.asarray(bias)
     m, k = a.shape
     n = b.shape[1]
@@ -195,34 +192,15 @@ def _fold_columns(b):
     return xp.reshape(xp.transpose(b, (1, 0, 2)), (k, count * n))
 
 
-def _as_operand(x):
-    return x if isinstance(x, Prepared) else xp.asarray(x)
-
-
 def _widened(x, name: str, axis: int, try_exact: bool):
     """(float64 values, norms, quanta, the array the exact step gathers from) of an operand,
-    prepared (``Prepared``: as it is) or not (widened into the work buffer ``name``)."""
-    if isinstance(x, Prepared):
-        return x.wide, x.norms, x.quanta, x.wide if x.source is None else x.source
+    widened into the work buffer ``name``."""
     wide, norms, quanta = widen_with_norms(x, name, axis, try_exact)
     return wide, norms, quanta, gather_source(x, wide)
 
 
-def _original(x):
-    """The float32 operand (a prepared one's ``source``)."""
-    return x.source if isinstance(x, Prepared) else x
-
-
-def _can_try_exact(x) -> bool:
-    """Exact rows need the lines' quanta and the float32 original (its first line decides):
-    a prepared operand brings both or not."""
-    return not isinstance(x, Prepared) or (x.quanta is not None and x.source is not None
-                                           and x.source.dtype == xp.float32)
-
-
 def _matmul_2d(a, b, out_fmt, bias, note, k, blocks: _Blocks):
-    try_exact = (_can_try_exact(a) and _can_try_exact(b) and _exact_rows_worth_trying(
-        _original(a), _original(b), blocks.m, k, blocks.n, blocks.count))
+    try_exact = _exact_rows_worth_trying(a, b, blocks.m, k, blocks.n, blocks.count)
     a64, row_norm, row_quanta, a = _widened(a, "a", 1, try_exact)
     b64, col_norm, col_quanta, b = _widened(b, "b", 0, try_exact)
     # Squares of float32 values cannot overflow a float64 sum (K 2**256 < 2**1024), so the

@@ -1,58 +1,24 @@
 """Operands of the certified products (``fast_matmul``) widened to float64 with their
-norms and, optionally, their lines' quanta: in the products' reused work arrays
-(``work_array``), or once for several products (``prepare``, a ``Prepared`` operand).
+norms and, optionally, their lines' quanta, in the products' reused work arrays
+(``work_array``).
 """
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 from ..backend import is_contiguous, scratch, tuning, xp
 from .certificate import lowest_bit_patterns, quanta_from_patterns
-from .open_elements import gather_source
 
-__all__ = ["Prepared", "prepare", "widen_with_norms", "work_array"]
-
-
-class Prepared(NamedTuple):
-    """An operand of ``matmul_2d`` widened once for several products (``prepare``): what
-    ``matmul_2d`` computes from it on every call, kept. ``wide``: its values in float64
-    (exact); ``norms``: the 2-norms of its rows (a) or columns (b) in float64, summed in some
-    order (the bound holds for every order, module docstring (1)); ``quanta``: their
-    ``line_quanta`` or None (then no exact rows are tried: the same bits, module docstring
-    (5)); ``source``: the float32 original the exact step gathers from, or None to gather
-    from ``wide`` (as ``gather_source`` does for a strided original)."""
-    source: xp.ndarray | None
-    wide: xp.ndarray
-    norms: xp.ndarray
-    quanta: xp.ndarray | None
-
-    @property
-    def shape(self):
-        return self.wide.shape
+__all__ = ["widen_with_norms", "work_array"]
 
 
-def prepare(x: xp.ndarray, side: str, *, quanta: bool = False) -> Prepared:
-    """The 2-D float32 ``x`` prepared as ``matmul_2d``'s operand ``side`` ("a": row norms,
-    "b": column norms), in fresh arrays (a caller keeps it across products: a band of im2col
-    columns widened once for every band of output channels). ``quanta``: take the lines'
-    quanta too (worth it only where exact rows will be tried: fp16/bf16 data, a large
-    output)."""
-    x = xp.asarray(x)
-    wide, norms, found = widen_with_norms(x, None, 1 if side == "a" else 0, quanta)
-    return Prepared(gather_source(x, wide), wide, norms, found)
-
-
-def work_array(name: str | None, shape: tuple, dtype) -> xp.ndarray:
+def work_array(name: str, shape: tuple, dtype) -> xp.ndarray:
     """A reused per-thread work array: ``round_to``'s per-thread buffers (fresh large arrays
-    cost page faults on every call), under names of their own; a fresh array for no name
-    (``prepare``: its caller keeps it)."""
-    if name is None:
-        return xp.empty(shape, dtype)
+    cost page faults on every call), under names of their own."""
     return xp.reshape(scratch(name, dtype, math.prod(shape)), shape)
 
 
-def widen_with_norms(x: xp.ndarray, name: str | None, axis: int, quanta: bool = False):
+def widen_with_norms(x: xp.ndarray, name: str, axis: int, quanta: bool = False):
     """(x in float64, exact, in a reused buffer (``work_array``) with x's memory order (BLAS reads
     either); the 2-norms in float64 over ``axis``; with ``quanta``, the lines' ``line_quanta`` over
     ``axis``, else None), chunk by chunk along x's memory order, so that the norms and the quanta
