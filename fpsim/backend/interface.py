@@ -83,9 +83,11 @@ NAMESPACE = frozenset("""
 #: where a backend offers none, and the parity tests force both):
 #:
 #: - ``exp(y)``: ``fpsim.exact.elementary.exp`` of a float64 array (any shape), inf, -inf
-#:   and NaN included;
-#: - ``normal_tail(x)``: (Phi(x), exp(-(x*x)/2)) of a float64 array with every |x| <= 20,
-#:   ``fpsim.exact.elementary``'s table path (``_phi_on_table`` and its Gaussian factor);
+#:   and NaN included: a new array of y's shape;
+#: - ``normal_tail(x, table)``: (Phi(x), exp(-(x*x)/2)) of a float64 array (any shape) with
+#:   every |x| <= 20, ``fpsim.exact.elementary``'s table path (``_phi_on_table`` and its
+#:   Gaussian factor), ``table`` its (16, 81) float64 Taylor coefficients of the Mills ratio
+#:   (``elementary._gelu_table``, the caller's: the kernel does not rebuild them);
 #: - ``certify_fp32_open(approx, width_rows, width_cols, high, row_blocks)``:
 #:   ``fpsim.exact.certificate.certify_fp32_open``, the same open elements and ends;
 #: - ``certified_row_sums(terms)``: ``fpsim.exact.sums``' row certificate on a 2-D float64
