@@ -80,7 +80,9 @@ NAMESPACE = frozenset("""
 #: the fused kernels a backend may offer (``Backend.fused``): each one computes what the exact
 #: layer's own code computes on the namespace, the same bits for every input it accepts, in
 #: one compiled pass instead of dozens of array passes (the exact layer runs its own code
-#: where a backend offers none, and the parity tests force both):
+#: where a backend offers none, and the parity tests force both). A kernel may decline an
+#: input by returning None (``certify_fp32_open``: widths not all > 0, arrays of another
+#: library); the exact layer's code then runs:
 #:
 #: - ``exp(y)``: ``fpsim.exact.elementary.exp`` of a float64 array (any shape), inf, -inf
 #:   and NaN included: a new array of y's shape;
