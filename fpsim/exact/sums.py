@@ -59,12 +59,21 @@ from below, so big stays normal) and 2**-960 <= |s| or an exact zero sum (the ze
 rule), where the limbs' value is rodd(S) too; the others, and every row where the bound cannot
 settle the sign of S - s, go to the limbs. ``SUM_ROWS`` counts the rows each path took;
 ``forced_limbs()`` sends every row to the limbs.
+
+Where the backend offers the fused kernel ``certified_row_sums`` (``FUSED_KERNELS``; the NumPy
+backend's Numba loop, ``fpsim.backend.numba_sums``), it replaces the certificate above, which
+stays the reference: any exact method gives the one rodd(S), so the kernel decides rows by its
+own exact steps (two error-free splits summed as integers, compensated sums with error
+bounds, an error-free expansion), under equivalent rules (no overflow: sum |x| below 2**1019;
+|s| >= 2**-960 unless S is zero), and may decide rows this certificate leaves to the limbs.
+``SUM_ROWS["certified"]`` counts the rows either one decided. Only the rows left to the limbs
+are checked for inf and NaN (neither certificate decides a row holding one).
 """
 from __future__ import annotations
 
 from contextlib import contextmanager
 
-from ..backend import astype, bitcast, scratch, tuning, xp
+from ..backend import astype, bitcast, fused, scratch, tuning, xp
 
 from .odd_rounding import round_to_odd
 
@@ -108,8 +117,6 @@ def round_to_odd_sum(terms: xp.ndarray) -> xp.ndarray:
     terms = xp.asarray(terms, dtype=xp.float64)
     if terms.ndim != 2:
         raise ValueError(f"round_to_odd_sum expects a 2-D array of rows, got shape {terms.shape}")
-    if not xp.all(xp.isfinite(terms)):
-        raise ValueError("round_to_odd_sum takes finite terms; handle inf/NaN before calling")
     rows, width = terms.shape
     out = xp.empty(rows, xp.float64)
     # rows * terms per chunk (tuning().sums_chunk) bounds the scratch memory
@@ -121,19 +128,32 @@ def round_to_odd_sum(terms: xp.ndarray) -> xp.ndarray:
 
 
 def _rows_certified_or_limbs(terms: xp.ndarray) -> xp.ndarray:
-    """Each row's rodd sum: by the certificate where it decides, in limbs elsewhere."""
+    """Each row's rodd sum: by the certificate where it decides, in limbs elsewhere. Only the
+    rows bound for the limbs are checked for inf and NaN: a row with one is never decided
+    (its sum |x| is not below 2**1019), so every such row is caught, without a pass over the
+    rows the certificate decided."""
     rows, width = terms.shape
     if _FORCED["limbs"] or width > _TERMS_PER_PASS:      # (its temporaries: 3 rows wide)
+        _check_finite(terms)
         SUM_ROWS["limbs"] += rows
         return _rows_round_to_odd(terms)
-    value, decided = _certified_rows(terms)
+    kernel = fused("certified_row_sums")    # a backend's one compiled pass a row, where offered
+    found = kernel(terms) if kernel is not None else None      # (None: it declined the input)
+    value, decided = found if found is not None else _certified_rows(terms)
     undecided = ~decided
     count = int(xp.count_nonzero(undecided))
+    if count:
+        left = terms[undecided]
+        _check_finite(left)
+        value[undecided] = _rows_round_to_odd(left)
     SUM_ROWS["certified"] += rows - count
     SUM_ROWS["limbs"] += count
-    if count:
-        value[undecided] = _rows_round_to_odd(terms[undecided])
     return value
+
+
+def _check_finite(terms: xp.ndarray) -> None:
+    if not xp.all(xp.isfinite(terms)):
+        raise ValueError("round_to_odd_sum takes finite terms; handle inf/NaN before calling")
 
 
 def _certified_rows(terms: xp.ndarray, depth: int = 0) -> tuple[xp.ndarray, xp.ndarray]:
