@@ -95,7 +95,12 @@ NAMESPACE = frozenset("""
 #: - ``certified_row_sums(terms)``: ``fpsim.exact.sums``' row certificate on a 2-D float64
 #:   array of finite terms: (values, decided), each decided row's value its exact sum
 #:   rounded to odd at 53 bits (the other rows are summed in limbs by the caller).
-FUSED_KERNELS = frozenset({"exp", "normal_tail", "certify_fp32_open", "certified_row_sums"})
+#: - ``unfold(source, kernel, stride, dilation, offset, spread, batch_start, batch_stop,
+#:   row_start, row_stop, width, first, stop, column_major)``: ``fpsim.autograd.im2col``'s
+#:   ``unfold`` of a 4-D float32 or float64 source (any strides), the ``Unfolding``'s fields
+#:   as tuples, the batch and rows as ints: the same array (shape, dtype, bits, layout).
+FUSED_KERNELS = frozenset({"exp", "normal_tail", "certify_fp32_open", "certified_row_sums",
+                           "unfold"})
 
 #: what the engine may read from an array object itself (indexing and operators aside)
 ARRAY_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "T"})

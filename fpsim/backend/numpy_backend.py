@@ -24,7 +24,8 @@ __all__ = ["NumpyBackend"]
 #: on the first call, then loads its cache)
 _FUSED_SOURCES = {"exp": "numba_elementary", "normal_tail": "numba_elementary",
                   "certify_fp32_open": "numba_certificate",
-                  "certified_row_sums": "numba_sums"}
+                  "certified_row_sums": "numba_sums",
+                  "unfold": "numba_im2col"}
 assert set(_FUSED_SOURCES) == FUSED_KERNELS
 
 _KINDS = {"bool": "b", "signed integer": "i", "unsigned integer": "u", "integral": "iu",
