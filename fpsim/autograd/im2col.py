@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..backend import xp
+from ..backend import fused, xp
 
 __all__ = ["Unfolding", "unfold"]
 
@@ -59,7 +59,17 @@ def unfold(source, how, batch, rows, width, first, stop, *, column_major=False):
     product's column norms are the rows' BLAS dot products (``fast_matmul``), and each tap
     is written as whole rows of the source (row-major columns take every tap's channels
     ``kh kw`` elements apart: measured 1.5-2x slower). The forward pass and dx take it too,
-    but in the float64 reference mode (its BLAS products' bits may depend on the layout)."""
+    but in the float64 reference mode (its BLAS products' bits may depend on the layout).
+    Where the backend offers a fused ``unfold`` (``fpsim.backend.fused``), that builds it
+    (the same array); the code below is the reference."""
+    compiled = fused("unfold")
+    if compiled is not None and batch.step in (None, 1) and rows.step == 1:
+        start, end, _ = batch.indices(source.shape[0])
+        columns = compiled(source, tuple(how.kernel), tuple(how.stride), tuple(how.dilation),
+                         tuple(how.offset), tuple(how.spread), start, end, rows.start,
+                         rows.stop, width, first, stop, column_major)
+        if columns is not None:
+            return columns
     part = source[batch]
     size_h, size_w = part.shape[2:]
     (kh, kw), taps = how.kernel, how.kernel[0] * how.kernel[1]
