@@ -7,8 +7,8 @@ spread = stride and offsets d (k - 1) - padding; dW tap by tap in the float64 re
 mode), in bands at the edges (row ranges, batch slices, column ranges that start and stop
 mid-channel, single columns as dW's ``cols_of`` takes them), row- and column-major, float32
 and float64 (the whole-run copies of "same" convolutions and row by row), from sources that
-are views (a channel slice of a larger array, reversed or strided axes, Fortran order),
-holding -0, NaN payloads (quiet and signalling) and inf.
+are views (a channel slice of a larger array, reversed or strided axes, Fortran order, a
+read-only broadcast), holding -0, NaN payloads (quiet and signalling) and inf.
 End to end, ``conv2d``'s output and gradients are the same bits either way under 32-true,
 16-mixed and 64-true. Planted bugs (a landing row skipped, zeros written as -0, zeros left
 out at the edges, a transposed gradient's rows not aligned to its spread) are caught by
@@ -90,6 +90,8 @@ def special_values(shape, dtype, rng, view="channel slice"):
         return big[:, c - 1::-1, :h, :w][:, :, ::-1]
     if view == "fortran":
         return np.asfortranarray(big[:, :c, :h, :w])
+    if view == "broadcast":                            # one sample seen n times (stride 0)
+        return np.broadcast_to(big[:1, :c, :h, :w], shape)
     return np.ascontiguousarray(big[:, :c, :h, :w])
 
 
@@ -153,7 +155,7 @@ def test_every_reading_band_and_layout_gives_the_reference_array(geometry, dtype
 
 
 @pytest.mark.parametrize("view", ["contiguous", "channel slice", "strided columns", "reversed",
-                                  "fortran"])
+                                  "fortran", "broadcast"])
 def test_sources_of_any_layout_give_the_reference_array(view, restore_choice):
     rng = np.random.default_rng(11)
     for geometry in (GEOMETRIES[0], GEOMETRIES[2]):

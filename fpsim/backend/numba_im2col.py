@@ -10,10 +10,11 @@ positions that land on the source are one run of p (``_span``, the arithmetic of
 that lands (stride 1). Column f of the band's (c, i, j) order (f = c kh kw + i kw + j)
 takes channel c and taps (i, j); columns whose c is beyond the source's channels are zeros.
 
-Every output element is written once, a source element or a zero, as an unsigned integer
-of the float's width (views of both arrays), so the bits move unchanged: -0, NaN payloads
-and signalling NaNs included, and the zeros are +0. The output has the reference's layout:
-``column_major`` the transpose of a C-ordered (columns, rows) array, else C-ordered.
+Every output element is written, a source element or a zero, as an unsigned integer of
+the float's width (views of both arrays; the output is allocated once, not zeroed), so the
+bits move unchanged: -0, NaN payloads and signalling NaNs included, and the zeros are +0.
+The output has the reference's layout: ``column_major`` the transpose of a C-ordered
+(columns, rows) array, else C-ordered.
 
 Speed (Numba vectorises only long loops over contiguous memory, with unsigned indices: a
 signed index is checked for wraparound on every element): column-major, each (column,
