@@ -401,8 +401,9 @@ def test_zero_sums_of_sparse_rows_against_unsigned_b(a_order, monkeypatch,
 def test_exact_rows_gate_reads_first_lines_before_the_quanta(monkeypatch):
     """Narrow data (fp16 values) whose output outweighs the operands take the exact rows at
     the default gate, their quanta taken with the widening; fp32 data are turned away by
-    a's first row before any quanta."""
-    patterns = _count_calls(monkeypatch, widening, "lowest_bit_patterns")
+    a's first row before any quanta (counted where the widening turns its lines' patterns
+    into quanta: once a request, on the NumPy path and the fused kernel's alike)."""
+    patterns = _count_calls(monkeypatch, widening, "quanta_from_patterns")
     taken = _count_calls(monkeypatch, fast_matmul, "_certify_exact_rows")
     rng = np.random.default_rng(12)
     a = round_to(rng.standard_normal((64, 16)).astype(np.float32), "fp16")

@@ -99,8 +99,13 @@ NAMESPACE = frozenset("""
 #:   row_start, row_stop, width, first, stop, column_major)``: ``fpsim.autograd.im2col``'s
 #:   ``unfold`` of a 4-D float32 or float64 source (any strides), the ``Unfolding``'s fields
 #:   as tuples, the batch and rows as ints: the same array (shape, dtype, bits, layout).
+#: - ``widen_with_norms(x, out, axis, quanta)``: ``fpsim.exact.widening.widen_with_norms``'s
+#:   passes over a 2-D float32 array x: its values copied into ``out`` (float64, x's shape,
+#:   C- or F-ordered), and (squares, patterns), each line's (along ``axis``) sum of squares
+#:   of those values in any order (the norms' bound holds for every order) and, with
+#:   ``quanta``, its ``certificate.lowest_bit_patterns`` (the same bits), else None.
 FUSED_KERNELS = frozenset({"exp", "normal_tail", "certify_fp32_open", "certified_row_sums",
-                           "unfold"})
+                           "unfold", "widen_with_norms"})
 
 #: what the engine may read from an array object itself (indexing and operators aside)
 ARRAY_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "T"})

@@ -25,7 +25,8 @@ __all__ = ["NumpyBackend"]
 _FUSED_SOURCES = {"exp": "numba_elementary", "normal_tail": "numba_elementary",
                   "certify_fp32_open": "numba_certificate",
                   "certified_row_sums": "numba_sums",
-                  "unfold": "numba_im2col"}
+                  "unfold": "numba_im2col",
+                  "widen_with_norms": "numba_widening"}
 assert set(_FUSED_SOURCES) == FUSED_KERNELS
 
 _KINDS = {"bool": "b", "signed integer": "i", "unsigned integer": "u", "integral": "iu",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from ..backend import is_contiguous, scratch, tuning, xp
+from ..backend import fused, is_contiguous, scratch, tuning, xp
 from .certificate import lowest_bit_patterns, quanta_from_patterns
 
 __all__ = ["widen_with_norms", "work_array"]
@@ -27,8 +27,9 @@ def widen_with_norms(x: xp.ndarray, name: str, axis: int, quanta: bool = False):
     chunk where a line crosses chunks); the (K/2 + 2) u bound on its error
     (``cauchy_schwarz_bound``) holds for every order; the quanta's minimum is one
     (``lowest_bit_patterns`` per chunk, combined). Chunk sizes: ``tuning().widen_chunk`` elements
-    with quanta, ``plain_factor`` times more without."""
-    settings = tuning()
+    with quanta, ``plain_factor`` times more without. A backend's fused kernel, where offered,
+    fills the same buffer with the same copy and gives the sums of squares (in its own order)
+    and the same patterns in compiled loops instead of the chunks."""
     if is_contiguous(x, "F") and not is_contiguous(x, "C"):
         src, along_rows = x.T, axis == 0                # src is C-ordered
         wide = work_array(name, src.shape, xp.float64)
@@ -36,6 +37,20 @@ def widen_with_norms(x: xp.ndarray, name: str, axis: int, quanta: bool = False):
     else:
         src, along_rows = x, axis == 1
         wide = out = work_array(name, x.shape, xp.float64)
+    kernel = fused("widen_with_norms")
+    found = None if kernel is None else kernel(x, out, axis, quanta)
+    if found is None:                                   # none offered, or x declined
+        found = _widen_in_chunks(src, wide, along_rows, quanta)
+    squares, patterns = found
+    norms = xp.sqrt(squares, out=squares)
+    return out, norms, None if patterns is None else quanta_from_patterns(patterns)
+
+
+def _widen_in_chunks(src: xp.ndarray, wide: xp.ndarray, along_rows: bool, quanta: bool):
+    """``widen_with_norms``' (squares, patterns or None) on the namespace: ``src`` copied into
+    ``wide`` (both in src's orientation, wide C-ordered) chunk by chunk of lines, the sums of
+    squares along rows (``along_rows``) or columns."""
+    settings = tuning()
     lines, width = src.shape
     step = max(1, settings.widen_chunk * (1 if quanta else settings.plain_factor)
                // max(1, width))
@@ -64,8 +79,7 @@ def widen_with_norms(x: xp.ndarray, name: str, axis: int, quanta: bool = False):
                 patterns = found
             else:
                 xp.minimum(patterns, found, out=patterns)
-    norms = xp.sqrt(squares, out=squares)
-    return out, norms, None if patterns is None else quanta_from_patterns(patterns)
+    return squares, patterns
 
 
 def _row_squares(x: xp.ndarray, dot_from: int, out: xp.ndarray | None = None) -> xp.ndarray:
