@@ -22,7 +22,7 @@ import numpy as np
 from numba import types
 from numba.extending import intrinsic
 
-__all__ = ["exp", "normal_tail", "LOG2E", "LN2_HI", "LN2_LO", "EXPM1_Q", "CLAMP",
+__all__ = ["exp", "exp_scalar", "normal_tail", "LOG2E", "LN2_HI", "LN2_LO", "EXPM1_Q", "CLAMP",
            "TABLE_SHAPE"]
 
 _JIT = dict(nogil=True, cache=True, error_model="numpy")
@@ -83,17 +83,23 @@ def _exp_finite(y):
     return p * _from_bits((np.int64(k) + 1023) << 52)     # pow2(k): |k| <= 578, exact
 
 
+@numba.njit(inline="always")
+def exp_scalar(value):
+    """``elementary.exp`` of one float64 ``value``, inf, -inf and NaN included: for other
+    compiled loops that need exp's bits element by element (``numba_softmax``)."""
+    finite = np.isfinite(value)
+    # the clamp as maximum then minimum, on 0 where value is not finite (as the NumPy code)
+    clamped = min(max(value if finite else 0.0, -CLAMP), CLAMP)
+    p = _exp_finite(clamped)
+    special = value if value != value else (np.inf if value > 0 else 0.0)
+    return p if finite else special
+
+
 @numba.njit(**_JIT)
 def _exp_loop(y, out):
     """out = ``elementary.exp(y)``, both contiguous 1-D (a loop the compiler vectorises)."""
     for i in range(y.size):
-        value = y[i]
-        finite = np.isfinite(value)
-        # the clamp as maximum then minimum, on 0 where y is not finite (as the NumPy code)
-        clamped = min(max(value if finite else 0.0, -CLAMP), CLAMP)
-        p = _exp_finite(clamped)
-        special = value if value != value else (np.inf if value > 0 else 0.0)
-        out[i] = p if finite else special
+        out[i] = exp_scalar(y[i])
 
 
 @numba.njit(**_JIT)
