@@ -99,13 +99,20 @@ NAMESPACE = frozenset("""
 #:   row_start, row_stop, width, first, stop, column_major)``: ``fpsim.autograd.im2col``'s
 #:   ``unfold`` of a 4-D float32 or float64 source (any strides), the ``Unfolding``'s fields
 #:   as tuples, the batch and rows as ints: the same array (shape, dtype, bits, layout).
+#: - ``softmax_row_terms(x)``: ``fpsim.exact.softmax.row_terms`` of a 2-D float64 array of
+#:   rows: the tuple (s, err, e, t, eps_e, eps_t, top), every array the same bits; None for
+#:   rows the exact layer sums with NumPy (wider than 4096, a non-finite e beside the first
+#:   maximum) or whose maximum is a zero present with both signs (NumPy's pick unknown);
+#: - ``softmax_proxy(x)``: ``fpsim.exact.softmax.cr_softmax``'s (v, bound) from those terms,
+#:   v = e / (top + t) and bound = eps_e + eps_t + 2 * 2**-53, the same bits; None where
+#:   ``softmax_row_terms`` declines (so t is finite in the rows it takes).
 #: - ``widen_with_norms(x, out, axis, quanta)``: ``fpsim.exact.widening.widen_with_norms``'s
 #:   passes over a 2-D float32 array x: its values copied into ``out`` (float64, x's shape,
 #:   C- or F-ordered), and (squares, patterns), each line's (along ``axis``) sum of squares
 #:   of those values in any order (the norms' bound holds for every order) and, with
 #:   ``quanta``, its ``certificate.lowest_bit_patterns`` (the same bits), else None.
 FUSED_KERNELS = frozenset({"exp", "normal_tail", "certify_fp32_open", "certified_row_sums",
-                           "unfold", "widen_with_norms"})
+                           "unfold", "widen_with_norms", "softmax_row_terms", "softmax_proxy"})
 
 #: what the engine may read from an array object itself (indexing and operators aside)
 ARRAY_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "T"})

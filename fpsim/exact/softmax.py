@@ -24,7 +24,7 @@ entries) with no fallback.
 """
 from __future__ import annotations
 
-from ..backend import astype, copy, size, to_list, xp
+from ..backend import astype, copy, fused, size, to_list, xp
 
 from . import elementary
 from . import softmax_ref as ref
@@ -39,8 +39,17 @@ _U = 2.0 ** -53
 def row_terms(x):
     """(s, err, e, t, eps_e, eps_t, top) for float64 rows x of shape (R, n) (module doc);
     ``top`` (R, 1) is e at the first maximum: 1 in finite rows, NaN where the row's max is
-    inf or NaN (it then carries that NaN into every result, as e / e.sum() did)."""
-    x = xp.asarray(x, xp.float64)
+    inf or NaN (it then carries that NaN into every result, as e / e.sum() did). Where the
+    backend offers the fused ``softmax_row_terms`` and it takes x, that computes them."""
+    # C order: NumPy's sum adds a row of a C-ordered array pairwise, of an F-ordered one
+    # term by term, and ``_sum_rows``' lo sum can round differently in the two orders (the
+    # fused kernel follows the pairwise one; tests/test_fused_softmax.py has such rows)
+    x = xp.ascontiguousarray(xp.asarray(x, xp.float64))
+    kernel = fused("softmax_row_terms")
+    if kernel is not None:
+        terms = kernel(x)
+        if terms is not None:
+            return terms
     m = xp.max(x, axis=1, keepdims=True)
     s = x - m
     bp = s - x
@@ -119,10 +128,23 @@ def cr_softmax(x, axis, fmt):
     """Softmax along ``axis`` correctly rounded to ``fmt``, as a float64 proxy array."""
     rows, shape = _rows_of(x, axis)
     with xp.errstate(invalid="ignore", over="ignore", under="ignore"):
-        _, _, e, t, eps_e, eps_t, top = row_terms(rows)
-        v = e / (top + t)
-        ok = certified(v, eps_e + eps_t + 2 * _U, fmt) | ~xp.isfinite(t)
+        v, bound, t = _softmax_proxy(rows)
+        ok = certified(v, bound, fmt)
+        if t is not None:
+            ok = ok | ~xp.isfinite(t)
     return _back(settle_rows(rows, v, ok, fmt, "softmax"), shape, axis)
+
+
+def _softmax_proxy(rows):
+    """(v, its bound, t) of softmax (module doc): the backend's fused ``softmax_proxy`` where
+    offered and it takes ``rows`` (t is None: it is finite in every row it takes), else
+    from ``row_terms``."""
+    kernel = fused("softmax_proxy")
+    proxy = None if kernel is None else kernel(rows)
+    if proxy is not None:
+        return proxy[0], proxy[1], None
+    _, _, e, t, eps_e, eps_t, top = row_terms(rows)
+    return e / (top + t), eps_e + eps_t + 2 * _U, t
 
 
 def cr_log_softmax(x, axis, fmt):
