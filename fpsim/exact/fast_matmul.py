@@ -267,12 +267,11 @@ def _products(a64, b64, blocks: _Blocks) -> xp.ndarray:
 
 def _exact_rows_worth_trying(a, b, m, k, n, blocks: int = 1) -> bool:
     """Whether to look for exact rows (the line quanta then come with the widening): where
-    the output outweighs the operands (a pass over a and b costs about what it saves on as
-    many output elements, ``tuning().exact_min_saving``), or the product is batched
-    (``blocks`` > 1: attention's small blocks of fp16 data leave a tenth of their elements
-    open without them, measured 1.0-1.4x slower), and a's first row and b's first column
-    hold no value of more than 16 significant bits (fp32 data: their rows are almost never
-    exact)."""
+    the output outweighs the operands by ``tuning().exact_min_saving`` elements beyond
+    K (M + N) (by default always: narrow data leaves many exact fp32 ties open without them,
+    and the quanta cost little beside the widening), or the product is batched (``blocks`` >
+    1), and a's first row and b's first column hold no value of more than 16 significant
+    bits (fp32 data: their rows are almost never exact)."""
     return not ((blocks == 1 and m * n < tuning().exact_min_saving + k * (m + n))
                 or xp.count_nonzero(bitcast(a[0], xp.int32) & _WIDE_BITS)
                 or xp.count_nonzero(bitcast(b[:, 0], xp.int32) & _WIDE_BITS))
