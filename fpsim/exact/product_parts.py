@@ -20,7 +20,7 @@ path, as where ``matmul_2d`` returns None.
 """
 from __future__ import annotations
 
-from ..backend import round_to, size, to_list, xp
+from ..backend import round_to, size, xp
 from ..formats import FP32
 from . import observers
 from .certificate import certify_fp32_open
@@ -36,8 +36,8 @@ def matmul_in_parts(parts, shape, out_fmt, rows_of, cols_of, exact_budget: int, 
     """ExactAccumulation(fp32) a @ b rounded to ``out_fmt`` (float32 (m, n)), a and b given
     by ``parts``: an iterable of (a_part (m, K_t), b_part (K_t, n)) float32 arrays, the slices
     of K in any order; ``rows_of``/``cols_of`` rebuild lines for the exact step (module doc),
-    the open elements taken by column, as many columns at a time as hold at most
-    ``exact_budget`` values (at least one), each with the rows its elements need. None where
+    for as many open elements at a time (in column order, at least one) as gather at most
+    ``exact_budget`` values of each operand. None where
     a value is not finite or K is 0. ``note``: report the rounding to the underflow
     observers, as ``matmul_2d`` does."""
     m, n = shape
@@ -65,22 +65,18 @@ def matmul_in_parts(parts, shape, out_fmt, rows_of, cols_of, exact_budget: int, 
         out = pre if fp32_out else round_to(pre, out_fmt)
 
         def exact_at(rows, cols, where):
-            # by column, at most exact_budget // k distinct columns at a time: each column
-            # rebuilt once, with the rows its elements need
+            # exact_budget // k elements at a time (their lines: at most twice that many
+            # values), in column order: neighbours share the columns they rebuild
             acc = xp.empty(size(where), xp.float32)
-            columns, col_of = _distinct(cols, n)
-            order = xp.argsort(col_of)
-            ends = to_list(xp.cumsum(xp.bincount(col_of, minlength=size(columns))))
-            per, start = max(1, exact_budget // k), 0
-            flat = xp.reshape(approx, (-1,))
-            for first in range(0, size(columns), per):
-                last = min(size(columns), first + per)
-                chosen = order[start:ends[last - 1]]
-                start = ends[last - 1]
+            order = xp.argsort(cols)
+            step, flat = max(1, exact_budget // k), xp.reshape(approx, (-1,))
+            for lo in range(0, size(where), step):
+                chosen = order[lo:lo + step]
                 lines, row_of = _distinct(rows[chosen], m)
-                acc[chosen] = exact_elements(rows_of(lines), cols_of(columns[first:last]),
-                                             row_norm[lines], col_norm[columns[first:last]],
-                                             row_of, col_of[chosen] - first, flat[where[chosen]])
+                columns, col_of = _distinct(cols[chosen], n)
+                acc[chosen] = exact_elements(rows_of(lines), cols_of(columns), row_norm[lines],
+                                             col_norm[columns], row_of, col_of,
+                                             flat[where[chosen]])
             return acc
 
         exact = settle_open(opened, low32, pre, out, None, out_fmt, exact_at) \
