@@ -29,7 +29,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 from numba import types
-from numba.extending import intrinsic
+
+from ..rounding.numba_bits import scalar_bitcast
 
 __all__ = ["certify_fp32_open"]
 
@@ -143,13 +144,6 @@ def _ends(x, w):
     return np.float32(x - w), np.float32(x + w)
 
 
-@intrinsic
-def _bits32(typingctx, value):
-    """A float32 scalar's bit pattern as a uint32 (``view``, which Numba has for arrays
-    only): the ends are compared by their bits, signed zeros and NaN payloads included."""
-    if value != types.float32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.uint32))
-    return types.uint32(types.float32), codegen
+#: a float32 scalar's bit pattern as a uint32: the ends are compared by their bits, signed
+#: zeros and NaN payloads included
+_bits32 = scalar_bitcast(types.float32, types.uint32)

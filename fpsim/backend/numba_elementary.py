@@ -20,7 +20,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 from numba import types
-from numba.extending import intrinsic
+
+from ..rounding.numba_bits import scalar_bitcast
 
 __all__ = ["exp", "exp_scalar", "normal_tail", "LOG2E", "LN2_HI", "LN2_LO", "EXPM1_Q", "CLAMP",
            "TABLE_SHAPE"]
@@ -50,18 +51,7 @@ TABLE_SHAPE = (16, 81)
 _STEP = 4.0
 
 
-def _bitcast(source, target):
-    """An intrinsic giving a ``source`` scalar's bits as a ``target`` scalar (Numba has
-    ``view`` for arrays only)."""
-    @intrinsic
-    def cast(typingctx, value):
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], context.get_value_type(target))
-        return target(source), codegen
-    return cast
-
-
-_from_bits = _bitcast(types.int64, types.float64)
+_from_bits = scalar_bitcast(types.int64, types.float64)
 
 
 @numba.njit(inline="always")

@@ -34,7 +34,8 @@ import math
 import numba
 import numpy as np
 from numba import types
-from numba.extending import intrinsic
+
+from ..rounding.numba_bits import scalar_bitcast
 
 from .numba_elementary import exp_scalar
 
@@ -51,18 +52,8 @@ _MAGNITUDE = np.int64(0x7FFFFFFFFFFFFFFF)     # a float64 pattern without its si
 _INF_BITS = np.int64(0x7FF0000000000000)      # magnitudes from here up: inf and NaN
 
 
-def _bitcast(source, target):
-    """An intrinsic giving a ``source`` scalar's bits as a ``target`` scalar."""
-    @intrinsic
-    def cast(typingctx, value):
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], context.get_value_type(target))
-        return target(source), codegen
-    return cast
-
-
-_bits = _bitcast(types.float64, types.int64)
-_from_bits = _bitcast(types.int64, types.float64)
+_bits = scalar_bitcast(types.float64, types.int64)
+_from_bits = scalar_bitcast(types.int64, types.float64)
 
 
 def softmax_row_terms(x):

@@ -25,7 +25,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 from numba import types
-from numba.extending import intrinsic
+
+from ..rounding.numba_bits import scalar_bitcast
 
 __all__ = ["widen_with_norms"]
 
@@ -127,16 +128,5 @@ def _pattern(bits):
     return _bits32(_from_bits32(low) - _from_bits32(mag))
 
 
-def _bitcast(source, target):
-    """An intrinsic giving a ``source`` scalar's bits as a ``target`` scalar (``view``, which
-    Numba has for arrays only)."""
-    @intrinsic
-    def cast(typingctx, value):
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], context.get_value_type(target))
-        return target(source), codegen
-    return cast
-
-
-_bits32 = _bitcast(types.float32, types.int32)
-_from_bits32 = _bitcast(types.int32, types.float32)
+_bits32 = scalar_bitcast(types.float32, types.int32)
+_from_bits32 = scalar_bitcast(types.int32, types.float32)

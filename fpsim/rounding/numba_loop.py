@@ -9,7 +9,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 from numba import types
-from numba.extending import intrinsic
+
+from .numba_bits import scalar_bitcast
 
 _JIT = dict(nogil=True, cache=True, error_model="numpy")
 
@@ -156,18 +157,7 @@ def _philox_uniform(counter, key0, key1):
     return np.float64(((c0 << shift) | c1) >> np.uint64(11)) * 2.0 ** -53
 
 
-def _bitcast(source, target):
-    """An intrinsic giving a ``source`` scalar's bits as a ``target`` scalar (``view``, which
-    Numba has for arrays only)."""
-    @intrinsic
-    def cast(typingctx, value):
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], context.get_value_type(target))
-        return target(source), codegen
-    return cast
-
-
-_bits = _bitcast(types.float64, types.uint64)
-_from_bits = _bitcast(types.uint64, types.float64)
-_bits32 = _bitcast(types.float32, types.uint32)
-_from_bits32 = _bitcast(types.uint32, types.float32)
+_bits = scalar_bitcast(types.float64, types.uint64)
+_from_bits = scalar_bitcast(types.uint64, types.float64)
+_bits32 = scalar_bitcast(types.float32, types.uint32)
+_from_bits32 = scalar_bitcast(types.uint32, types.float32)
