@@ -26,6 +26,7 @@ from fpsim.exact import elementary as el                     # noqa: E402
 from fpsim.formats import get                                # noqa: E402
 from fpsim.rounding import use_compiled                      # noqa: E402
 
+import fused_paths                                           # noqa: E402
 from bit_patterns import same_bits                           # noqa: E402
 
 pytestmark = pytest.mark.numpy_only      # the NumPy backend's kernels
@@ -44,16 +45,8 @@ def restore_choice():
 
 def both(function, *args):
     """``function(*args)`` with the fused kernels, then with the exact layer's own code."""
-    use_compiled(True)
-    assert backend.fused("exp") is not None and backend.fused("normal_tail") is not None
-    with np.errstate(all="ignore"):
-        fused = function(*args)
-    use_compiled(False)
-    assert backend.fused("exp") is None
-    with np.errstate(all="ignore"):
-        reference = function(*args)
-    use_compiled(True)
-    return fused, reference
+    assert backend.fused("normal_tail") is not None
+    return fused_paths.both("exp", function, *args)
 
 
 def assert_same(function, *args):

@@ -26,13 +26,13 @@ pytest.importorskip("numba", reason="the fused kernels are Numba loops (pip inst
                                     "'fpsim[fast]'); without Numba the exact layer's code runs")
 
 import fpsim.exact as fx                                     # noqa: E402
-from fpsim import backend                                    # noqa: E402
 from fpsim.backend import numba_softmax as kernels           # noqa: E402
 from fpsim.exact import elementary as el                     # noqa: E402
 from fpsim.exact.softmax import row_terms                    # noqa: E402
 from fpsim.formats import get                                # noqa: E402
 from fpsim.rounding import use_compiled                      # noqa: E402
 
+import fused_paths                                           # noqa: E402
 from bit_patterns import same_bits                           # noqa: E402
 
 pytestmark = pytest.mark.numpy_only      # the NumPy backend's kernels
@@ -52,16 +52,7 @@ def restore_choice():
 
 def both(function, *args):
     """``function(*args)`` with the fused kernels, then with the exact layer's own code."""
-    use_compiled(True)
-    assert backend.fused("softmax_row_terms") is not None
-    with np.errstate(all="ignore"):
-        fused = function(*args)
-    use_compiled(False)
-    assert backend.fused("softmax_row_terms") is None
-    with np.errstate(all="ignore"):
-        reference = function(*args)
-    use_compiled(True)
-    return fused, reference
+    return fused_paths.both("softmax_row_terms", function, *args)
 
 
 def assert_same(function, *args):
