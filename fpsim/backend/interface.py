@@ -111,8 +111,13 @@ NAMESPACE = frozenset("""
 #:   C- or F-ordered), and (squares, patterns), each line's (along ``axis``) sum of squares
 #:   of those values in any order (the norms' bound holds for every order) and, with
 #:   ``quanta``, its ``certificate.lowest_bit_patterns`` (the same bits), else None.
+#: - ``exact_dots(a, b, rows, cols)``: ``fpsim.exact.open_elements.exact_elements``' exact
+#:   step: a (R, K) and b (K, C) float32 or float64 arrays (any layout), integer rows and cols
+#:   of one length: (values, decided), float32 values each decided element's exact dot
+#:   product rounded once to fp32 (nearest even, IEEE zero sign; the caller sums the others).
 FUSED_KERNELS = frozenset({"exp", "normal_tail", "certify_fp32_open", "certified_row_sums",
-                           "unfold", "widen_with_norms", "softmax_row_terms", "softmax_proxy"})
+                           "unfold", "widen_with_norms", "softmax_row_terms", "softmax_proxy",
+                           "exact_dots"})
 
 #: what the engine may read from an array object itself (indexing and operators aside)
 ARRAY_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "T"})

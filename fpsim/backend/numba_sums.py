@@ -1,4 +1,5 @@
-"""``certified_row_sums``: exact row sums rounded to odd at 53 bits, compiled, row by row.
+"""``certified_row_sums``: exact row sums rounded to odd at 53 bits, compiled, row by row;
+``exact_dots``: exact dot products rounded once to fp32, each summed as such a row.
 
 The fused kernel of ``fpsim.exact.sums`` (``FUSED_KERNELS``). The rounded-to-odd exact sum
 rodd(S) is unique, so this loop need not repeat the NumPy certificate's steps, only be exact
@@ -45,6 +46,16 @@ row (Numba vectorises no floating-point reduction without fast-math; two to four
 lanes measured at most 15 % faster) and take the rows the split leaves: those whose bits
 below its two levels (B is about 2**(2L - 100) times the largest |x|) may outweigh t, and
 those with e > 1019.
+
+``exact_dots`` is ``fpsim.exact.open_elements.exact_elements``' exact step: for each element
+(i, j) of a @ b, the K products a_ik b_kj, exact in float64 for float32 values (24 + 24
+bits), fill one scratch row (with their largest magnitude, the split's first pass), which
+the tiers sum as above, so no (elements, K) array is made; rodd(S) is then rounded once to
+fp32, the same as rounding S once (53 >= 24 + 2; beyond fp32's range: inf). Operand lines
+that are not contiguous along K (F-ordered rows of a, C-ordered columns of b) are first
+copied, the distinct ones the elements read, into C-ordered lines. Both kernels live in
+this file because Numba's cache tracks only the compiled function's own file: tiers shared
+across files could change without the other file's cached code noticing.
 """
 from __future__ import annotations
 
@@ -53,7 +64,7 @@ import numpy as np
 from numba import types
 from numba.extending import intrinsic
 
-__all__ = ["certified_row_sums", "row_sums_by", "TIERS"]
+__all__ = ["certified_row_sums", "row_sums_by", "exact_dots", "dots_by", "TIERS"]
 
 _JIT = dict(nogil=True, cache=True, error_model="numpy")
 _TINY = 2.0 ** -960                  # smallest nonzero |S1| decided (module doc)
@@ -77,50 +88,152 @@ def certified_row_sums(terms):
 def row_sums_by(terms, tiers):
     """``certified_row_sums`` by the ``tiers`` named (some of ``TIERS``) only, so that tests
     can check each tier on every kind of row: rows none of them settles are undecided."""
-    unknown = set(tiers) - set(TIERS)
-    if unknown:
-        raise ValueError(f"tiers {sorted(unknown)} are not among {TIERS}")
     terms = np.ascontiguousarray(terms, dtype=np.float64)
     if terms.ndim != 2:
         raise ValueError(f"certified_row_sums expects a 2-D array of rows, got {terms.shape}")
     values = np.empty(terms.shape[0], np.float64)
     decided = np.empty(terms.shape[0], np.bool_)
-    _sum_rows(terms, values, decided, *(tier in tiers for tier in TIERS))
+    _sum_rows(terms, values, decided, *(tier in tiers for tier in _known(tiers)))
     return values, decided
+
+
+def _known(tiers):
+    """``TIERS``, once ``tiers`` are checked to be among them."""
+    unknown = set(tiers) - set(TIERS)
+    if unknown:
+        raise ValueError(f"tiers {sorted(unknown)} are not among {TIERS}")
+    return TIERS
+
+
+def exact_dots(a, b, rows, cols):
+    """(values, decided) for the elements (rows[e], cols[e]) of a @ b, a (R, K) and b (K, C)
+    float32 or float64 NumPy arrays (any layout), rows and cols integer arrays of one length
+    E: where ``decided``, the element's exact dot product (its products taken in float64:
+    exact for float32 values) rounded once to fp32, nearest even (inf beyond fp32's range,
+    -0 where every product is -0); elsewhere NaN (the tiers' rules: sum |a_ik b_kj| of
+    2**1019 or more, or not finite, sums below 2**-960 but not zero: never for finite float32
+    values). None (declined) for arrays of another library, other dtypes or shapes, K = 0,
+    indices out of range."""
+    arrays = (a, b, rows, cols)
+    if not (all(isinstance(x, np.ndarray) for x in arrays) and a.ndim == b.ndim == 2
+            and rows.ndim == cols.ndim == 1 and rows.shape == cols.shape
+            and a.dtype in _OPERANDS and b.dtype in _OPERANDS and rows.dtype.kind in "iu"
+            and cols.dtype.kind in "iu" and 0 < a.shape[1] == b.shape[0] < 1 << 40
+            and _within(rows, a.shape[0]) and _within(cols, b.shape[1])):
+        return None
+    return dots_by(a, b, rows, cols, TIERS)
+
+
+def dots_by(a, b, rows, cols, tiers):
+    """``exact_dots`` (unchecked) by the ``tiers`` named only, as ``row_sums_by``. Each
+    element's products fill one scratch row, summed as a row of ``certified_row_sums``."""
+    a_lines, a_index = _lines(a, rows)
+    b_lines, b_index = _lines(b.T, cols)
+    values = np.empty(rows.shape[0], np.float32)
+    decided = np.empty(rows.shape[0], np.bool_)
+    _dot_rows(a_lines, b_lines, a_index, b_index, values, decided,
+              *(tier in tiers for tier in _known(tiers)))
+    return values, decided
+
+
+_OPERANDS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _within(index, count: int) -> bool:
+    return index.shape[0] == 0 or (int(index.min()) >= 0 and int(index.max()) < count)
+
+
+def _lines(x, index):
+    """(C-ordered lines of x, each element's line among them): x itself where its lines are
+    contiguous, else a copy of the distinct lines the elements read, gathered in one blocked
+    pass (a strided read for every element would fetch a cache line per product)."""
+    if x.flags.c_contiguous:
+        return x, np.asarray(index, np.int64)
+    distinct, inverse = np.unique(index, return_inverse=True)
+    lines = np.empty((distinct.shape[0], x.shape[1]), x.dtype)
+    _gather(x, distinct.astype(np.int64), lines)
+    return lines, inverse.astype(np.int64)
+
+
+@numba.njit(**_JIT)
+def _gather(x, distinct, lines):
+    """lines[i] = x[distinct[i]], 64 columns at a time: the cache lines a block reads (x
+    F-ordered: neighbouring rows share them) serve every distinct row before they leave."""
+    width = x.shape[1]
+    for start in range(0, width, 64):
+        stop = min(width, start + 64)
+        for i in range(distinct.shape[0]):
+            line = distinct[i]
+            for k in range(start, stop):
+                lines[i, k] = x[line, k]
+
+
+@numba.njit(**_JIT)
+def _dot_rows(a_lines, b_lines, a_index, b_index, values, decided, split, compensated,
+              cascade, expansion):
+    width = a_lines.shape[1]
+    products = np.empty(width, np.float64)
+    partials = np.empty(width + 1, np.float64)
+    g, levels = _factors(width)
+    for e in range(a_index.shape[0]):
+        x, y = a_lines[a_index[e]], b_lines[b_index[e]]
+        top = np.int64(0)
+        for k in range(width):
+            p = np.float64(x[k]) * np.float64(y[k])
+            products[k] = p
+            top = max(top, _bits(p) & _MAGNITUDE)
+        value, decided[e] = _row_sum(products, top, g, levels, partials, split, compensated,
+                                     cascade, expansion)
+        values[e] = np.float32(value)      # rodd(S) to fp32: S rounded once (NaN: undecided)
 
 
 @numba.njit(**_JIT)
 def _sum_rows(terms, values, decided, split, compensated, cascade, expansion):
-    rows, width = terms.shape
-    partials = np.empty(0, np.float64)    # the expansion's, at most one per term: made at need
-    g = width * 2.0 ** -52
-    levels = 0                             # ceil(log2(width)): width <= 2**levels
+    width = terms.shape[1]
+    partials = np.empty(width + 1, np.float64)    # the expansion's, at most one per term
+    g, levels = _factors(width)
+    for i in range(terms.shape[0]):
+        row = terms[i]
+        top = np.int64(0)
+        for j in range(width):
+            top = max(top, _bits(row[j]) & _MAGNITUDE)
+        values[i], decided[i] = _row_sum(row, top, g, levels, partials, split, compensated,
+                                         cascade, expansion)
+
+
+@numba.njit(**_JIT)
+def _factors(width):
+    """(g, L): the compensated tiers' error factor n 2**-52 and L = ceil(log2 n)."""
+    levels = 0
     while (1 << levels) < width:
         levels += 1
-    for i in range(rows):
-        row = terms[i]
-        near, residual, settled, nonzero = 0.0, 0.0, False, True
-        if split:
-            near, residual, settled, nonzero = _split(row, levels)
-        if not settled:
-            mass, near, residual, settled = _compensated(row, g)
-            nonzero = mass != 0
-            fits = mass < _HUGE                     # no overflow (False for inf, NaN terms)
-            settled = settled and compensated and fits
-            if fits and not settled and cascade:
-                near, residual, settled = _cascade(row, g)
-            if fits and not settled and expansion:
-                if partials.shape[0] <= width:
-                    partials = np.empty(width + 1, np.float64)
-                near, residual = _expansion(row, partials)
-                settled = True
-        zero = near == 0 and residual == 0          # an exact zero sum
-        if not (settled and (zero or abs(near) >= _TINY)):
-            values[i], decided[i] = np.nan, False
-        elif zero:
-            values[i], decided[i] = _zero_sum(row, nonzero), True
-        else:
-            values[i], decided[i] = _round_to_odd(near, residual), True
+    return width * 2.0 ** -52, levels
+
+
+@numba.njit(inline="always")
+def _row_sum(row, top, g, levels, partials, split, compensated, cascade, expansion):
+    """(rodd(S) or NaN, decided) of one row by the tiers switched on; ``top`` is the largest
+    magnitude pattern of its terms, ``partials`` the expansion's buffer (a float64 more than
+    the row's terms)."""
+    near, residual, settled, nonzero = 0.0, 0.0, False, True
+    if split:
+        near, residual, settled, nonzero = _split(row, top, levels)
+    if not settled:
+        mass, near, residual, settled = _compensated(row, g)
+        nonzero = mass != 0
+        fits = mass < _HUGE                     # no overflow (False for inf, NaN terms)
+        settled = settled and compensated and fits
+        if fits and not settled and cascade:
+            near, residual, settled = _cascade(row, g)
+        if fits and not settled and expansion:
+            near, residual = _expansion(row, partials)
+            settled = True
+    zero = near == 0 and residual == 0          # an exact zero sum
+    if not (settled and (zero or abs(near) >= _TINY)):
+        return np.nan, False
+    if zero:
+        return _zero_sum(row, nonzero), True
+    return _round_to_odd(near, residual), True
 
 
 @numba.njit(inline="always")
@@ -131,12 +244,10 @@ def _two_sum(a, b):
 
 
 @numba.njit(**_JIT)
-def _split(row, levels):
-    """(S1, residual, settled, any nonzero term): the module doc's first tier. Two passes
-    without floating-point reductions (an integer maximum, integer sums), which vectorise."""
-    top = np.int64(0)
-    for j in range(row.shape[0]):
-        top = max(top, _bits(row[j]) & _MAGNITUDE)
+def _split(row, top, levels):
+    """(S1, residual, settled, any nonzero term): the module doc's first tier, given the
+    largest magnitude pattern ``top`` (the caller's pass: an integer maximum). One pass
+    without floating-point reductions (integer sums), which vectorises."""
     if top == 0:                                    # every term +-0 (or none): S = 0
         return 0.0, 0.0, True, False
     e = max((top >> np.int64(52)) - 1021 + levels, _EXPONENT_LOW)

@@ -17,13 +17,21 @@ the IEEE sign of an exact zero (-0 exactly when every product is -0, IEEE 754-20
   zero sum (``sums.zero_sum``), else the split certificate (``certificate.split_certify``),
   else the exact sum rounded to odd (``sums.round_to_odd_sum``), cast once to fp32.
 
+Where the backend offers the fused kernel ``exact_dots`` (``FUSED_KERNELS``; the NumPy backend's
+Numba loop, ``fpsim.backend.numba_sums``), it takes every element the sparse test left: each
+element's products in a scratch row summed exactly (the tiers of ``certified_row_sums``),
+rounded to odd at 53 bits, then once to fp32 (the same one correct rounding); the elements it
+leaves undecided (sum |a_ik b_kj| of 2**1019 or more, nonzero sums below 2**-960: never for
+finite float32 values) take the steps above, which stay the reference
+(``fpsim.rounding.use_compiled(False)``).
+
 Operands are float32 C- or F-ordered arrays, or their float64 copies (``gather_source``).
 A batched product comes folded into 2-D (``fast_matmul``, (6)): a's rows and b's columns of
 every block side by side, so an element's batch index is part of its row and column.
 """
 from __future__ import annotations
 
-from ..backend import astype, bitcast, is_contiguous, size, tuning, xp
+from ..backend import astype, bitcast, fused, is_contiguous, size, tuning, xp
 
 from .certificate import error_factor, split_certify
 from .exact_dots import cauchy_schwarz_bound
@@ -51,6 +59,12 @@ def exact_elements(a, b, row_norm, col_norm, rows, cols, approx) -> xp.ndarray:
             left = xp.ones(count, bool)
             left[zero[settled]] = False
             todo = todo[left]
+    kernel = fused("exact_dots")        # a backend's compiled pass per element, where offered
+    found = kernel(a, b, rows[todo], cols[todo]) if kernel is not None and size(todo) else None
+    if found is not None:               # (None: it declined the input)
+        value, decided = found
+        out[todo[decided]] = value[decided]
+        todo = todo[~decided]
     g = error_factor(a.shape[1])
     step = max(1, settings.sums_chunk // a.shape[1])
     for lo in range(0, size(todo), step):
