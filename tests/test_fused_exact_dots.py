@@ -35,6 +35,7 @@ from fpsim.formats import FP16, FP32  # noqa: E402
 from fpsim.rounding import use_compiled  # noqa: E402
 
 from bit_patterns import host, same_bits  # noqa: E402
+from fused_paths import both  # noqa: E402
 from test_fastpaths import adversarial  # noqa: E402
 
 P = 2.0                                   # P ** k reads as a power of two below
@@ -181,16 +182,16 @@ def layouts(a, b):
             yield np.asarray(a, dtype, order=order), np.asarray(b, dtype, order=order)
 
 
-def through_exact_elements(a, b, rows, cols, compiled: bool) -> np.ndarray:
-    """``exact_elements`` with the compiled loops on or off; the norms and BLAS values as
-    ``fast_matmul`` makes them."""
-    use_compiled(compiled)
+def elements_both_ways(a, b, rows, cols) -> tuple[np.ndarray, np.ndarray]:
+    """``exact_elements`` with the fused kernel, then with its own NumPy code; the norms and
+    BLAS values as ``fast_matmul`` makes them."""
     a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         row_norm, col_norm = np.sqrt(np.einsum("ik,ik->i", a64, a64)), \
             np.sqrt(np.einsum("kj,kj->j", b64, b64))
         approx = (a64 @ b64)[rows, cols]
-        return host(exact_elements(a, b, row_norm, col_norm, rows, cols, approx))
+    return both("exact_dots", lambda: host(exact_elements(a, b, row_norm, col_norm, rows, cols,
+                                                          approx)))
 
 
 @pytest.mark.parametrize("name, a, b", cases(), ids=[c[0] for c in cases()])
@@ -200,9 +201,8 @@ def test_every_element_is_the_exact_sum_rounded_once(name, a, b):
     for x, y in layouts(a, b):
         values, decided = exact_dots(x, y, rows, cols)
         assert decided.all() and same_bits(values, want), (name, x.dtype, x.flags.f_contiguous)
-        for compiled in (True, False):
-            assert same_bits(through_exact_elements(x, y, rows, cols, compiled), want), \
-                (name, compiled, x.dtype, x.flags.f_contiguous)
+        for path, got in zip(("fused", "numpy"), elements_both_ways(x, y, rows, cols)):
+            assert same_bits(got, want), (name, path, x.dtype, x.flags.f_contiguous)
 
 
 @pytest.mark.parametrize("tier", TIERS)
@@ -231,8 +231,7 @@ def test_sixty_five_thousand_products():
     for x, y in ((a, b), (np.asfortranarray(a), np.asfortranarray(b))):
         values, decided = exact_dots(x, y, rows, cols)
         assert decided.all() and same_bits(values, want)
-    assert same_bits(through_exact_elements(a, b, rows, cols, True),
-                     through_exact_elements(a, b, rows, cols, False))
+    assert same_bits(*elements_both_ways(a, b, rows, cols))
 
 
 def test_float64_operands_beyond_float32_are_undecided_or_exact():
@@ -248,9 +247,7 @@ def test_float64_operands_beyond_float32_are_undecided_or_exact():
     tiny = (magnitude > 0) & (magnitude < P ** -960)
     assert not decided[tiny].any() and decided[(magnitude < P ** 1000) & ~tiny].all()
     assert same_bits(got[decided], reference(a, b, rows[decided], cols[decided]))
-    with np.errstate(over="ignore", invalid="ignore"):
-        assert same_bits(through_exact_elements(a, b, rows, cols, True),
-                         through_exact_elements(a, b, rows, cols, False))
+    assert same_bits(*elements_both_ways(a, b, rows, cols))
 
 
 @pytest.mark.parametrize("call", [
@@ -311,14 +308,9 @@ def kernel_calls(monkeypatch):
     return calls
 
 
-def both_ways(run) -> list:
-    """``run()``'s arrays with the compiled loops on, then off."""
-    got = []
-    for compiled in (True, False):
-        use_compiled(compiled)
-        with np.errstate(over="ignore"):
-            got.append([host(x) for x in run()])
-    return got
+def both_ways(run) -> tuple[list, list]:
+    """``run()``'s arrays with the fused kernels, then with the exact layer's own code."""
+    return both("exact_dots", lambda: [host(x) for x in run()])
 
 
 @pytest.mark.parametrize("kind", ["fp16", "wide", "tiny", "huge", "ints"])
