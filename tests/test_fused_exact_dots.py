@@ -1,4 +1,4 @@
-"""The fused kernel ``exact_dots`` (``fpsim.backend.numba_sums``, Numba) against exact integer
+"""The fused kernel ``exact_dots`` (``fpsim.backend.numba_dots``, Numba) against exact integer
 sums and against ``exact_elements``' own NumPy code (``use_compiled(False)``), bit for bit:
 each element's exact dot product rounded once to fp32. Inputs built for every branch: random
 data, exact fp32 ties and their neighbours (25+ significant bits), cancelling pairs with tiny
@@ -26,7 +26,8 @@ pytest.importorskip("numba", reason="Numba is not installed (pip install 'fpsim[
 import fpsim.autograd as ag  # noqa: E402
 from fpsim import backend  # noqa: E402
 from fpsim.autograd import Tensor, use_policy  # noqa: E402
-from fpsim.backend.numba_sums import TIERS, dots_by, exact_dots  # noqa: E402
+from fpsim.backend.numba_dots import dots_by, exact_dots  # noqa: E402
+from fpsim.backend.numba_sums import TIERS  # noqa: E402
 from fpsim.exact import open_elements  # noqa: E402
 from fpsim.exact.fast_matmul import matmul_2d, matmul_batched  # noqa: E402
 from fpsim.exact.open_elements import exact_elements  # noqa: E402
@@ -121,7 +122,11 @@ BUILT = {
         [TIE, 2.0, -1.0], [TIE, 0.5, 0.5, P ** -60], [-TIE, -1.0, P ** -40],
         [1.0, P ** -24], [1.0, 3 * P ** -24], [1.0, P ** -24, P ** -80], [1.0, -P ** -25],
         [1.0, -P ** -25, -P ** -90], [P ** 23, 0.5, 0.25, 0.125, P ** -3, P ** -70],
-        [3.0] * 5 + [TIE]),
+        [3.0] * 5 + [TIE],
+        # at a tie, t one unit of the split's second level, the terms below that level
+        # outweighing it with the other sign: a third level's bound without |K3| misreads them
+        [1.0, P ** -24, P ** -93] + [-3 * P ** -96] * 4,
+        [1.0, P ** -24, -P ** -93] + [3 * P ** -96] * 4),
     "cancellation": column_of_terms(
         [1.5 * P ** 40, -1.5 * P ** 40, P ** -100], [P ** 60, 3.0, -P ** 60, -3.0],
         [-1.0, 1.0], [1.0, -1.0, -0.0], [P ** 100, 1.0, -P ** 100, P ** -24, -1.0],

@@ -47,15 +47,22 @@ lanes measured at most 15 % faster) and take the rows the split leaves: those wh
 below its two levels (B is about 2**(2L - 100) times the largest |x|) may outweigh t, and
 those with e > 1019.
 
-``exact_dots`` is ``fpsim.exact.open_elements.exact_elements``' exact step: for each element
-(i, j) of a @ b, the K products a_ik b_kj, exact in float64 for float32 values (24 + 24
-bits), fill one scratch row (with their largest magnitude, the split's first pass), which
-the tiers sum as above, so no (elements, K) array is made; rodd(S) is then rounded once to
-fp32, the same as rounding S once (53 >= 24 + 2; beyond fp32's range: inf). Operand lines
-that are not contiguous along K (F-ordered rows of a, C-ordered columns of b) are first
-copied, the distinct ones the elements read, into C-ordered lines. Both kernels live in
-this file because Numba's cache tracks only the compiled function's own file: tiers shared
-across files could change without the other file's cached code noticing.
+``exact_dots`` (``numba_dots``) is ``fpsim.exact.open_elements.exact_elements``' exact
+step: for each element (i, j) of a @ b, the K products a_ik b_kj, exact in float64 for
+float32 values (24 + 24 bits), fill one scratch row (and give their largest magnitude, the
+split's first pass), which the tiers sum as above, so no (elements, K) array is made;
+rodd(S) is then rounded once to fp32, the same as rounding S once (53 >= 24 + 2; beyond
+fp32's range: inf). Its split has a third level: the lo2 parts split again at
+e3 = e2 - 50 + L (sum |lo2| <= n q2 / 2 < 2**(e3 - 1)), q3 = 2**(e3 - 51), K3 their integer
+sum, so S = K q + K2 q2 + K3 q3 + R3, |R3| <= 2**(L - 1) q3; decided where every lo3 is zero
+and K3 = 0 (residual t) or where |t| > (|K3| + 2**(L - 1)) q3 (an integer below 2**53 times
+q3: exact), the bound on S - S1 - t. Open elements are mostly sums that cancel far below
+n max |x|, where two levels' B is near t: in a K = 65,536 weight gradient of the residual
+CNN two levels decided 23 % of them, three all (the compensated tiers take three times as
+long as the split). Rows keep two levels: their sums (squares) rarely need more, and a
+third costs them 16 to 30 %. The compiled loop, ``dot_rows``, lives in this file because
+Numba's cache tracks only the compiled function's own file: a loop elsewhere inlining these
+tiers would keep running a stale copy of them after they change.
 """
 from __future__ import annotations
 
@@ -64,7 +71,7 @@ import numpy as np
 from numba import types
 from numba.extending import intrinsic
 
-__all__ = ["certified_row_sums", "row_sums_by", "exact_dots", "dots_by", "TIERS"]
+__all__ = ["certified_row_sums", "row_sums_by", "dot_rows", "tier_switches", "TIERS"]
 
 _JIT = dict(nogil=True, cache=True, error_model="numpy")
 _TINY = 2.0 ** -960                  # smallest nonzero |S1| decided (module doc)
@@ -93,84 +100,26 @@ def row_sums_by(terms, tiers):
         raise ValueError(f"certified_row_sums expects a 2-D array of rows, got {terms.shape}")
     values = np.empty(terms.shape[0], np.float64)
     decided = np.empty(terms.shape[0], np.bool_)
-    _sum_rows(terms, values, decided, *(tier in tiers for tier in _known(tiers)))
+    _sum_rows(terms, values, decided, *tier_switches(tiers))
     return values, decided
 
 
-def _known(tiers):
-    """``TIERS``, once ``tiers`` are checked to be among them."""
+def tier_switches(tiers) -> tuple:
+    """For each of ``TIERS``, whether it is among ``tiers`` (the kernels' switches)."""
     unknown = set(tiers) - set(TIERS)
     if unknown:
         raise ValueError(f"tiers {sorted(unknown)} are not among {TIERS}")
-    return TIERS
-
-
-def exact_dots(a, b, rows, cols):
-    """(values, decided) for the elements (rows[e], cols[e]) of a @ b, a (R, K) and b (K, C)
-    float32 or float64 NumPy arrays (any layout), rows and cols integer arrays of one length
-    E: where ``decided``, the element's exact dot product (its products taken in float64:
-    exact for float32 values) rounded once to fp32, nearest even (inf beyond fp32's range,
-    -0 where every product is -0); elsewhere NaN (the tiers' rules: sum |a_ik b_kj| of
-    2**1019 or more, or not finite, sums below 2**-960 but not zero: never for finite float32
-    values). None (declined) for arrays of another library, other dtypes or shapes, K = 0,
-    indices out of range."""
-    arrays = (a, b, rows, cols)
-    if not (all(isinstance(x, np.ndarray) for x in arrays) and a.ndim == b.ndim == 2
-            and rows.ndim == cols.ndim == 1 and rows.shape == cols.shape
-            and a.dtype in _OPERANDS and b.dtype in _OPERANDS and rows.dtype.kind in "iu"
-            and cols.dtype.kind in "iu" and 0 < a.shape[1] == b.shape[0] < 1 << 40
-            and _within(rows, a.shape[0]) and _within(cols, b.shape[1])):
-        return None
-    return dots_by(a, b, rows, cols, TIERS)
-
-
-def dots_by(a, b, rows, cols, tiers):
-    """``exact_dots`` (unchecked) by the ``tiers`` named only, as ``row_sums_by``. Each
-    element's products fill one scratch row, summed as a row of ``certified_row_sums``."""
-    a_lines, a_index = _lines(a, rows)
-    b_lines, b_index = _lines(b.T, cols)
-    values = np.empty(rows.shape[0], np.float32)
-    decided = np.empty(rows.shape[0], np.bool_)
-    _dot_rows(a_lines, b_lines, a_index, b_index, values, decided,
-              *(tier in tiers for tier in _known(tiers)))
-    return values, decided
-
-
-_OPERANDS = (np.dtype(np.float32), np.dtype(np.float64))
-
-
-def _within(index, count: int) -> bool:
-    return index.shape[0] == 0 or (int(index.min()) >= 0 and int(index.max()) < count)
-
-
-def _lines(x, index):
-    """(C-ordered lines of x, each element's line among them): x itself where its lines are
-    contiguous, else a copy of the distinct lines the elements read, gathered in one blocked
-    pass (a strided read for every element would fetch a cache line per product)."""
-    if x.flags.c_contiguous:
-        return x, np.asarray(index, np.int64)
-    distinct, inverse = np.unique(index, return_inverse=True)
-    lines = np.empty((distinct.shape[0], x.shape[1]), x.dtype)
-    _gather(x, distinct.astype(np.int64), lines)
-    return lines, inverse.astype(np.int64)
+    return tuple(tier in tiers for tier in TIERS)
 
 
 @numba.njit(**_JIT)
-def _gather(x, distinct, lines):
-    """lines[i] = x[distinct[i]], 64 columns at a time: the cache lines a block reads (x
-    F-ordered: neighbouring rows share them) serve every distinct row before they leave."""
-    width = x.shape[1]
-    for start in range(0, width, 64):
-        stop = min(width, start + 64)
-        for i in range(distinct.shape[0]):
-            line = distinct[i]
-            for k in range(start, stop):
-                lines[i, k] = x[line, k]
-
-
-@numba.njit(**_JIT)
-def _dot_rows(a_lines, b_lines, a_index, b_index, values, decided, split, compensated,
-              cascade, expansion):
+def dot_rows(a_lines, b_lines, a_index, b_index, values, decided, split, compensated,
+             cascade, expansion):
+    """``fpsim.backend.numba_dots.exact_dots``' loop (module doc): element e is the dot
+    product of a_lines[a_index[e]] and b_lines[b_index[e]] (C-ordered lines along K, b's
+    columns as rows); its fp32 value (NaN where undecided) goes to ``values[e]``, whether it
+    is decided to ``decided[e]``. Here, beside the tiers it calls, so that Numba's cache
+    (which tracks this file) stays coherent."""
     width = a_lines.shape[1]
     products = np.empty(width, np.float64)
     partials = np.empty(width + 1, np.float64)
@@ -182,8 +131,8 @@ def _dot_rows(a_lines, b_lines, a_index, b_index, values, decided, split, compen
             p = np.float64(x[k]) * np.float64(y[k])
             products[k] = p
             top = max(top, _bits(p) & _MAGNITUDE)
-        value, decided[e] = _row_sum(products, top, g, levels, partials, split, compensated,
-                                     cascade, expansion)
+        value, decided[e] = _row_sum(products, top, g, levels, partials, True, split,
+                                     compensated, cascade, expansion)
         values[e] = np.float32(value)      # rodd(S) to fp32: S rounded once (NaN: undecided)
 
 
@@ -197,8 +146,8 @@ def _sum_rows(terms, values, decided, split, compensated, cascade, expansion):
         top = np.int64(0)
         for j in range(width):
             top = max(top, _bits(row[j]) & _MAGNITUDE)
-        values[i], decided[i] = _row_sum(row, top, g, levels, partials, split, compensated,
-                                         cascade, expansion)
+        values[i], decided[i] = _row_sum(row, top, g, levels, partials, False, split,
+                                         compensated, cascade, expansion)
 
 
 @numba.njit(**_JIT)
@@ -211,13 +160,13 @@ def _factors(width):
 
 
 @numba.njit(inline="always")
-def _row_sum(row, top, g, levels, partials, split, compensated, cascade, expansion):
+def _row_sum(row, top, g, levels, partials, deep, split, compensated, cascade, expansion):
     """(rodd(S) or NaN, decided) of one row by the tiers switched on; ``top`` is the largest
     magnitude pattern of its terms, ``partials`` the expansion's buffer (a float64 more than
-    the row's terms)."""
+    the row's terms), ``deep``: the split with its third level."""
     near, residual, settled, nonzero = 0.0, 0.0, False, True
     if split:
-        near, residual, settled, nonzero = _split(row, top, levels)
+        near, residual, settled, nonzero = _split(row, top, levels, deep)
     if not settled:
         mass, near, residual, settled = _compensated(row, g)
         nonzero = mass != 0
@@ -244,33 +193,55 @@ def _two_sum(a, b):
 
 
 @numba.njit(**_JIT)
-def _split(row, top, levels):
+def _split(row, top, levels, deep):
     """(S1, residual, settled, any nonzero term): the module doc's first tier, given the
-    largest magnitude pattern ``top`` (the caller's pass: an integer maximum). One pass
-    without floating-point reductions (integer sums), which vectorises."""
+    largest magnitude pattern ``top`` (the caller's pass: an integer maximum); with ``deep``,
+    its third level. One pass without floating-point reductions (integer sums), which
+    vectorises."""
     if top == 0:                                    # every term +-0 (or none): S = 0
         return 0.0, 0.0, True, False
     e = max((top >> np.int64(52)) - 1021 + levels, _EXPONENT_LOW)
     e2 = max(e - 50 + levels, _EXPONENT_LOW)
+    e3 = max(e2 - 50 + levels, _EXPONENT_LOW)
     if e > _EXPONENT_HIGH:                          # (inf and NaN terms too)
         return 0.0, 0.0, False, True
-    big, big2 = 1.5 * _power_of_two(e + 1), 1.5 * _power_of_two(e2 + 1)
-    big_bits, big2_bits = _bits(big), _bits(big2)
-    k = k2 = rest = np.int64(0)
-    for j in range(row.shape[0]):
-        x = row[j]
-        y = x + big                                 # in big's binade: a multiple of q
-        k += _bits(y) - big_bits                    # (y - big) / q
-        lo = x - (y - big)                          # exact, |lo| <= q / 2
-        y2 = lo + big2
-        k2 += _bits(y2) - big2_bits
-        rest |= _bits(lo - (y2 - big2)) << np.int64(1)      # nonzero where some lo2 is
+    big, big2, big3 = (1.5 * _power_of_two(e + 1), 1.5 * _power_of_two(e2 + 1),
+                       1.5 * _power_of_two(e3 + 1))
+    k = k2 = k3 = rest = np.int64(0)
+    if deep:
+        for j in range(row.shape[0]):
+            units, lo = _extract(row[j], big)
+            k += units
+            units, lo = _extract(lo, big2)
+            k2 += units
+            units, lo = _extract(lo, big3)
+            k3 += units
+            rest |= _bits(lo) << np.int64(1)        # nonzero where some lo3 is
+    else:
+        for j in range(row.shape[0]):
+            units, lo = _extract(row[j], big)
+            k += units
+            units, lo = _extract(lo, big2)
+            k2 += units
+            rest |= _bits(lo) << np.int64(1)        # nonzero where some lo2 is
     # K q and K2 q2 are exact: |K|, |K2| < 2**50 + n / 2, q and q2 powers of two >= 2**-1051
     q, q2 = _power_of_two(e + 1) * 2.0 ** -52, _power_of_two(e2 + 1) * 2.0 ** -52
     near, t = _two_sum(np.float64(k) * q, np.float64(k2) * q2)
-    if rest == 0:
+    if rest == 0 and k3 == 0:
         return near, t, True, True
-    return near, t, abs(t) > _power_of_two(levels - 1) * q2, True     # |t| > 2**L q2 / 2
+    if deep:            # |t| > (|K3| + 2**L / 2) q3: an integer below 2**53 times a power of 2
+        bound = (abs(np.float64(k3)) + _power_of_two(levels - 1)) * _power_of_two(e3 - 51)
+    else:               # |t| > 2**L q2 / 2
+        bound = _power_of_two(levels - 1) * q2
+    return near, t, abs(t) > bound, True
+
+
+@numba.njit(inline="always")
+def _extract(x, big):
+    """(units, lo): x = units q + lo exactly, q the quantum of big's binade, |lo| <= q / 2,
+    where |x| < big / 6 (module doc: y = fl(x + big) stays in that binade)."""
+    y = x + big                                     # a multiple of q
+    return _bits(y) - _bits(big), x - (y - big)     # (y - big) / q; y - big exact (Sterbenz)
 
 
 @numba.njit(**_JIT)

@@ -24,7 +24,7 @@ __all__ = ["NumpyBackend"]
 #: on the first call, then loads its cache)
 _FUSED_SOURCES = {"exp": "numba_elementary", "normal_tail": "numba_elementary",
                   "certify_fp32_open": "numba_certificate",
-                  "certified_row_sums": "numba_sums", "exact_dots": "numba_sums",
+                  "certified_row_sums": "numba_sums", "exact_dots": "numba_dots",
                   "softmax_row_terms": "numba_softmax", "softmax_proxy": "numba_softmax",
                   "unfold": "numba_im2col",
                   "widen_with_norms": "numba_widening"}

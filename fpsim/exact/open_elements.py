@@ -18,7 +18,7 @@ the IEEE sign of an exact zero (-0 exactly when every product is -0, IEEE 754-20
   else the exact sum rounded to odd (``sums.round_to_odd_sum``), cast once to fp32.
 
 Where the backend offers the fused kernel ``exact_dots`` (``FUSED_KERNELS``; the NumPy backend's
-Numba loop, ``fpsim.backend.numba_sums``), it takes every element the sparse test left: each
+Numba loop, ``fpsim.backend.numba_dots``), it takes every element the sparse test left: each
 element's products in a scratch row summed exactly (the tiers of ``certified_row_sums``),
 rounded to odd at 53 bits, then once to fp32 (the same one correct rounding); the elements it
 leaves undecided (sum |a_ik b_kj| of 2**1019 or more, nonzero sums below 2**-960: never for
