@@ -69,7 +69,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 from numba import types
-from numba.extending import intrinsic
+
+from ..rounding.numba_bits import scalar_bitcast
 
 __all__ = ["certified_row_sums", "row_sums_by", "dot_rows", "tier_switches", "TIERS"]
 
@@ -334,19 +335,8 @@ def _round_to_odd(near, residual):
     return _from_bits(pattern | np.int64(1))
 
 
-def _bitcast(source, target):
-    """An intrinsic giving a ``source`` scalar's bits as a ``target`` scalar (``view``, which
-    Numba has for arrays only)."""
-    @intrinsic
-    def cast(typingctx, value):
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], context.get_value_type(target))
-        return target(source), codegen
-    return cast
-
-
-_bits = _bitcast(types.float64, types.int64)
-_from_bits = _bitcast(types.int64, types.float64)
+_bits = scalar_bitcast(types.float64, types.int64)
+_from_bits = scalar_bitcast(types.int64, types.float64)
 
 
 @numba.njit(inline="always")
