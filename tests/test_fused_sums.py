@@ -11,7 +11,6 @@ without its error bound) are caught by these rows; the rows marked for a rule ar
 because a weakened version of that rule gets them wrong. Without Numba these tests skip."""
 from __future__ import annotations
 
-from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -26,6 +25,7 @@ from fpsim.exact.sums import SUM_ROWS, forced_limbs, round_to_odd_sum  # noqa: E
 from fpsim.rounding import use_compiled  # noqa: E402
 
 from bit_patterns import host, same_bits  # noqa: E402
+from odd_sums import rodd, rows_of  # noqa: E402
 
 P = 2.0                                   # P ** k reads as a power of two below
 
@@ -52,21 +52,6 @@ def by_default(rows, compiled: bool) -> tuple[np.ndarray, dict]:
         got = host(round_to_odd_sum(backend.asarray(np.asarray(rows, np.float64),
                                                     backend.xp.float64)))
     return got, {k: SUM_ROWS[k] - before[k] for k in before}
-
-
-def rodd(row) -> float:
-    """The exact sum of ``row`` rounded to odd at 53 bits (normal results), from Fractions."""
-    exact = sum((Fraction(float(t)) for t in row), Fraction(0))
-    near = float(exact)
-    if Fraction(near) == exact:
-        return near
-    other = np.nextafter(near, np.inf if Fraction(near) < exact else -np.inf)
-    return near if np.float64(near).view(np.int64) & 1 else float(other)
-
-
-def rows_of(*rows) -> np.ndarray:
-    width = max(len(r) for r in rows)
-    return np.array([list(r) + [0.0] * (width - len(r)) for r in rows], np.float64)
 
 
 def agree_where_decided(rows, tiers=TIERS) -> np.ndarray:

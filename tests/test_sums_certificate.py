@@ -7,7 +7,6 @@ settle); ``SUM_ROWS`` counts each path; layer and batch norm give the same bits 
 rows with inf and NaN included."""
 from __future__ import annotations
 
-from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from fpsim.exact.sums import SUM_ROWS, forced_limbs, round_to_odd_sum
 from fpsim.rounding import use_compiled
 
 from bit_patterns import host, same_bits  # noqa: E402
+from odd_sums import rodd, rows_of  # noqa: E402
 
 f64 = backend.xp.float64
 
@@ -33,21 +33,6 @@ def both_paths(rows) -> tuple[np.ndarray, np.ndarray, dict]:
         with forced_limbs():
             want = host(round_to_odd_sum(terms))
     return got, want, counts
-
-
-def rodd(row) -> float:
-    """The exact sum of ``row`` rounded to odd at 53 bits (normal results), from Fractions."""
-    exact = sum((Fraction(float(t)) for t in row), Fraction(0))
-    near = float(exact)                                    # nearest even
-    if Fraction(near) == exact:
-        return near
-    other = np.nextafter(near, np.inf if Fraction(near) < exact else -np.inf)
-    return near if np.float64(near).view(np.int64) & 1 else float(other)
-
-
-def rows_of(*rows) -> np.ndarray:
-    width = max(len(r) for r in rows)
-    return np.array([list(r) + [0.0] * (width - len(r)) for r in rows])
 
 
 # Rows the certificate decides (with their exact rodd sums below).
