@@ -52,9 +52,9 @@ whole, and parts of the reduction are one more blocking of the same float64 prod
 neither changes a bit (``tests/test_conv_bands.py`` compares the smallest bands and parts
 with one band). Measured with tracemalloc, the per-thread work buffers counted (N = 16,
 C = O = 16, 32 x 32, 3 x 3, padding 1, fp32): the forward pass peaks at 2.1 times the input's
-bytes, its output (1x) included, dx at 2.1x (dx included), dW at 2.1x (before the bands,
+bytes, its output (1x) included, dx at 2.1x (dx included), dW at 1.9x (before the bands,
 measured the same way: 5.8x, 5.8x, 8.4x); with O = 2 C (``benchmarks/bench_models.py``:
-N = 64, 8 -> 16 channels, 14 x 14) at 4.7x (its 2x output included), 3.1x and 3.6x (before:
+N = 64, 8 -> 16 channels, 14 x 14) at 4.4x (its 2x output included), 3.1x and 2.4x (before:
 6.7x, 7.8x, 11.4x).
 
 >>> from fpsim.autograd import Tensor, use_policy
