@@ -54,7 +54,7 @@ from ._kernels import (Rules, magic_applies, round_any_mode, round_nearest_even_
                        thread_scratch)
 from ._philox import SEED_MAX, philox4x32, philox_uniforms
 from .compiled import available as compiled_available
-from .compiled import round_compiled
+from .compiled import nearest_even_compiled, round_compiled
 from .environment import check_environment
 from .rational import float64_round_to_odd
 
@@ -216,7 +216,7 @@ def _default_kernel(fmt: "Format | str", dtype, compiled: bool):
     rules, kernel = _plan(fmt, fmt.subnormals, fmt.saturate, False, dtype, "nearest_even",
                           compiled)
     if kernel == "compiled":
-        return functools.partial(round_compiled, rules=rules)
+        return nearest_even_compiled(rules, dtype)
     if kernel == "bf16":
         return _bf16_via_ml_dtypes
     if kernel in ("magic", "magic64"):

@@ -37,7 +37,8 @@ import numpy as np
 
 from ._kernels import Rules, magic_applies
 
-__all__ = ["available", "round_compiled", "loop_rules", "LoopRules", "float32_loop"]
+__all__ = ["available", "round_compiled", "nearest_even_compiled", "loop_rules", "LoopRules",
+           "float32_loop"]
 
 _DIRECTED_CODES = {"nearest_away": 1, "toward_zero": 2, "up": 3, "down": 4}
 _SIGN = 1 << 63
@@ -155,6 +156,17 @@ def round_compiled(x: np.ndarray, out: np.ndarray, rules: Rules, mode: str = "ne
         loops.stochastic_loop(x, out, loop, np.uint64(seed), np.uint64(offset))
     else:
         loops.directed_loop(x, out, loop, _DIRECTED_CODES[mode])
+
+
+def nearest_even_compiled(rules: Rules, dtype):
+    """``round_compiled(x, out, rules)`` for nearest even on contiguous 1-D ``dtype`` arrays,
+    with the loop and its ``LoopRules`` chosen once (``round_to``'s common call resolves it
+    per kind of call: the same loop, without choosing it again on every call)."""
+    loops, loop = _loops(), loop_rules(rules)
+    kind = float32_loop(rules) if np.dtype(dtype) == np.float32 else None
+    chosen = {"same_range": loops.same_range_loop32,
+              "magic": loops.nearest_even_loop32}.get(kind, loops.nearest_even_loop)
+    return functools.partial(chosen, r=loop)
 
 
 def _loops():
