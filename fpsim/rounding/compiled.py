@@ -164,8 +164,12 @@ def nearest_even_compiled(rules: Rules, dtype):
     per kind of call: the same loop, without choosing it again on every call)."""
     loops, loop = _loops(), loop_rules(rules)
     kind = float32_loop(rules) if np.dtype(dtype) == np.float32 else None
-    chosen = {"same_range": loops.same_range_loop32,
-              "magic": loops.nearest_even_loop32}.get(kind, loops.nearest_even_loop)
+    if kind == "same_range":
+        chosen = loops.same_range_loop32
+    elif kind == "magic":
+        chosen = loops.nearest_even_loop32
+    else:
+        chosen = loops.nearest_even_loop
     return functools.partial(chosen, r=loop)
 
 
