@@ -37,6 +37,7 @@ from fpsim.rounding import use_compiled  # noqa: E402
 
 from bit_patterns import host, same_bits  # noqa: E402
 from fused_paths import both  # noqa: E402
+from odd_sums import CANCELLING_LAYERS  # noqa: E402
 from test_fastpaths import adversarial  # noqa: E402
 
 P = 2.0                                   # P ** k reads as a power of two below
@@ -137,18 +138,9 @@ BUILT = {
         [P ** 127, ODD_MAX - P ** 127, P ** -20], [P ** 127] * 9, [-P ** 127] * 3,
         [P ** 127, P ** 127, -P ** 127, -P ** 127, 1.0], [NEAR_MAX, NEAR_MAX, -NEAR_MAX]),
     # three layers of cancelling pairs below a lone tiny term; pairs whose errors cancel in
-    # the cascade's second error sum too (``test_fused_sums``' rows for the last tier)
+    # the cascade's second error sum too (``odd_sums.CANCELLING_LAYERS``)
     "cancelling layers": column_of_terms(
-        [1.5 * P ** -21, P ** -8, P ** -154, -1.5 * P ** -21, -P ** -8, 1.5 * P ** -240,
-         -P ** -154],
-        [1.25 * P ** -36, 1.25 * P ** -121, -1.5 * P ** -200, -P ** -61, -1.25 * P ** -36,
-         -1.25 * P ** -121, P ** -61],
-        [P ** -87, 1.75 * P ** -165, 1.5 * P ** -263, -1.75 * P ** -165, -P ** -146, -P ** -87,
-         P ** -146],
-        [-1.5 * P ** -174, 1.5 * P ** -14, -1.5 * P ** -57, 3.0, 1.25 * P ** -110,
-         -1.25 * P ** -110, 1.5 * P ** -57, 1.5 * P ** -174, -1.5 * P ** -14],
-        [P ** -105, P ** -140, -1.5 * P ** -11, P ** -200, -P ** -84, -P ** -105, -P ** -140,
-         P ** -84, -P ** -200], shift=120, scales=(1.0, -1.0, 0.5, P ** -3, -P ** 2)),
+        *CANCELLING_LAYERS, shift=120, scales=(1.0, -1.0, 0.5, P ** -3, -P ** 2)),
     "fp32 subnormal": column_of_terms(
         [P ** -150], [-P ** -150], [P ** -150, P ** -200], [-P ** -150, -P ** -200],
         [1.5 * P ** -149], [2.5 * P ** -149], [P ** -127, P ** -149], [P ** -126, -P ** -149],

@@ -25,7 +25,7 @@ from fpsim.exact.sums import SUM_ROWS, forced_limbs, round_to_odd_sum  # noqa: E
 from fpsim.rounding import use_compiled  # noqa: E402
 
 from bit_patterns import host, same_bits  # noqa: E402
-from odd_sums import rodd, rows_of  # noqa: E402
+from odd_sums import CANCELLING_LAYERS, rodd, rows_of  # noqa: E402
 
 P = 2.0                                   # P ** k reads as a power of two below
 
@@ -101,21 +101,8 @@ CASCADE = rows_of(
     [1.0, -P ** -93, P ** -95, 1.75 * P ** -95, 1.5 * P ** -95, -P ** -97],  # as the last
     #                                             of COMPENSATED
 )
-# Settled by neither: three layers of cancelling pairs below a lone tiny term.
-EXPANSION = rows_of(
-    [1.5 * P ** -21, P ** -8, P ** -154, -1.5 * P ** -21, -P ** -8, 1.5 * P ** -240,
-     -P ** -154],
-    [1.25 * P ** -36, 1.25 * P ** -121, -1.5 * P ** -200, -P ** -61, -1.25 * P ** -36,
-     -1.25 * P ** -121, P ** -61],
-    [P ** -87, 1.75 * P ** -165, 1.5 * P ** -263, -1.75 * P ** -165, -P ** -146, -P ** -87,
-     P ** -146],
-    # cancelling pairs whose errors cancel in c2 too: fl's error on c2 outweighs t (a cascade
-    # that took |t| > |c2| as enough, without c2's error bound, gets these wrong)
-    [-1.5 * P ** -174, 1.5 * P ** -14, -1.5 * P ** -57, 3.0, 1.25 * P ** -110,
-     -1.25 * P ** -110, 1.5 * P ** -57, 1.5 * P ** -174, -1.5 * P ** -14],
-    [P ** -105, P ** -140, -1.5 * P ** -11, P ** -200, -P ** -84, -P ** -105, -P ** -140,
-     P ** -84, -P ** -200],                     # exactly -1.5 * 2**-11
-)
+# Settled by neither (odd_sums.CANCELLING_LAYERS).
+EXPANSION = rows_of(*CANCELLING_LAYERS)
 # Left to the limbs: subnormal or tiny sums, possible overflow.
 UNDECIDED = rows_of(
     [P ** -1070, P ** -1073],                   # a subnormal result
